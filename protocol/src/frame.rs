@@ -1,0 +1,306 @@
+//! Framing: a `u32` little-endian body length, then a postcard body.
+//!
+//! Decoding is incremental and does no I/O: [`FrameDecoder::decode`] looks at the bytes
+//! a transport has buffered and says how many it consumed and whether a frame (or a
+//! rejected frame) came out. A frame whose declared length is over the limit is never
+//! buffered: the decoder reports it at once and then skips its body as it streams past,
+//! so one bad frame costs its sender an error, not the connection.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::message::RequestId;
+
+/// Bytes in the length prefix.
+pub const LEN_PREFIX_BYTES: usize = 4;
+
+/// Why a frame could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The declared or encoded body length is over the limit.
+    #[error("Frame body of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// The body length.
+        len: usize,
+        /// The limit in force.
+        max: usize,
+    },
+    /// The body is not a valid message.
+    #[error("Malformed frame body")]
+    Malformed(#[source] postcard::Error),
+    /// The body held a valid message followed by extra bytes.
+    #[error("Frame body has {extra} trailing bytes")]
+    Trailing {
+        /// How many bytes followed the message.
+        extra: usize,
+    },
+    /// The message could not be serialized.
+    #[error("Cannot encode frame")]
+    Encode(#[source] postcard::Error),
+}
+
+impl FrameError {
+    /// True when the body names an enum variant this side does not know: usually a
+    /// newer peer sending a request this one does not implement.
+    pub fn is_unknown_variant(&self) -> bool {
+        matches!(self, Self::Malformed(postcard::Error::DeserializeBadEnum))
+    }
+}
+
+/// Appends one frame holding `msg` to `out`.
+pub fn encode_into<T: Serialize>(msg: &T, max: usize, out: &mut Vec<u8>) -> Result<(), FrameError> {
+    let start = out.len();
+    out.extend_from_slice(&[0; LEN_PREFIX_BYTES]);
+    let encoded = postcard::to_extend(msg, std::mem::take(out));
+    *out = match encoded {
+        Ok(buf) => buf,
+        Err(error) => return Err(FrameError::Encode(error)),
+    };
+    let len = out.len() - start - LEN_PREFIX_BYTES;
+    if len > max {
+        out.truncate(start);
+        return Err(FrameError::TooLarge { len, max });
+    }
+    let prefix = u32::try_from(len).map_err(|_| FrameError::TooLarge { len, max })?;
+    out[start..start + LEN_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
+    Ok(())
+}
+
+/// One frame holding `msg`, as bytes ready to write.
+pub fn encode<T: Serialize>(msg: &T, max: usize) -> Result<Vec<u8>, FrameError> {
+    let mut out = Vec::new();
+    encode_into(msg, max, &mut out)?;
+    Ok(out)
+}
+
+/// Decodes a whole frame body strictly: trailing bytes are an error.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    let (msg, rest) = postcard::take_from_bytes(body).map_err(FrameError::Malformed)?;
+    if rest.is_empty() {
+        Ok(msg)
+    } else {
+        Err(FrameError::Trailing { extra: rest.len() })
+    }
+}
+
+/// Reads the request id at the start of a body, when one is there: every frame type
+/// starts with its id, so even a frame that fails to decode can be answered.
+pub fn peek_request_id(body: &[u8]) -> Option<RequestId> {
+    postcard::take_from_bytes::<RequestId>(body)
+        .ok()
+        .map(|(id, _)| id)
+}
+
+/// The result of [`FrameDecoder::decode`] when it produced something.
+#[derive(Debug)]
+pub enum Decoded<T> {
+    /// A well-formed frame.
+    Frame(T),
+    /// A frame that was consumed but could not be decoded; `id` is its request id when
+    /// it could be read, so the sender can be told which request failed.
+    Rejected {
+        /// The request id read from the body, if any.
+        id: Option<RequestId>,
+        /// Why it was rejected.
+        error: FrameError,
+    },
+}
+
+/// Incremental, allocation-free frame decoder with a size limit.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    max: usize,
+    /// Bytes of an oversize body still to be discarded.
+    skip_remaining: usize,
+}
+
+impl FrameDecoder {
+    /// A decoder that rejects bodies longer than `max` bytes.
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            skip_remaining: 0,
+        }
+    }
+
+    /// True while the decoder is in the middle of a frame (or skipping one), so an
+    /// end of stream now would cut a frame short.
+    pub fn is_mid_frame(&self, buffered: &[u8]) -> bool {
+        self.skip_remaining > 0 || !buffered.is_empty()
+    }
+
+    /// How many bytes the buffer must hold before the next call can return a frame;
+    /// transports use it to size their reads without over-allocating.
+    pub fn bytes_wanted(&self, buffered: &[u8]) -> usize {
+        if self.skip_remaining > 0 {
+            return 0;
+        }
+        match read_len(buffered) {
+            Some(len) if len <= self.max => LEN_PREFIX_BYTES + len,
+            _ => LEN_PREFIX_BYTES,
+        }
+    }
+
+    /// Looks at `buf` and returns how many bytes of it were consumed, and the frame or
+    /// rejection that came out, if any. Call again while it consumes bytes.
+    pub fn decode<T: DeserializeOwned>(&mut self, buf: &[u8]) -> (usize, Option<Decoded<T>>) {
+        if self.skip_remaining > 0 {
+            let skipped = self.skip_remaining.min(buf.len());
+            self.skip_remaining -= skipped;
+            return (skipped, None);
+        }
+        let Some(len) = read_len(buf) else {
+            return (0, None);
+        };
+        let body = &buf[LEN_PREFIX_BYTES..];
+        if len > self.max {
+            let id = peek_request_id(body);
+            let available = body.len().min(len);
+            self.skip_remaining = len - available;
+            let error = FrameError::TooLarge { len, max: self.max };
+            return (
+                LEN_PREFIX_BYTES + available,
+                Some(Decoded::Rejected { id, error }),
+            );
+        }
+        let Some(body) = body.get(..len) else {
+            return (0, None);
+        };
+        let decoded = match decode_body(body) {
+            Ok(frame) => Decoded::Frame(frame),
+            Err(error) => Decoded::Rejected {
+                id: peek_request_id(body),
+                error,
+            },
+        };
+        (LEN_PREFIX_BYTES + len, Some(decoded))
+    }
+}
+
+fn read_len(buf: &[u8]) -> Option<usize> {
+    let prefix: [u8; LEN_PREFIX_BYTES] = buf.get(..LEN_PREFIX_BYTES)?.try_into().ok()?;
+    usize::try_from(u32::from_le_bytes(prefix)).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{ClientFrame, ClientMsg, Request};
+
+    fn ps(id: u64) -> ClientFrame {
+        ClientFrame {
+            id: RequestId(id),
+            msg: ClientMsg::Request(Request::Ps),
+        }
+    }
+
+    fn decode_all(decoder: &mut FrameDecoder, mut buf: &[u8]) -> Vec<Decoded<ClientFrame>> {
+        let mut out = Vec::new();
+        loop {
+            let (used, item) = decoder.decode(buf);
+            buf = &buf[used..];
+            match item {
+                Some(item) => out.push(item),
+                None if used == 0 => return out,
+                None => {}
+            }
+        }
+    }
+
+    #[test]
+    fn round_trips_frames_split_at_every_byte() {
+        let bytes = [encode(&ps(1), 64).unwrap(), encode(&ps(2), 64).unwrap()].concat();
+        for split in 0..bytes.len() {
+            let mut decoder = FrameDecoder::new(64);
+            let mut buffer = bytes[..split].to_vec();
+            let mut frames = Vec::new();
+            for chunk in [&bytes[split..], &[][..]] {
+                loop {
+                    let (used, item) = decoder.decode::<ClientFrame>(&buffer);
+                    buffer.drain(..used);
+                    match item {
+                        Some(Decoded::Frame(frame)) => frames.push(frame),
+                        Some(Decoded::Rejected { error, .. }) => panic!("{error}"),
+                        None if used == 0 => break,
+                        None => {}
+                    }
+                }
+                buffer.extend_from_slice(chunk);
+            }
+            assert_eq!(frames, vec![ps(1), ps(2)], "split at {split}");
+        }
+    }
+
+    #[test]
+    fn trailing_bytes_are_rejected_with_the_request_id() {
+        let mut body = postcard::to_allocvec(&ps(9)).unwrap();
+        body.push(0);
+        let mut frame = u32::try_from(body.len()).unwrap().to_le_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        frame.extend(encode(&ps(10), 64).unwrap());
+        let out = decode_all(&mut FrameDecoder::new(64), &frame);
+        assert!(matches!(
+            &out[0],
+            Decoded::Rejected {
+                id: Some(RequestId(9)),
+                error: FrameError::Trailing { extra: 1 }
+            }
+        ));
+        assert!(matches!(&out[1], Decoded::Frame(f) if *f == ps(10)));
+    }
+
+    #[test]
+    fn oversize_frame_is_rejected_then_skipped_without_buffering() {
+        let mut decoder = FrameDecoder::new(16);
+        let mut bytes = 1000u32.to_le_bytes().to_vec();
+        bytes.extend(postcard::to_allocvec(&RequestId(5)).unwrap());
+        bytes.resize(4 + 1000, 0xAA);
+        bytes.extend(encode(&ps(6), 16).unwrap());
+        // Feed in 7-byte slices, as a slow transport would.
+        let mut out = Vec::new();
+        let mut pending: Vec<u8> = Vec::new();
+        for chunk in bytes.chunks(7) {
+            pending.extend_from_slice(chunk);
+            loop {
+                let (used, item) = decoder.decode::<ClientFrame>(&pending);
+                pending.drain(..used);
+                if let Some(item) = item {
+                    out.push(item);
+                } else if used == 0 {
+                    break;
+                }
+            }
+            assert!(pending.len() < 16 + 4, "decoder buffered an oversize body");
+        }
+        assert!(matches!(
+            &out[0],
+            Decoded::Rejected {
+                id: Some(RequestId(5)),
+                error: FrameError::TooLarge { len: 1000, max: 16 }
+            }
+        ));
+        assert!(matches!(&out[1], Decoded::Frame(f) if *f == ps(6)));
+        assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn garbage_body_is_rejected_and_the_stream_goes_on() {
+        let mut bytes = vec![3, 0, 0, 0, 0x07, 0xFF, 0xFF];
+        bytes.extend(encode(&ps(1), 64).unwrap());
+        let out = decode_all(&mut FrameDecoder::new(64), &bytes);
+        assert!(matches!(
+            &out[0],
+            Decoded::Rejected {
+                id: Some(RequestId(7)),
+                ..
+            }
+        ));
+        assert!(matches!(&out[1], Decoded::Frame(f) if *f == ps(1)));
+    }
+
+    #[test]
+    fn encode_refuses_oversize_messages() {
+        let err = encode(&vec![0u8; 100], 10).unwrap_err();
+        assert!(matches!(err, FrameError::TooLarge { max: 10, .. }));
+    }
+}

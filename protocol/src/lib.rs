@@ -1,0 +1,134 @@
+//! The sandbox wire protocol: types and framing shared by the in-guest agent, the
+//! host client and every tool built on them. This crate does no I/O of its own
+//! (the optional `tokio` feature adds a frame reader and writer over any byte stream).
+//!
+//! # Layout
+//! - [`frame`]: `u32` little-endian length + postcard body; strict, incremental decoding.
+//! - [`message`]: the envelope. Every frame carries a [`RequestId`], so many requests
+//!   run at once over one ordered byte stream (a Unix socket, a vsock stream, or a
+//!   virtio-serial port that admits a single host connection) and streams of events
+//!   never block other requests.
+//! - [`hello`]: the handshake that opens every connection.
+//! - [`process`], [`output`]: exec, spawn, pty, ps, kill and logs.
+//! - [`error`]: errors as a typed kind, a message and an errno.
+//! - [`limits`]: sizes and deadlines every side agrees on.
+//!
+//! # A connection
+//! 1. The client sends `ClientMsg::Hello` with id 0; the agent answers `AgentMsg::Hello`,
+//!    or an `Error` (`VersionMismatch`, `Unauthorized`, `BadRequest`) and closes.
+//! 2. The client sends `ClientMsg::Request`s under fresh non-zero ids. The agent answers
+//!    each with zero or more `Event`s, then one `Reply` or `Error`.
+//! 3. `ClientMsg::Cancel` with a request's id stops it; it still gets a final frame.
+//! 4. A frame that cannot be decoded gets an `Error` under its id (or id 0 when even
+//!    the id is unreadable) and the connection goes on.
+//!
+//! # Evolution
+//! postcard encodes enums by variant index and structs by field order, without names.
+//! So: **existing variants and fields never change, move or disappear; new request,
+//! event, reply and error variants are appended at the end of their enum.** A new
+//! field means a new variant carrying a new struct. An agent that meets a variant it
+//! does not know answers `Unsupported`. [`hello::PROTOCOL_VERSION`] changes only for a
+//! break, which the handshake reports. Tests in this file pin exact bytes, so an
+//! accidental change breaks a test, not a deployed guest.
+
+pub mod error;
+pub mod frame;
+pub mod hello;
+pub mod limits;
+pub mod message;
+pub mod output;
+pub mod process;
+pub mod ready;
+#[cfg(feature = "tokio")]
+pub mod transport;
+
+pub use error::{ErrorKind, WireError};
+pub use hello::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
+pub use message::{
+    AgentFrame, AgentInfo, AgentMsg, ClientFrame, ClientMsg, Event, Reply, Request, RequestId,
+};
+pub use output::{LogsBatch, LogsReply, LogsRequest, OutputChunk, Stream};
+pub use process::{
+    Command, ExecReply, ExecRequest, ExitStatus, KillRequest, Pid, ProcessInfo, ProcessKind,
+    ProcessSpec, ProcessState, PtyInputRequest, PtyOpenRequest, PtyResizeRequest, SpawnRequest,
+    User, WindowSize,
+};
+pub use ready::Ready;
+
+#[cfg(test)]
+mod wire_tests {
+    //! Exact bytes on the wire. If one of these fails, a type changed shape: that
+    //! breaks every deployed guest. Append a new variant instead (see the crate docs).
+    use super::*;
+    use crate::frame::encode;
+    use crate::limits::MAX_FRAME_BYTES;
+
+    fn bytes<T: serde::Serialize>(msg: &T) -> Vec<u8> {
+        encode(msg, MAX_FRAME_BYTES).unwrap()
+    }
+
+    #[test]
+    fn hello_bytes_are_pinned() {
+        let hello = ClientFrame {
+            id: RequestId(0),
+            msg: ClientMsg::Hello(Hello::new(Some("t".into()))),
+        };
+        assert_eq!(
+            bytes(&hello),
+            [10, 0, 0, 0, 0, 0, b'S', b'B', b'X', b'1', 1, 1, 1, b't']
+        );
+    }
+
+    #[test]
+    fn exec_request_bytes_are_pinned() {
+        let exec = ClientFrame {
+            id: RequestId(300),
+            msg: ClientMsg::Request(Request::Exec(ExecRequest {
+                spec: ProcessSpec::new(Command::Shell("true".into())),
+                stdin: vec![],
+                timeout_ms: Some(1000),
+                stream: false,
+            })),
+        };
+        assert_eq!(
+            bytes(&exec),
+            [
+                19, 0, 0, 0, 0xAC, 2, 1, 0, 1, 1, 4, b't', b'r', b'u', b'e', 0, 0, 0, 0, 1, 0xE8,
+                7, 0
+            ]
+        );
+    }
+
+    #[test]
+    fn error_reply_bytes_are_pinned() {
+        let err = AgentFrame {
+            id: RequestId(2),
+            msg: AgentMsg::Error(WireError {
+                kind: ErrorKind::NotFound,
+                message: "x".into(),
+                errno: Some(3),
+            }),
+        };
+        assert_eq!(bytes(&err), [7, 0, 0, 0, 2, 3, 1, 1, b'x', 1, 6]);
+    }
+
+    #[test]
+    fn logs_event_bytes_are_pinned() {
+        let event = AgentFrame {
+            id: RequestId(4),
+            msg: AgentMsg::Event(Event::Logs(LogsBatch {
+                chunks: vec![OutputChunk {
+                    stream: Stream::Stderr,
+                    offset: 5,
+                    data: b"hi".to_vec(),
+                }],
+                dropped: 0,
+                end: 7,
+            })),
+        };
+        assert_eq!(
+            bytes(&event),
+            [11, 0, 0, 0, 4, 1, 2, 1, 1, 5, 2, b'h', b'i', 0, 7]
+        );
+    }
+}

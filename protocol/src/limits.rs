@@ -1,0 +1,37 @@
+//! Limits every side agrees on. Units are in the names.
+
+use std::time::Duration;
+
+/// Largest frame body (after the 4-byte length prefix) either side accepts.
+/// Sized to carry one exec reply with both streams at their cap plus headroom.
+pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
+
+/// Output ring kept per spawned process (and per pty, and per exec).
+pub const RING_BYTES: usize = 256 * 1024;
+
+/// An exec reply keeps at most this much of each of stdout and stderr.
+pub const EXEC_OUTPUT_CAP_BYTES: usize = 1024 * 1024;
+
+/// `read_file` refuses regular files larger than this.
+pub const READ_FILE_CAP_BYTES: u64 = 1024 * 1024;
+
+/// Default and maximum exec deadline.
+pub const EXEC_DEADLINE_SECS: u64 = 5 * 60;
+
+/// How long the agent may take past an exec deadline to reply with what it collected.
+pub const EXEC_DEADLINE_GRACE_SECS: u64 = 5;
+
+/// Exited processes are forgotten this long after they exit.
+pub const FORGET_EXITED_AFTER_SECS: u64 = 5 * 60;
+
+/// Default vsock port the agent listens on.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+
+/// Default vsock port on the host that the agent reports readiness to.
+pub const READY_VSOCK_PORT: u32 = 1025;
+
+/// The host's vsock CID, the only peer a guest agent accepts by default.
+pub const HOST_CID: u32 = 2;
+
+/// [`EXEC_DEADLINE_SECS`] as a [`Duration`].
+pub const EXEC_DEADLINE: Duration = Duration::from_secs(EXEC_DEADLINE_SECS);

@@ -1,0 +1,154 @@
+//! The envelope: every frame carries a request id and one message.
+//!
+//! The client picks request ids (non-zero, unique among its in-flight requests).
+//! For each request the agent sends any number of [`Event`]s, then exactly one final
+//! [`AgentMsg::Reply`] or [`AgentMsg::Error`]. Id 0 is the handshake and
+//! connection-level errors (for a frame whose id could not be read).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::WireError;
+use crate::hello::{Hello, HelloReply};
+use crate::output::{LogsBatch, LogsReply, LogsRequest, OutputChunk};
+use crate::process::{
+    ExecReply, ExecRequest, KillRequest, Pid, ProcessInfo, PtyInputRequest, PtyOpenRequest,
+    PtyResizeRequest, SpawnRequest,
+};
+
+/// Names one request and everything sent about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RequestId(pub u64);
+
+impl RequestId {
+    /// The handshake and connection-level errors.
+    pub const CONNECTION: Self = Self(0);
+}
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A frame from the client to the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientFrame {
+    /// The request this frame is about.
+    pub id: RequestId,
+    /// What the client says.
+    pub msg: ClientMsg,
+}
+
+/// What a client can say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientMsg {
+    /// The handshake; must be the first frame, with id 0.
+    Hello(Hello),
+    /// Start a request under a fresh id.
+    Request(Request),
+    /// Stop the request with this frame's id: a running exec has its process group
+    /// killed, a follow stream ends. The request still gets its final `Error(Cancelled)`.
+    Cancel,
+}
+
+/// A frame from the agent to the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentFrame {
+    /// The request this frame answers.
+    pub id: RequestId,
+    /// What the agent says.
+    pub msg: AgentMsg,
+}
+
+/// What an agent can say.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentMsg {
+    /// The answer to a valid `Hello`.
+    Hello(HelloReply),
+    /// Progress on a request; more frames follow.
+    Event(Event),
+    /// The request succeeded; nothing more follows for its id.
+    Reply(Reply),
+    /// The request failed; nothing more follows for its id.
+    Error(WireError),
+}
+
+/// Everything a client can ask. Append only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Run to completion; reply [`Reply::Exec`].
+    Exec(ExecRequest),
+    /// Start detached; reply [`Reply::Spawned`].
+    Spawn(SpawnRequest),
+    /// Replay (and follow) output; reply [`Reply::Logs`].
+    Logs(LogsRequest),
+    /// List tracked processes; reply [`Reply::Ps`].
+    Ps,
+    /// Signal a process group; reply [`Reply::Done`].
+    Kill(KillRequest),
+    /// Open a terminal; reply [`Reply::PtyOpened`]. Read it with `Logs { follow }`.
+    PtyOpen(PtyOpenRequest),
+    /// Type into a terminal; reply [`Reply::Done`].
+    PtyInput(PtyInputRequest),
+    /// Resize a terminal; reply [`Reply::Done`].
+    PtyResize(PtyResizeRequest),
+    /// Describe the agent; reply [`Reply::Info`].
+    Info,
+}
+
+/// Non-final progress on a request. Append only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// A streaming exec started with this pid.
+    Started(Pid),
+    /// A streaming exec produced output.
+    Output(OutputChunk),
+    /// A followed process produced output (or the ring dropped some).
+    Logs(LogsBatch),
+}
+
+/// Final successful answers. Append only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    /// Exec finished (or timed out).
+    Exec(ExecReply),
+    /// Spawn started this process.
+    Spawned(Pid),
+    /// Logs replayed (or the followed process ended).
+    Logs(LogsReply),
+    /// Every tracked process.
+    Ps(Vec<ProcessInfo>),
+    /// The request was carried out and has nothing to return.
+    Done,
+    /// The terminal is running under this pid.
+    PtyOpened(Pid),
+    /// About the agent.
+    Info(AgentInfo),
+}
+
+/// What `info` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// The agent's crate version.
+    pub agent_version: String,
+    /// The protocol version it speaks.
+    pub protocol_version: u32,
+    /// Random per boot of the agent.
+    pub boot_id: String,
+    /// Whether the agent is the guest's init.
+    pub is_init: bool,
+    /// Milliseconds since the agent started.
+    pub uptime_ms: u64,
+    /// Bumped by each restore from a snapshot (0 on a fresh boot).
+    pub generation: u64,
+    /// 1, 5 and 15 minute load averages.
+    pub load: [f64; 3],
+    /// Total memory in bytes.
+    pub mem_total_bytes: u64,
+    /// Available memory in bytes.
+    pub mem_available_bytes: u64,
+    /// Tracked processes not yet reaped.
+    pub processes_running: u32,
+    /// Tracked processes exited and not yet forgotten.
+    pub processes_exited: u32,
+}

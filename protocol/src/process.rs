@@ -1,0 +1,228 @@
+//! Requests and replies about processes: exec, spawn, pty, ps, kill.
+
+use serde::{Deserialize, Serialize};
+
+/// A process id in the guest. A newtype so it is never confused with a request id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Pid(pub i32);
+
+impl std::fmt::Display for Pid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// An argument vector; `argv[0]` is looked up in `PATH`.
+    Argv(Vec<String>),
+    /// A shell command line, run as `/bin/sh -c LINE`.
+    Shell(String),
+}
+
+impl Command {
+    /// The argument vector the agent executes.
+    pub fn to_argv(&self) -> Vec<String> {
+        match self {
+            Self::Argv(argv) => argv.clone(),
+            Self::Shell(line) => vec!["/bin/sh".into(), "-c".into(), line.clone()],
+        }
+    }
+}
+
+/// Who to run as.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum User {
+    /// A user name, looked up in the guest's `/etc/passwd`.
+    Name(String),
+    /// A numeric uid; the gid is the passwd entry's when there is one, else the same number.
+    Uid(u32),
+}
+
+/// How a process starts: shared by exec, spawn and pty.
+///
+/// The environment starts clean (see the agent docs for the defaults:
+/// `PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL`, `TERM`, `LANG`), then `env` is applied in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessSpec {
+    /// What to run; `None` means the user's login shell (pty only).
+    pub command: Option<Command>,
+    /// Variables to set, applied after the defaults; later entries win.
+    pub env: Vec<(String, String)>,
+    /// Working directory; defaults to the user's home, else `/`.
+    pub cwd: Option<String>,
+    /// Who to run as; defaults to the agent's own user.
+    pub user: Option<User>,
+}
+
+impl ProcessSpec {
+    /// A spec that runs `command` with every default.
+    pub fn new(command: Command) -> Self {
+        Self {
+            command: Some(command),
+            env: Vec::new(),
+            cwd: None,
+            user: None,
+        }
+    }
+}
+
+/// Run a command to completion and collect its output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// What to run and how.
+    pub spec: ProcessSpec,
+    /// Bytes written to the child's stdin, which is then closed.
+    #[serde(with = "serde_bytes")]
+    pub stdin: Vec<u8>,
+    /// Deadline in milliseconds; `None` or anything above the maximum means
+    /// [`crate::limits::EXEC_DEADLINE_SECS`].
+    pub timeout_ms: Option<u64>,
+    /// Send output as [`crate::Event::Output`] events while it runs instead of in the reply.
+    pub stream: bool,
+}
+
+/// How a process ended: the exit code and the terminating signal are separate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    /// The exit code when the process exited normally.
+    pub code: Option<i32>,
+    /// The signal number when a signal terminated it.
+    pub signal: Option<i32>,
+}
+
+impl ExitStatus {
+    /// The conventional shell status: the code, or 128 + signal.
+    pub fn shell_code(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(code), _) => code,
+            (None, Some(signal)) => 128 + signal,
+            (None, None) => 255,
+        }
+    }
+}
+
+/// The reply to an [`ExecRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecReply {
+    /// The child's pid (also its process group).
+    pub pid: Pid,
+    /// The first [`crate::limits::EXEC_OUTPUT_CAP_BYTES`] of stdout (empty when streamed).
+    #[serde(with = "serde_bytes")]
+    pub stdout: Vec<u8>,
+    /// The first [`crate::limits::EXEC_OUTPUT_CAP_BYTES`] of stderr (empty when streamed).
+    #[serde(with = "serde_bytes")]
+    pub stderr: Vec<u8>,
+    /// Stdout went past the cap; the rest was read and dropped.
+    pub stdout_truncated: bool,
+    /// Stderr went past the cap; the rest was read and dropped.
+    pub stderr_truncated: bool,
+    /// How it ended; `None` only if it could not be reaped after a timeout.
+    pub exit: Option<ExitStatus>,
+    /// The deadline passed and the process group was killed.
+    pub timed_out: bool,
+    /// Wall time from start to the reply, in microseconds.
+    pub duration_us: u64,
+}
+
+/// Start a detached process whose output goes to its ring.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// What to run and how.
+    pub spec: ProcessSpec,
+}
+
+/// Open a terminal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyOpenRequest {
+    /// What to run (`command: None` runs the login shell) and how.
+    pub spec: ProcessSpec,
+    /// Terminal size.
+    pub size: WindowSize,
+}
+
+/// A terminal size in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+/// Bytes typed into a terminal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyInputRequest {
+    /// The terminal's process.
+    pub pid: Pid,
+    /// Raw bytes for the terminal.
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// A new terminal size; the child gets `SIGWINCH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyResizeRequest {
+    /// The terminal's process.
+    pub pid: Pid,
+    /// The new size.
+    pub size: WindowSize,
+}
+
+/// Send a signal to a tracked process's whole process group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillRequest {
+    /// The tracked process.
+    pub pid: Pid,
+    /// The signal number; 0 means `SIGKILL`.
+    pub signal: i32,
+}
+
+/// How a tracked process was started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProcessKind {
+    /// Run to completion by an exec request.
+    Exec,
+    /// Detached by a spawn request.
+    Spawn,
+    /// Attached to a terminal.
+    Pty,
+}
+
+impl ProcessKind {
+    /// The lowercase name used in human and JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Exec => "exec",
+            Self::Spawn => "spawn",
+            Self::Pty => "pty",
+        }
+    }
+}
+
+/// Where a tracked process is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProcessState {
+    /// Not yet reaped.
+    Running,
+    /// Reaped with this status.
+    Exited(ExitStatus),
+}
+
+/// One row of `ps`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    /// Its pid, which is also its process group.
+    pub pid: Pid,
+    /// How it was started.
+    pub kind: ProcessKind,
+    /// What it runs.
+    pub argv: Vec<String>,
+    /// Running or exited.
+    pub state: ProcessState,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// Exit time, milliseconds since the Unix epoch.
+    pub ended_at_ms: Option<u64>,
+}

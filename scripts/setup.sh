@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build, boot and test sandboxes.
+# Idempotent and cached: a second run does nothing that is already done.
+#
+#   - apt: QEMU (TCG is enough), kmod (depmod), lz4 (vmlinux carving), cpio,
+#          busybox-static (default template base), e2fsprogs (mkfs.ext4 -d), python3-venv
+#   - rustup: the x86_64-unknown-linux-musl target for the static agent
+#   - cargo: vhost-device-vsock, the vhost-user vsock backend QEMU talks to
+set -euo pipefail
+
+APT_PACKAGES=(qemu-system-x86 kmod lz4 cpio busybox-static e2fsprogs python3-venv file)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
+  echo "setup: adding the musl target"
+  rustup target add x86_64-unknown-linux-musl
+fi
+
+if ! command -v vhost-device-vsock >/dev/null 2>&1; then
+  echo "setup: building vhost-device-vsock (about a minute)"
+  cargo install --locked vhost-device-vsock
+fi
+echo "setup: done"
