@@ -1,1 +1,88 @@
-//! placeholder
+//! `sandbox-agent`: the in-guest agent of a sandbox microVM.
+//!
+//! It runs as PID 1 inside the VM (and as an ordinary process for development),
+//! serves the [`sandbox_protocol`] over vsock or a Unix socket, and keeps one table of
+//! every process it started: exec (run to completion), spawn (detached, output in a
+//! 256 KiB ring), and pty (a terminal that survives disconnects).
+//!
+//! # Layout
+//! - [`config`]: command-line arguments into a validated [`config::Config`].
+//! - [`server`]: listeners, the accept loop, and per-connection multiplexing
+//!   ([`server::connection`]) that routes requests to handlers ([`server::dispatch`]).
+//! - [`process`]: the process table, the single reaper, and the exec, spawn, pty,
+//!   logs and kill handlers.
+//! - [`ring`]: the per-process output ring with absolute offsets.
+//! - [`agent`]: state shared by all connections, and `info`.
+//! - [`init`]: PID-1 duties (mounts, modules, console, shutdown); [`ready`]: telling
+//!   the host the agent listens.
+//! - [`sys`]: raw system calls, each `unsafe` explained.
+//!
+//! # Robustness
+//! As PID 1, the agent must never exit: a panic in a request handler is caught by its
+//! task and answered with an `Internal` error; every bad input becomes a typed error;
+//! the release profile unwinds (never `panic = "abort"`).
+
+pub mod agent;
+pub mod config;
+pub mod events;
+pub mod init;
+pub mod process;
+pub mod ready;
+pub mod ring;
+pub mod server;
+pub mod sys;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::agent::Agent;
+use crate::config::Config;
+use crate::process::reaper;
+
+/// Why the agent could not start serving.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `SIGCHLD` could not be watched, so children could not be reaped.
+    #[error("Cannot watch SIGCHLD")]
+    Sigchld(#[source] std::io::Error),
+    /// A listener could not be bound.
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+}
+
+/// Serves until `shutdown` resolves. Starts the reaper and the sweeper that forgets
+/// exited processes, binds every listener, then calls `on_listening` (used to tell
+/// the host the agent is ready).
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+    on_listening: impl FnOnce(&Agent),
+) -> Result<Arc<Agent>, RunError> {
+    let agent = Arc::new(Agent::new(
+        config.forget_after,
+        config.token.clone(),
+        config.is_init,
+    ));
+    let sigchld = reaper::sigchld().map_err(RunError::Sigchld)?;
+    let reaper = tokio::spawn(reaper::run(agent.table.clone(), sigchld));
+    let sweeper = tokio::spawn(sweep_forever(agent.clone()));
+
+    let listeners = server::bind(&config.listen)?;
+    on_listening(&agent);
+    server::serve(listeners, agent.clone(), config.peers.clone(), shutdown).await;
+    sweeper.abort();
+    reaper.abort();
+    Ok(agent)
+}
+
+/// Forgets processes that exited long enough ago.
+async fn sweep_forever(agent: Arc<Agent>) {
+    let mut tick = tokio::time::interval(agent.table.sweep_interval());
+    loop {
+        tick.tick().await;
+        let forgotten = agent.table.forget_expired(std::time::Instant::now());
+        if forgotten > 0 {
+            tracing::debug!(forgotten, "forgot exited processes");
+        }
+    }
+}

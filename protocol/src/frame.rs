@@ -47,23 +47,33 @@ impl FrameError {
     }
 }
 
-/// Appends one frame holding `msg` to `out`.
+/// Appends one frame holding `msg` to `out`. On error `out` is left as it was.
 pub fn encode_into<T: Serialize>(msg: &T, max: usize, out: &mut Vec<u8>) -> Result<(), FrameError> {
     let start = out.len();
     out.extend_from_slice(&[0; LEN_PREFIX_BYTES]);
-    let encoded = postcard::to_extend(msg, std::mem::take(out));
-    *out = match encoded {
-        Ok(buf) => buf,
-        Err(error) => return Err(FrameError::Encode(error)),
-    };
-    let len = out.len() - start - LEN_PREFIX_BYTES;
-    if len > max {
+    if let Err(error) = postcard::to_extend(msg, Appender(out)) {
         out.truncate(start);
-        return Err(FrameError::TooLarge { len, max });
+        return Err(FrameError::Encode(error));
     }
-    let prefix = u32::try_from(len).map_err(|_| FrameError::TooLarge { len, max })?;
+    let len = out.len() - start - LEN_PREFIX_BYTES;
+    let prefix = match u32::try_from(len) {
+        Ok(prefix) if len <= max => prefix,
+        _ => {
+            out.truncate(start);
+            return Err(FrameError::TooLarge { len, max });
+        }
+    };
     out[start..start + LEN_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
     Ok(())
+}
+
+/// Lets postcard append to a borrowed buffer.
+struct Appender<'a>(&'a mut Vec<u8>);
+
+impl Extend<u8> for Appender<'_> {
+    fn extend<I: IntoIterator<Item = u8>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
 }
 
 /// One frame holding `msg`, as bytes ready to write.
@@ -299,8 +309,11 @@ mod tests {
     }
 
     #[test]
-    fn encode_refuses_oversize_messages() {
-        let err = encode(&vec![0u8; 100], 10).unwrap_err();
+    fn encode_refuses_oversize_messages_and_keeps_what_was_queued() {
+        let mut out = encode(&ps(1), 64).unwrap();
+        let queued = out.clone();
+        let err = encode_into(&vec![0u8; 100], 10, &mut out).unwrap_err();
         assert!(matches!(err, FrameError::TooLarge { max: 10, .. }));
+        assert_eq!(out, queued);
     }
 }

@@ -92,6 +92,11 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         encode_into(msg, self.max, &mut self.buf)
     }
 
+    /// Bytes queued and not yet written.
+    pub fn queued_bytes(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Writes everything queued.
     pub async fn flush(&mut self) -> io::Result<()> {
         let result = self.inner.write_all(&self.buf).await;

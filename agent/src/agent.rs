@@ -1,0 +1,117 @@
+//! The agent's shared state: its identity, the process table and settings every
+//! connection sees.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::{AgentInfo, PROTOCOL_VERSION};
+
+use crate::process::table::ProcessTable;
+
+/// Capabilities announced in the handshake.
+pub const CAPABILITIES: &[&str] = &["exec", "exec_stream", "spawn", "logs_follow", "pty"];
+
+/// The agent's crate version.
+pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// State shared by every connection.
+#[derive(Debug)]
+pub struct Agent {
+    /// Every tracked process.
+    pub table: Arc<ProcessTable>,
+    /// Random per start of the agent.
+    pub boot_id: String,
+    /// Whether the agent is the guest's init (PID 1).
+    pub is_init: bool,
+    /// The token clients must present, if any.
+    pub token: Option<String>,
+    started: Instant,
+    generation: AtomicU64,
+}
+
+impl Agent {
+    /// Fresh state: an empty table forgetting exited processes after `forget_after`.
+    pub fn new(forget_after: Duration, token: Option<String>, is_init: bool) -> Self {
+        Self {
+            table: Arc::new(ProcessTable::new(forget_after)),
+            boot_id: random_id(),
+            is_init,
+            token,
+            started: Instant::now(),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// What `info` reports.
+    pub fn info(&self) -> AgentInfo {
+        let (running, exited) = self.table.counts();
+        let (mem_total_bytes, mem_available_bytes) = memory().unwrap_or((0, 0));
+        AgentInfo {
+            agent_version: AGENT_VERSION.to_owned(),
+            protocol_version: PROTOCOL_VERSION,
+            boot_id: self.boot_id.clone(),
+            is_init: self.is_init,
+            uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            generation: self.generation.load(Ordering::Relaxed),
+            load: load_average().unwrap_or([0.0; 3]),
+            mem_total_bytes,
+            mem_available_bytes,
+            processes_running: running,
+            processes_exited: exited,
+        }
+    }
+}
+
+/// 128 random bits as 32 hex digits, from the kernel's generator.
+fn random_id() -> String {
+    let mut bytes = [0u8; 16];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the live buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if usize::try_from(n).ok() != Some(bytes.len()) {
+        // Without entropy, time and pid still tell two agents apart.
+        let seed = Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id());
+        bytes = seed.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut fields = text.split_whitespace().map(str::parse::<f64>);
+    Some([
+        fields.next()?.ok()?,
+        fields.next()?.ok()?,
+        fields.next()?.ok()?,
+    ])
+}
+
+fn memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    Some((field("MemTotal:")?, field("MemAvailable:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_reads_the_system() {
+        let agent = Agent::new(Duration::from_secs(1), None, false);
+        let info = agent.info();
+        assert_eq!(info.boot_id.len(), 32);
+        assert!(info.mem_total_bytes > 0);
+        assert!(info.mem_available_bytes <= info.mem_total_bytes);
+        assert_eq!(info.generation, 0);
+    }
+
+    #[test]
+    fn boot_ids_differ() {
+        assert_ne!(random_id(), random_id());
+    }
+}

@@ -1,0 +1,123 @@
+//! Configuration in stages: command-line [`Args`] (plus, as PID 1, the kernel's
+//! `sandbox.*` parameters) into one validated [`Config`].
+
+use std::time::Duration;
+
+use clap::Parser;
+use sandbox_protocol::limits::{FORGET_EXITED_AFTER_SECS, HOST_CID};
+
+use crate::init::BootParams;
+use crate::server::{ListenAddr, PeerPolicy, VSOCK_CID_ANY};
+
+/// Command-line arguments of `sandbox-agent`.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "sandbox-agent",
+    version,
+    about = "In-guest agent of a sandbox microVM"
+)]
+pub struct Args {
+    /// Where to listen (repeatable): `unix://PATH` or `vsock://CID:PORT` (CID -1 = any).
+    /// As PID 1 the default is `vsock://-1:PORT` with `sandbox.port` from the kernel
+    /// command line (1024).
+    #[arg(long = "listen", value_name = "URL")]
+    pub listen: Vec<ListenAddr>,
+    /// Token clients must present in their Hello.
+    #[arg(long, env = "SANDBOX_AGENT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Forget exited processes this many seconds after they exit.
+    #[arg(long, default_value_t = FORGET_EXITED_AFTER_SECS, value_name = "SECS")]
+    pub forget_after_secs: u64,
+    /// Accept vsock peers with this CID besides the host's (2) (repeatable).
+    #[arg(long, value_name = "CID")]
+    pub allow_cid: Vec<u32>,
+    /// Log filter (`tracing` syntax, e.g. `debug` or `sandbox_agent=trace`).
+    #[arg(long, default_value = "info", value_name = "FILTER")]
+    pub log: String,
+}
+
+/// Everything the agent needs to run, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Listeners to bind.
+    pub listen: Vec<ListenAddr>,
+    /// Token clients must present.
+    pub token: Option<String>,
+    /// How long exited processes stay visible.
+    pub forget_after: Duration,
+    /// Which vsock peers may connect.
+    pub peers: PeerPolicy,
+    /// Whether the agent is the guest's init.
+    pub is_init: bool,
+    /// Log filter.
+    pub log: String,
+}
+
+impl Config {
+    /// Merges arguments with the boot parameters (PID 1 only); arguments win.
+    pub fn new(args: Args, boot: Option<&BootParams>) -> Self {
+        let mut listen = args.listen;
+        if listen.is_empty() {
+            if let Some(boot) = boot {
+                listen.push(ListenAddr::Vsock {
+                    cid: VSOCK_CID_ANY,
+                    port: boot.port,
+                });
+            }
+        }
+        let mut allowed_cids = vec![HOST_CID];
+        allowed_cids.extend(args.allow_cid);
+        allowed_cids.extend(boot.and_then(|b| b.allow_cid));
+        Self {
+            listen,
+            token: args.token.or_else(|| boot.and_then(|b| b.token.clone())),
+            forget_after: Duration::from_secs(args.forget_after_secs),
+            peers: PeerPolicy { allowed_cids },
+            is_init: boot.is_some(),
+            log: boot.map_or(args.log, |b| b.log.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pid1_defaults_to_vsock_on_the_boot_port() {
+        let args = Args::parse_from(["sandbox-agent"]);
+        let boot = BootParams {
+            port: 5000,
+            token: Some("t".into()),
+            ..BootParams::default()
+        };
+        let config = Config::new(args, Some(&boot));
+        assert_eq!(
+            config.listen,
+            vec![ListenAddr::Vsock {
+                cid: VSOCK_CID_ANY,
+                port: 5000
+            }]
+        );
+        assert_eq!(config.token.as_deref(), Some("t"));
+        assert!(config.is_init);
+    }
+
+    #[test]
+    fn arguments_win_over_boot_parameters() {
+        let args = Args::parse_from([
+            "sandbox-agent",
+            "--listen",
+            "unix:///tmp/x.sock",
+            "--token",
+            "a",
+        ]);
+        let boot = BootParams {
+            token: Some("b".into()),
+            ..BootParams::default()
+        };
+        let config = Config::new(args, Some(&boot));
+        assert_eq!(config.listen, vec![ListenAddr::Unix("/tmp/x.sock".into())]);
+        assert_eq!(config.token.as_deref(), Some("a"));
+    }
+}

@@ -1,0 +1,116 @@
+//! `sandbox-agent`: parse arguments, set up logging (and, as PID 1, the guest), run.
+//!
+//! As PID 1 the process must never exit: every way out of [`run_as_init`] ends in an
+//! orderly power-off, and a panic on the main thread is caught and does the same.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use sandbox_agent::config::{Args, Config};
+use sandbox_agent::init::{self, PowerAction};
+use sandbox_agent::{ready, run};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Time processes get between SIGTERM and SIGKILL at power-off.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+fn main() -> ExitCode {
+    if init::is_pid1() {
+        let outcome = std::panic::catch_unwind(run_as_init);
+        if let Err(panic) = outcome {
+            eprintln!("sandbox-agent: fatal panic as init: {panic:?}; powering off");
+        }
+        init::power_off(SHUTDOWN_GRACE, PowerAction::PowerOff)
+    }
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => error.exit(),
+    };
+    if let Err(error) = sandbox_agent::sys::set_child_subreaper() {
+        eprintln!("sandbox-agent: cannot become a child subreaper: {error}");
+    }
+    let config = Config::new(args, None);
+    init_logging(&config.log);
+    match runtime().and_then(|rt| rt.block_on(serve(config))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sandbox-agent: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The agent as the guest's init: prepare the guest, serve, and power off at the end.
+fn run_as_init() {
+    let (boot, early) = init::early();
+    // The kernel passes unknown command-line words to init; they must not stop it.
+    let args = Args::try_parse().unwrap_or_else(|_| Args::parse_from(["sandbox-agent"]));
+    let config = Config::new(args, Some(&boot));
+    init_logging(&config.log);
+    if let Err(error) = init::prepare(&boot, early) {
+        tracing::error!(error = %init::ErrorChain(&error), "guest preparation failed");
+        return;
+    }
+    let ready_port = boot.ready_port;
+    let served = runtime().and_then(|rt| {
+        rt.block_on(async move {
+            let (listening_tx, listening_rx) = tokio::sync::oneshot::channel();
+            let notifier = tokio::spawn(async move {
+                if let (Some(port), Ok(boot_id)) = (ready_port, listening_rx.await) {
+                    ready::notify_host(port, &ready::ready_message(boot_id)).await;
+                }
+            });
+            let result = run(config, shutdown_signal(), |agent| {
+                let _ = listening_tx.send(agent.boot_id.clone());
+            })
+            .await;
+            notifier.abort();
+            result.map(drop).map_err(anyhow::Error::from)
+        })
+    });
+    if let Err(error) = served {
+        tracing::error!("{error:#}");
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    run(config, shutdown_signal(), |_| {}).await?;
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM"),
+                _ = int.recv() => tracing::info!("SIGINT"),
+            }
+        }
+        _ => {
+            tracing::error!(
+                "cannot watch SIGTERM/SIGINT; only a shutdown request will stop the agent"
+            );
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,198 @@
+//! `exec` and `spawn`: start a command; for exec, wait for it and collect its output.
+//!
+//! An exec waits until the process has exited and its output is drained, or until
+//! its deadline. At the deadline the whole process group gets `SIGKILL` and the reply
+//! (output so far, `timed_out`) follows within [`EXEC_DEADLINE_GRACE_SECS`]. If the
+//! request is cancelled or its connection drops first, the process group is killed:
+//! nobody is left to read the result. Spawned processes survive all of that.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::limits::{
+    EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS, EXEC_OUTPUT_CAP_BYTES,
+};
+use sandbox_protocol::{
+    Event, ExecReply, ExecRequest, OutputChunk, Pid, ProcessKind, ProcessSpec, Stream,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use super::launch::{self, ChildPipes, ChildStdio};
+use super::pump::{pump, Source};
+use super::table::{Capture, ProcessRecord, ProcessTable};
+use super::ProcessError;
+use crate::events::Events;
+use crate::sys;
+
+/// Chunks a streaming exec may have in flight before the child is made to wait.
+const STREAM_QUEUE_CHUNKS: usize = 16;
+
+/// Runs `request` to completion (or its deadline).
+pub async fn exec(
+    table: &ProcessTable,
+    request: ExecRequest,
+    events: &Events,
+) -> Result<ExecReply, ProcessError> {
+    let started = Instant::now();
+    let deadline = exec_deadline(request.timeout_ms);
+    let plan = launch::plan(&request.spec, false)?;
+    let capture = (!request.stream).then(|| Capture::new(EXEC_OUTPUT_CAP_BYTES));
+    let stdio = ChildStdio::Pipes {
+        stdin: !request.stdin.is_empty(),
+    };
+    let (record, pipes) = launch::start(table, plan, ProcessKind::Exec, stdio, capture)?;
+    let kill_guard = KillGroupOnDrop(Some(record.clone()));
+
+    let (sink, mut chunks) = if request.stream {
+        events.send(Event::Started(record.pid)).await;
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE_CHUNKS);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let ChildPipes {
+        stdin,
+        stdout,
+        stderr,
+    } = pipes;
+    start_pumps(&record, stdout, stderr, sink);
+    if let Some(mut stdin) = stdin {
+        let bytes = request.stdin;
+        tokio::spawn(async move {
+            // The child may exit without reading; a broken pipe is not an error here.
+            let _ = stdin.write_all(&bytes).await;
+        });
+    }
+
+    let mut progress = record.subscribe();
+    let timer = tokio::time::sleep(deadline);
+    tokio::pin!(timer);
+    let mut timed_out = false;
+    loop {
+        tokio::select! {
+            Some(chunk) = recv(&mut chunks) => { events.send(Event::Output(chunk)).await; }
+            () = finished(&mut progress) => break,
+            () = &mut timer => { timed_out = true; break; }
+        }
+    }
+    if timed_out {
+        if let Err(error) = sys::kill_process_group(record.pid.0, libc::SIGKILL) {
+            tracing::warn!(pid = %record.pid, %error, "killing a timed-out exec failed");
+        }
+        let grace = Duration::from_secs(EXEC_DEADLINE_GRACE_SECS) - Duration::from_millis(500);
+        let drained = async {
+            loop {
+                tokio::select! {
+                    Some(chunk) = recv(&mut chunks) => { events.send(Event::Output(chunk)).await; }
+                    () = finished(&mut progress) => break,
+                }
+            }
+        };
+        if tokio::time::timeout(grace, drained).await.is_err() {
+            tracing::warn!(pid = %record.pid, "timed-out exec still not reaped after SIGKILL");
+        }
+    }
+    // Everything the pumps sent before finishing is queued; forward the rest.
+    if let Some(rx) = chunks.as_mut() {
+        while let Ok(chunk) = rx.try_recv() {
+            events.send(Event::Output(chunk)).await;
+        }
+    }
+    drop(kill_guard);
+
+    let capture = record.take_capture();
+    Ok(ExecReply {
+        pid: record.pid,
+        stdout: capture.stdout,
+        stderr: capture.stderr,
+        stdout_truncated: capture.stdout_truncated,
+        stderr_truncated: capture.stderr_truncated,
+        exit: record.progress().exit,
+        timed_out,
+        duration_us: u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+    })
+}
+
+/// Starts `spec` detached: its output goes only to its ring.
+pub fn spawn(table: &ProcessTable, spec: &ProcessSpec) -> Result<Pid, ProcessError> {
+    let plan = launch::plan(spec, false)?;
+    let (record, pipes) = launch::start(
+        table,
+        plan,
+        ProcessKind::Spawn,
+        ChildStdio::Pipes { stdin: false },
+        None,
+    )?;
+    start_pumps(&record, pipes.stdout, pipes.stderr, None);
+    Ok(record.pid)
+}
+
+/// The requested deadline, capped at the maximum; `None` means the maximum.
+fn exec_deadline(timeout_ms: Option<u64>) -> Duration {
+    let max = Duration::from_secs(EXEC_DEADLINE_SECS);
+    timeout_ms.map_or(max, |ms| Duration::from_millis(ms).min(max))
+}
+
+/// Starts one pump per output pipe; a missing pipe counts as already drained.
+pub(super) fn start_pumps(
+    record: &Arc<ProcessRecord>,
+    stdout: Option<tokio::net::unix::pipe::Receiver>,
+    stderr: Option<tokio::net::unix::pipe::Receiver>,
+    sink: Option<mpsc::Sender<OutputChunk>>,
+) {
+    for (pipe, stream) in [(stdout, Stream::Stdout), (stderr, Stream::Stderr)] {
+        match pipe {
+            Some(pipe) => {
+                tokio::spawn(pump(
+                    record.clone(),
+                    Source::Pipe(pipe),
+                    stream,
+                    sink.clone(),
+                ));
+            }
+            None => record.close_stream(),
+        }
+    }
+}
+
+async fn recv(rx: &mut Option<mpsc::Receiver<OutputChunk>>) -> Option<OutputChunk> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves once the process exited and its output is drained (or can never be).
+async fn finished(progress: &mut tokio::sync::watch::Receiver<super::table::Progress>) {
+    let _ = progress.wait_for(|p| p.finished()).await;
+}
+
+/// Kills the process group when dropped before the process exited: the exec's
+/// request was cancelled or its connection dropped.
+struct KillGroupOnDrop(Option<Arc<ProcessRecord>>);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        if let Some(record) = self.0.take() {
+            if record.progress().exit.is_none() {
+                if let Err(error) = sys::kill_process_group(record.pid.0, libc::SIGKILL) {
+                    tracing::debug!(pid = %record.pid, %error, "killing an abandoned exec failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_defaults_to_and_is_capped_at_the_maximum() {
+        let max = Duration::from_secs(EXEC_DEADLINE_SECS);
+        assert_eq!(exec_deadline(None), max);
+        assert_eq!(exec_deadline(Some(u64::MAX)), max);
+        assert_eq!(exec_deadline(Some(1500)), Duration::from_millis(1500));
+    }
+}

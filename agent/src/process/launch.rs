@@ -1,0 +1,384 @@
+//! Starting children: from a [`ProcessSpec`] to a running, tracked process.
+//!
+//! Every child gets a clean environment (below), its own process group (exec, spawn)
+//! or its own session with the terminal as controlling tty (pty), the agent's OOM
+//! protection removed, and the requested user. Everything that reads files (the
+//! passwd entry, supplementary groups) happens before `fork`; the child only makes
+//! async-signal-safe calls (see [`crate::sys`]).
+//!
+//! # Default environment
+//! `PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`, `HOME`, `USER`,
+//! `LOGNAME` and `SHELL` from the user's passwd entry (`/root`, `root`, `/bin/sh` when
+//! there is none), `LANG=C.UTF-8`, and `TERM=xterm-256color` for terminals or
+//! `TERM=dumb` for pipes. The request's `env` entries are applied after, in order.
+//! The working directory defaults to `HOME` when it exists, else `/`.
+
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command as StdCommand, Stdio};
+use std::sync::Arc;
+
+use nix::unistd::{Gid, Uid, User as PasswdUser};
+use sandbox_protocol::{Pid, ProcessKind, ProcessSpec, User};
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+
+use super::table::{Capture, ProcessRecord, ProcessTable};
+use super::ProcessError;
+use crate::sys;
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The uid, gid and supplementary groups a child switches to.
+#[derive(Debug, Clone)]
+struct Identity {
+    uid: u32,
+    gid: u32,
+    groups: Vec<libc::gid_t>,
+}
+
+/// Everything needed to start a child, resolved before `fork`.
+#[derive(Debug)]
+pub struct LaunchPlan {
+    argv: Vec<String>,
+    /// `argv[0]` as the child sees it, when it differs (`-sh` for a login shell).
+    arg0: Option<String>,
+    env: Vec<(String, String)>,
+    cwd: String,
+    identity: Option<Identity>,
+}
+
+impl LaunchPlan {
+    /// What `ps` shows.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+}
+
+/// Resolves `spec` into a plan. `terminal` selects the pty defaults.
+pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessError> {
+    let passwd = match &spec.user {
+        None => PasswdUser::from_uid(Uid::current()).ok().flatten(),
+        Some(user) => Some(lookup_user(user)?),
+    };
+    let home = passwd.as_ref().map_or_else(
+        || "/root".to_owned(),
+        |p| p.dir.to_string_lossy().into_owned(),
+    );
+    let name = passwd
+        .as_ref()
+        .map_or_else(|| "root".to_owned(), |p| p.name.clone());
+    let shell = passwd
+        .as_ref()
+        .map(|p| p.shell.to_string_lossy().into_owned())
+        .filter(|s| !s.is_empty() && Path::new(s).exists())
+        .unwrap_or_else(|| "/bin/sh".to_owned());
+
+    let (argv, arg0) = match &spec.command {
+        Some(command) => (command.to_argv(), None),
+        None if terminal => {
+            let base = Path::new(&shell)
+                .file_name()
+                .map_or_else(|| "sh".to_owned(), |n| n.to_string_lossy().into_owned());
+            (vec![shell.clone()], Some(format!("-{base}")))
+        }
+        None => {
+            return Err(ProcessError::Invalid {
+                what: "command",
+                reason: "a command is required".into(),
+            })
+        }
+    };
+    validate_argv(&argv)?;
+
+    let mut env = vec![
+        ("PATH".to_owned(), DEFAULT_PATH.to_owned()),
+        ("HOME".to_owned(), home.clone()),
+        ("USER".to_owned(), name.clone()),
+        ("LOGNAME".to_owned(), name),
+        ("SHELL".to_owned(), shell),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        (
+            "TERM".to_owned(),
+            if terminal { "xterm-256color" } else { "dumb" }.to_owned(),
+        ),
+    ];
+    for (key, value) in &spec.env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(ProcessError::Invalid {
+                what: "env",
+                reason: format!(
+                    "{key:?} is not a valid variable name or its value holds a NUL byte"
+                ),
+            });
+        }
+        env.retain(|(k, _)| k != key);
+        env.push((key.clone(), value.clone()));
+    }
+
+    let cwd = match &spec.cwd {
+        Some(cwd) => {
+            if !Path::new(cwd).is_dir() {
+                return Err(ProcessError::Invalid {
+                    what: "cwd",
+                    reason: format!("{cwd} is not a directory"),
+                });
+            }
+            cwd.clone()
+        }
+        None if Path::new(&home).is_dir() => home,
+        None => "/".to_owned(),
+    };
+
+    let identity = match (&spec.user, passwd) {
+        (None, _) => None,
+        (Some(_), Some(passwd)) => Some(identity_of(&passwd)),
+        (Some(User::Uid(uid)), None) => Some(Identity {
+            uid: *uid,
+            gid: *uid,
+            groups: vec![*uid],
+        }),
+        (Some(User::Name(name)), None) => {
+            return Err(ProcessError::UnknownUser { user: name.clone() })
+        }
+    };
+    Ok(LaunchPlan {
+        argv,
+        arg0,
+        env,
+        cwd,
+        identity,
+    })
+}
+
+fn validate_argv(argv: &[String]) -> Result<(), ProcessError> {
+    let invalid = |reason: &str| ProcessError::Invalid {
+        what: "command",
+        reason: reason.into(),
+    };
+    match argv.first() {
+        None => Err(invalid("the argument vector is empty")),
+        Some(program) if program.is_empty() => Err(invalid("the program name is empty")),
+        Some(_) if argv.iter().any(|a| a.contains('\0')) => {
+            Err(invalid("an argument holds a NUL byte"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn lookup_user(user: &User) -> Result<PasswdUser, ProcessError> {
+    let found = match user {
+        User::Name(name) => PasswdUser::from_name(name).ok().flatten(),
+        User::Uid(uid) => PasswdUser::from_uid(Uid::from_raw(*uid)).ok().flatten(),
+    };
+    match (found, user) {
+        (Some(passwd), _) => Ok(passwd),
+        // A bare uid without a passwd entry is allowed; `plan` handles it.
+        (None, User::Uid(uid)) => Ok(PasswdUser {
+            name: uid.to_string(),
+            passwd: CString::default(),
+            uid: Uid::from_raw(*uid),
+            gid: Gid::from_raw(*uid),
+            gecos: CString::default(),
+            dir: "/".into(),
+            shell: "/bin/sh".into(),
+        }),
+        (None, User::Name(name)) => Err(ProcessError::UnknownUser { user: name.clone() }),
+    }
+}
+
+fn identity_of(passwd: &PasswdUser) -> Identity {
+    let gid = passwd.gid;
+    let groups = CString::new(passwd.name.as_str())
+        .ok()
+        .and_then(|name| nix::unistd::getgrouplist(&name, gid).ok())
+        .map(|groups| groups.into_iter().map(Gid::as_raw).collect())
+        .unwrap_or_else(|| vec![gid.as_raw()]);
+    Identity {
+        uid: passwd.uid.as_raw(),
+        gid: gid.as_raw(),
+        groups,
+    }
+}
+
+/// How the child's standard streams are wired.
+#[derive(Debug)]
+pub enum ChildStdio {
+    /// Pipes for stdout and stderr; a pipe for stdin when `stdin` is set, else `/dev/null`.
+    Pipes {
+        /// Whether the caller will write to stdin.
+        stdin: bool,
+    },
+    /// All three on a terminal; the agent keeps `master`.
+    Terminal {
+        /// The agent's end, already non-blocking.
+        master: Arc<AsyncFd<OwnedFd>>,
+        /// The child's end.
+        slave: OwnedFd,
+    },
+}
+
+/// The agent's ends of a child's pipes.
+#[derive(Debug, Default)]
+pub struct ChildPipes {
+    /// The child's stdin, when requested.
+    pub stdin: Option<pipe::Sender>,
+    /// The child's stdout.
+    pub stdout: Option<pipe::Receiver>,
+    /// The child's stderr.
+    pub stderr: Option<pipe::Receiver>,
+}
+
+/// Starts `plan` and tracks it in `table`.
+pub fn start(
+    table: &ProcessTable,
+    plan: LaunchPlan,
+    kind: ProcessKind,
+    stdio: ChildStdio,
+    capture: Option<Capture>,
+) -> Result<(Arc<ProcessRecord>, ChildPipes), ProcessError> {
+    let program = plan.argv[0].clone();
+    let start_error = |error| ProcessError::Start {
+        program: program.clone(),
+        error,
+    };
+    let mut command = StdCommand::new(&plan.argv[0]);
+    command
+        .args(&plan.argv[1..])
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&plan.cwd);
+    if let Some(arg0) = &plan.arg0 {
+        command.arg0(arg0);
+    }
+    let (terminal, pty, open_streams) = match stdio {
+        ChildStdio::Pipes { stdin } => {
+            command
+                .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            (false, None, 2)
+        }
+        ChildStdio::Terminal { master, slave } => {
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(start_error);
+            command
+                .stdin(dup(&slave)?)
+                .stdout(dup(&slave)?)
+                .stderr(slave);
+            (true, Some(master), 1)
+        }
+    };
+    let identity = plan.identity.clone();
+    // SAFETY: the closure runs in the forked child and only makes async-signal-safe
+    // calls (see `crate::sys`): no allocation, no locks; `identity` was built before fork.
+    unsafe {
+        command.pre_exec(move || {
+            sys::child_reset_oom_score_adj();
+            if terminal {
+                sys::child_take_terminal()?;
+            }
+            if let Some(id) = &identity {
+                sys::child_switch_user(id.uid, id.gid, &id.groups)?;
+            }
+            Ok(())
+        });
+    }
+
+    let (record, mut child) = {
+        let _gate = table.spawn_gate();
+        let child = command.spawn().map_err(start_error)?;
+        let pid = Pid(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let record = Arc::new(ProcessRecord::new(
+            pid,
+            kind,
+            plan.argv,
+            open_streams,
+            capture,
+            pty,
+        ));
+        table.insert(record.clone());
+        (record, child)
+    };
+    // From here on the child is tracked; failures below only lose its output.
+    let pipes = ChildPipes {
+        stdin: child
+            .stdin
+            .take()
+            .and_then(|fd| pipe::Sender::from_owned_fd(OwnedFd::from(fd)).ok()),
+        stdout: child
+            .stdout
+            .take()
+            .and_then(|fd| pipe::Receiver::from_owned_fd(OwnedFd::from(fd)).ok()),
+        stderr: child
+            .stderr
+            .take()
+            .and_then(|fd| pipe::Receiver::from_owned_fd(OwnedFd::from(fd)).ok()),
+    };
+    // Dropping `Child` neither waits nor kills: the reaper owns its exit.
+    drop(child);
+    Ok((record, pipes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_protocol::Command;
+
+    fn env_of(plan: &LaunchPlan, key: &str) -> Option<String> {
+        plan.env
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn default_environment_is_clean_and_overridable() {
+        let mut spec = ProcessSpec::new(Command::Argv(vec!["true".into()]));
+        spec.env = vec![("FOO".into(), "1".into()), ("PATH".into(), "/x".into())];
+        let plan = plan(&spec, false).unwrap();
+        assert_eq!(env_of(&plan, "PATH").as_deref(), Some("/x"));
+        assert_eq!(env_of(&plan, "FOO").as_deref(), Some("1"));
+        assert_eq!(env_of(&plan, "TERM").as_deref(), Some("dumb"));
+        assert_eq!(plan.env.iter().filter(|(k, _)| k == "PATH").count(), 1);
+        assert!(env_of(&plan, "HOME").is_some());
+    }
+
+    #[test]
+    fn bad_specs_are_rejected_before_fork() {
+        let bad = [
+            ProcessSpec::new(Command::Argv(vec![])),
+            ProcessSpec::new(Command::Argv(vec!["a\0b".into()])),
+            ProcessSpec {
+                cwd: Some("/definitely/not/here".into()),
+                ..ProcessSpec::new(Command::Shell("true".into()))
+            },
+            ProcessSpec {
+                env: vec![("A=B".into(), "x".into())],
+                ..ProcessSpec::new(Command::Shell("true".into()))
+            },
+            ProcessSpec {
+                user: Some(User::Name("no-such-user-xyz".into())),
+                ..ProcessSpec::new(Command::Shell("true".into()))
+            },
+        ];
+        for spec in bad {
+            assert!(plan(&spec, false).is_err(), "{spec:?}");
+        }
+    }
+
+    #[test]
+    fn a_terminal_without_command_runs_a_login_shell() {
+        let spec = ProcessSpec {
+            command: None,
+            env: vec![],
+            cwd: None,
+            user: None,
+        };
+        let plan = plan(&spec, true).unwrap();
+        assert!(plan.arg0.as_deref().is_some_and(|a| a.starts_with('-')));
+        assert_eq!(env_of(&plan, "TERM").as_deref(), Some("xterm-256color"));
+    }
+}

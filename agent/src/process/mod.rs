@@ -1,0 +1,138 @@
+//! The process layer: one table of tracked processes, one reaper, and the ways a
+//! process gets started (exec, spawn, pty) and observed (logs, ps, kill).
+//!
+//! # Layout
+//! - [`table`]: the process table and each process's record (ring, exit, progress).
+//! - [`reaper`]: the single `waitpid(-1)` loop; it hands exit statuses to the table.
+//! - [`launch`]: turns a [`ProcessSpec`](sandbox_protocol::ProcessSpec) into a running
+//!   child: clean environment, user, cwd, its own process group or session.
+//! - [`pump`]: moves a child's output from its pipe or terminal into its record.
+//! - [`exec`], [`pty`], [`logs`]: the request handlers built on the above.
+//!
+//! # Why one reaper
+//! Children are started with `std::process::Command` and their `Child` is dropped
+//! unwaited: only [`reaper`] ever calls `waitpid`, so no two waiters can steal each
+//! other's exit status, and orphans re-parented to the agent are reaped too. Starting
+//! a child holds the table's spawn gate for reading; the reaper holds it for writing
+//! while it calls `waitpid`, so a child is always in the table before its exit status
+//! can be collected (and std's own wait for a child whose `exec` failed never races us).
+
+pub mod exec;
+pub mod kill;
+pub mod launch;
+pub mod logs;
+pub mod pty;
+pub mod pump;
+pub mod reaper;
+pub mod table;
+
+use std::io;
+
+use sandbox_protocol::{ErrorKind, Pid, WireError};
+
+use crate::ring::CursorAhead;
+
+/// Why a process request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// No tracked process has this pid (it may have been forgotten).
+    #[error("No tracked process with pid {pid}")]
+    NotFound {
+        /// The pid asked for.
+        pid: Pid,
+    },
+    /// A terminal request named a process that is not a terminal.
+    #[error("Process {pid} is not a terminal")]
+    NotATerminal {
+        /// The pid asked for.
+        pid: Pid,
+    },
+    /// The process has already exited.
+    #[error("Process {pid} has exited")]
+    Exited {
+        /// The pid asked for.
+        pid: Pid,
+    },
+    /// The command or one of its settings is unusable.
+    #[error("Invalid {what}: {reason}")]
+    Invalid {
+        /// Which setting.
+        what: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The user named does not exist in the guest.
+    #[error("Unknown user {user}")]
+    UnknownUser {
+        /// The name or uid asked for.
+        user: String,
+    },
+    /// Starting the program failed.
+    #[error("Cannot start {program}")]
+    Start {
+        /// `argv[0]`.
+        program: String,
+        /// The OS error.
+        #[source]
+        error: io::Error,
+    },
+    /// Sending a signal failed.
+    #[error("Cannot send signal {signal} to process group {pid}")]
+    Signal {
+        /// The process group.
+        pid: Pid,
+        /// The signal.
+        signal: i32,
+        /// The OS error.
+        #[source]
+        error: io::Error,
+    },
+    /// Opening a pseudo-terminal failed.
+    #[error("Cannot open a terminal")]
+    OpenPty(#[source] io::Error),
+    /// Writing to or resizing a terminal failed.
+    #[error("Terminal I/O on process {pid}")]
+    PtyIo {
+        /// The terminal's process.
+        pid: Pid,
+        /// The OS error.
+        #[source]
+        error: io::Error,
+    },
+    /// A logs cursor beyond the output.
+    #[error(transparent)]
+    Cursor(#[from] CursorAhead),
+}
+
+impl ProcessError {
+    /// The error as the client sees it: kind, the whole message chain, errno.
+    pub fn to_wire(&self) -> WireError {
+        let (kind, source) = match self {
+            Self::NotFound { .. } => (ErrorKind::NotFound, None),
+            Self::NotATerminal { .. } => (ErrorKind::WrongType, None),
+            Self::Exited { .. } => (ErrorKind::NotFound, None),
+            Self::Invalid { .. } | Self::Cursor(_) => (ErrorKind::BadRequest, None),
+            Self::UnknownUser { .. } => (ErrorKind::NotFound, None),
+            Self::Start { error, .. } | Self::PtyIo { error, .. } | Self::OpenPty(error) => {
+                (io_kind(error), Some(error))
+            }
+            Self::Signal { error, .. } => match error.raw_os_error() {
+                Some(libc::EINVAL) => (ErrorKind::BadRequest, Some(error)),
+                _ => (io_kind(error), Some(error)),
+            },
+        };
+        let message = match source {
+            Some(error) => format!("{self}: {error}"),
+            None => self.to_string(),
+        };
+        WireError {
+            kind,
+            message,
+            errno: source.and_then(io::Error::raw_os_error),
+        }
+    }
+}
+
+fn io_kind(error: &io::Error) -> ErrorKind {
+    WireError::from_io("", error).kind
+}

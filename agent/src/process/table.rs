@@ -1,0 +1,383 @@
+//! The process table: every tracked process, by pid, with its output ring and exit.
+//!
+//! A [`ProcessRecord`] publishes its [`Progress`] (output end, exit status, open output
+//! streams) on a `watch` channel, so exec waiters and log followers sleep until
+//! something changes instead of polling.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::limits::RING_BYTES;
+use sandbox_protocol::{
+    ExitStatus, LogsBatch, Pid, ProcessInfo, ProcessKind, ProcessState, Stream,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::watch;
+
+use super::ProcessError;
+use crate::ring::{CursorAhead, OutputRing};
+use crate::sys::unix_time_ms;
+
+/// What waiters watch: enough to decide whether to read more or stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// The ring's end offset.
+    pub end: u64,
+    /// Set once the reaper collected the exit status.
+    pub exit: Option<ExitStatus>,
+    /// Output pipes (or the terminal) still being read.
+    pub open_streams: u8,
+}
+
+impl Progress {
+    /// Exited and every output stream drained: nothing more will ever arrive.
+    pub fn finished(&self) -> bool {
+        self.exit.is_some() && self.open_streams == 0
+    }
+}
+
+/// An exec's stdout and stderr, each kept up to a cap; past it bytes are counted
+/// as truncated and dropped, but still read so the child never blocks.
+#[derive(Debug, Default)]
+pub struct Capture {
+    /// Up to the cap of stdout.
+    pub stdout: Vec<u8>,
+    /// Up to the cap of stderr.
+    pub stderr: Vec<u8>,
+    /// Stdout went past the cap.
+    pub stdout_truncated: bool,
+    /// Stderr went past the cap.
+    pub stderr_truncated: bool,
+    cap: usize,
+}
+
+impl Capture {
+    /// An empty capture keeping at most `cap` bytes per stream.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            ..Self::default()
+        }
+    }
+
+    fn append(&mut self, stream: Stream, data: &[u8]) {
+        let (buf, truncated) = match stream {
+            Stream::Stdout | Stream::Pty => (&mut self.stdout, &mut self.stdout_truncated),
+            Stream::Stderr => (&mut self.stderr, &mut self.stderr_truncated),
+        };
+        let room = self.cap.saturating_sub(buf.len());
+        buf.extend_from_slice(&data[..room.min(data.len())]);
+        *truncated |= data.len() > room;
+    }
+}
+
+#[derive(Debug)]
+struct RecordState {
+    ring: OutputRing,
+    capture: Option<Capture>,
+    ended_at_ms: Option<u64>,
+    exited_at: Option<Instant>,
+}
+
+/// One tracked process.
+#[derive(Debug)]
+pub struct ProcessRecord {
+    /// Its pid, which is also its process group id.
+    pub pid: Pid,
+    /// How it was started.
+    pub kind: ProcessKind,
+    /// What it runs.
+    pub argv: Vec<String>,
+    /// Start time, milliseconds since the Unix epoch.
+    pub started_at_ms: u64,
+    /// The terminal's master end, for pty processes.
+    pub pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    state: Mutex<RecordState>,
+    progress: watch::Sender<Progress>,
+}
+
+impl ProcessRecord {
+    /// A running process with `open_streams` outputs to drain.
+    pub fn new(
+        pid: Pid,
+        kind: ProcessKind,
+        argv: Vec<String>,
+        open_streams: u8,
+        capture: Option<Capture>,
+        pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    ) -> Self {
+        let (progress, _) = watch::channel(Progress {
+            end: 0,
+            exit: None,
+            open_streams,
+        });
+        Self {
+            pid,
+            kind,
+            argv,
+            started_at_ms: unix_time_ms(),
+            pty,
+            state: Mutex::new(RecordState {
+                ring: OutputRing::new(RING_BYTES),
+                capture,
+                ended_at_ms: None,
+                exited_at: None,
+            }),
+            progress,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RecordState> {
+        // A panic while holding this lock cannot leave the state half-updated in a
+        // way that matters more than losing the process, so recover from poisoning.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Appends output; returns the absolute offset of its first byte.
+    pub fn push_output(&self, stream: Stream, data: &[u8]) -> u64 {
+        let mut state = self.lock();
+        let offset = state.ring.end();
+        state.ring.push(stream, data);
+        if let Some(capture) = state.capture.as_mut() {
+            capture.append(stream, data);
+        }
+        let end = state.ring.end();
+        self.progress.send_modify(|p| p.end = end);
+        offset
+    }
+
+    /// One output stream reached its end.
+    pub fn close_stream(&self) {
+        let _state = self.lock();
+        self.progress
+            .send_modify(|p| p.open_streams = p.open_streams.saturating_sub(1));
+    }
+
+    /// The reaper collected this status.
+    pub fn mark_exited(&self, status: ExitStatus) {
+        let mut state = self.lock();
+        state.ended_at_ms = Some(unix_time_ms());
+        state.exited_at = Some(Instant::now());
+        self.progress.send_modify(|p| p.exit = Some(status));
+    }
+
+    /// A receiver that wakes on every change of [`Progress`].
+    pub fn subscribe(&self) -> watch::Receiver<Progress> {
+        self.progress.subscribe()
+    }
+
+    /// The current progress.
+    pub fn progress(&self) -> Progress {
+        *self.progress.borrow()
+    }
+
+    /// Output from `cursor`, with the progress at the same instant.
+    pub fn read_logs(&self, cursor: Option<u64>) -> Result<(LogsBatch, Progress), CursorAhead> {
+        let state = self.lock();
+        let batch = state.ring.read_from(cursor)?;
+        Ok((batch, *self.progress.borrow()))
+    }
+
+    /// Takes the exec capture (empty if there was none).
+    pub fn take_capture(&self) -> Capture {
+        self.lock().capture.take().unwrap_or_default()
+    }
+
+    /// The `ps` row.
+    pub fn info(&self) -> ProcessInfo {
+        let state = self.lock();
+        let exit = self.progress.borrow().exit;
+        ProcessInfo {
+            pid: self.pid,
+            kind: self.kind,
+            argv: self.argv.clone(),
+            state: exit.map_or(ProcessState::Running, ProcessState::Exited),
+            started_at_ms: self.started_at_ms,
+            ended_at_ms: state.ended_at_ms,
+        }
+    }
+
+    fn exited_before(&self, cutoff: Instant) -> bool {
+        self.lock().exited_at.is_some_and(|at| at <= cutoff)
+    }
+}
+
+/// Every tracked process, by pid.
+#[derive(Debug)]
+pub struct ProcessTable {
+    records: Mutex<HashMap<Pid, Arc<ProcessRecord>>>,
+    spawn_gate: RwLock<()>,
+    forget_after: Duration,
+}
+
+impl ProcessTable {
+    /// An empty table that forgets exited processes `forget_after` their exit.
+    pub fn new(forget_after: Duration) -> Self {
+        Self {
+            records: Mutex::new(HashMap::new()),
+            spawn_gate: RwLock::new(()),
+            forget_after,
+        }
+    }
+
+    fn records(&self) -> MutexGuard<'_, HashMap<Pid, Arc<ProcessRecord>>> {
+        self.records
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Held while a child is started and inserted; see the module docs of `process`.
+    pub fn spawn_gate(&self) -> RwLockReadGuard<'_, ()> {
+        self.spawn_gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Held by the reaper around `waitpid`.
+    pub fn reap_gate(&self) -> RwLockWriteGuard<'_, ()> {
+        self.spawn_gate
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts tracking a process.
+    pub fn insert(&self, record: Arc<ProcessRecord>) {
+        self.records().insert(record.pid, record);
+    }
+
+    /// The record for `pid`.
+    pub fn get(&self, pid: Pid) -> Result<Arc<ProcessRecord>, ProcessError> {
+        self.records()
+            .get(&pid)
+            .cloned()
+            .ok_or(ProcessError::NotFound { pid })
+    }
+
+    /// Every tracked process, oldest first.
+    pub fn list(&self) -> Vec<ProcessInfo> {
+        let records: Vec<_> = self.records().values().cloned().collect();
+        let mut rows: Vec<_> = records.iter().map(|r| r.info()).collect();
+        rows.sort_by_key(|row| (row.started_at_ms, row.pid));
+        rows
+    }
+
+    /// Counts of (running, exited) tracked processes.
+    pub fn counts(&self) -> (u32, u32) {
+        let records: Vec<_> = self.records().values().cloned().collect();
+        let exited = records
+            .iter()
+            .filter(|r| r.progress().exit.is_some())
+            .count();
+        let running = records.len() - exited;
+        (
+            u32::try_from(running).unwrap_or(u32::MAX),
+            u32::try_from(exited).unwrap_or(u32::MAX),
+        )
+    }
+
+    /// Hands an exit status to its record. Returns false for untracked pids (orphans
+    /// re-parented to the agent, or descendants of tracked processes).
+    pub fn on_exit(&self, pid: Pid, status: ExitStatus) -> bool {
+        let record = self.records().get(&pid).cloned();
+        match record {
+            Some(record) => {
+                record.mark_exited(status);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets processes that exited more than `forget_after` ago; returns how many.
+    pub fn forget_expired(&self, now: Instant) -> usize {
+        let Some(cutoff) = now.checked_sub(self.forget_after) else {
+            return 0;
+        };
+        let mut records = self.records();
+        let before = records.len();
+        records.retain(|_, record| !record.exited_before(cutoff));
+        before - records.len()
+    }
+
+    /// How often the sweeper should look for expired processes.
+    pub fn sweep_interval(&self) -> Duration {
+        (self.forget_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(pid: i32) -> Arc<ProcessRecord> {
+        Arc::new(ProcessRecord::new(
+            Pid(pid),
+            ProcessKind::Spawn,
+            vec!["x".into()],
+            2,
+            None,
+            None,
+        ))
+    }
+
+    #[test]
+    fn finished_needs_exit_and_drained_streams() {
+        let rec = record(10);
+        rec.mark_exited(ExitStatus {
+            code: Some(0),
+            signal: None,
+        });
+        assert!(!rec.progress().finished());
+        rec.close_stream();
+        rec.close_stream();
+        assert!(rec.progress().finished());
+    }
+
+    #[test]
+    fn capture_keeps_the_first_bytes_and_flags_truncation() {
+        let mut capture = Capture::new(4);
+        capture.append(Stream::Stdout, b"abc");
+        capture.append(Stream::Stdout, b"def");
+        capture.append(Stream::Stderr, b"xy");
+        assert_eq!(capture.stdout, b"abcd");
+        assert!(capture.stdout_truncated);
+        assert_eq!(capture.stderr, b"xy");
+        assert!(!capture.stderr_truncated);
+    }
+
+    #[test]
+    fn exited_processes_are_forgotten_after_the_delay_only() {
+        let table = ProcessTable::new(Duration::from_secs(60));
+        table.insert(record(1));
+        table.insert(record(2));
+        assert!(table.on_exit(
+            Pid(1),
+            ExitStatus {
+                code: Some(0),
+                signal: None
+            }
+        ));
+        assert!(!table.on_exit(
+            Pid(99),
+            ExitStatus {
+                code: Some(0),
+                signal: None
+            }
+        ));
+        assert_eq!(table.forget_expired(Instant::now()), 0);
+        assert_eq!(
+            table.forget_expired(Instant::now() + Duration::from_secs(61)),
+            1
+        );
+        assert!(matches!(
+            table.get(Pid(1)),
+            Err(ProcessError::NotFound { .. })
+        ));
+        assert!(table.get(Pid(2)).is_ok());
+        assert_eq!(table.counts(), (1, 0));
+    }
+}

@@ -1,0 +1,265 @@
+//! The per-process output ring: the newest [`RING_BYTES`] of a process's output, with
+//! the stream each byte came from and absolute offsets that only grow.
+//!
+//! Bytes live in a `VecDeque<u8>` that grows on demand up to the capacity and then
+//! wraps (old bytes are dropped from the front), so a quiet process costs nothing.
+//! Stream boundaries live beside them as marks: a mark says "from this absolute offset
+//! on, bytes came from this stream", and consecutive writes of one stream share a mark.
+//!
+//! [`RING_BYTES`]: sandbox_protocol::limits::RING_BYTES
+
+use std::collections::VecDeque;
+
+use sandbox_protocol::{LogsBatch, OutputChunk, Stream};
+
+/// Where a run of same-stream bytes begins.
+#[derive(Debug, Clone, Copy)]
+struct StreamMark {
+    stream: Stream,
+    offset: u64,
+}
+
+/// A cursor past the end of the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("Cursor {cursor} is past the end of the output ({end})")]
+pub struct CursorAhead {
+    /// The cursor asked for.
+    pub cursor: u64,
+    /// The current end.
+    pub end: u64,
+}
+
+/// Output of one process; see the module docs.
+#[derive(Debug)]
+pub struct OutputRing {
+    capacity: usize,
+    bytes: VecDeque<u8>,
+    /// Absolute offset of `bytes[0]`.
+    start: u64,
+    /// Stream runs covering `start..end`, oldest first; `marks[0].offset <= start`.
+    marks: VecDeque<StreamMark>,
+}
+
+impl OutputRing {
+    /// An empty ring that will hold at most `capacity` bytes. Allocates nothing yet.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            bytes: VecDeque::new(),
+            start: 0,
+            marks: VecDeque::new(),
+        }
+    }
+
+    /// Absolute offset of the oldest byte held.
+    pub fn start(&self) -> u64 {
+        self.start
+    }
+
+    /// Absolute offset one past the newest byte: the total ever written.
+    pub fn end(&self) -> u64 {
+        self.start + self.bytes.len() as u64
+    }
+
+    /// Appends `data` from `stream`, dropping the oldest bytes past the capacity.
+    pub fn push(&mut self, stream: Stream, data: &[u8]) {
+        if data.is_empty() || self.capacity == 0 {
+            self.start += data.len() as u64;
+            return;
+        }
+        let old_end = self.end();
+        let new_end = old_end + data.len() as u64;
+        let new_start = self.start.max(new_end.saturating_sub(self.capacity as u64));
+
+        // Drop what falls out of the window: first held bytes, then (if `data` alone
+        // is larger than the ring) the head of `data` itself.
+        let drop_held = usize::try_from(new_start - self.start)
+            .unwrap_or(usize::MAX)
+            .min(self.bytes.len());
+        self.bytes.drain(..drop_held);
+        let skip_new = usize::try_from(new_start.saturating_sub(old_end)).unwrap_or(data.len());
+        self.bytes.extend(&data[skip_new..]);
+        self.start = new_start;
+
+        // Record the stream of the new bytes unless the last run is the same stream.
+        if self.marks.back().map(|mark| mark.stream) != Some(stream) {
+            self.marks.push_back(StreamMark {
+                stream,
+                offset: old_end.max(new_start),
+            });
+        }
+        // Forget runs that now lie wholly before the window.
+        while self.marks.len() > 1 && self.marks[1].offset <= new_start {
+            self.marks.pop_front();
+        }
+    }
+
+    /// Everything from `cursor` to the end, as chunks, with the bytes between `cursor`
+    /// and the window counted as dropped. No cursor means offset 0, so a first read
+    /// learns how much output was lost before the window.
+    pub fn read_from(&self, cursor: Option<u64>) -> Result<LogsBatch, CursorAhead> {
+        let end = self.end();
+        let from = cursor.unwrap_or(0);
+        if from > end {
+            return Err(CursorAhead { cursor: from, end });
+        }
+        let pos = from.max(self.start);
+        let mut chunks = Vec::new();
+        for (i, mark) in self.marks.iter().enumerate() {
+            let run_end = self.marks.get(i + 1).map_or(end, |next| next.offset);
+            let run_start = mark.offset.max(pos);
+            if run_start >= run_end {
+                continue;
+            }
+            chunks.push(OutputChunk {
+                stream: mark.stream,
+                offset: run_start,
+                data: self.slice(run_start, run_end),
+            });
+        }
+        Ok(LogsBatch {
+            chunks,
+            dropped: pos - from,
+            end,
+        })
+    }
+
+    /// Copies absolute range `from..to`, which must lie within the window.
+    fn slice(&self, from: u64, to: u64) -> Vec<u8> {
+        let lo = usize::try_from(from - self.start).unwrap_or(0);
+        let hi = usize::try_from(to - self.start).unwrap_or(0);
+        self.bytes.range(lo..hi).copied().collect()
+    }
+
+    /// Bytes of memory the ring has reserved (for tests and accounting).
+    pub fn reserved_bytes(&self) -> usize {
+        self.bytes.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(batch: &LogsBatch) -> Vec<(Stream, u64, String)> {
+        batch
+            .chunks
+            .iter()
+            .map(|c| {
+                (
+                    c.stream,
+                    c.offset,
+                    String::from_utf8_lossy(&c.data).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn keeps_stream_order_and_merges_same_stream_writes() {
+        let mut ring = OutputRing::new(64);
+        ring.push(Stream::Stdout, b"a");
+        ring.push(Stream::Stdout, b"b");
+        ring.push(Stream::Stderr, b"E");
+        ring.push(Stream::Stdout, b"c");
+        let batch = ring.read_from(None).unwrap();
+        assert_eq!(
+            text(&batch),
+            vec![
+                (Stream::Stdout, 0, "ab".into()),
+                (Stream::Stderr, 2, "E".into()),
+                (Stream::Stdout, 3, "c".into())
+            ]
+        );
+        assert_eq!((batch.dropped, batch.end), (0, 4));
+    }
+
+    #[test]
+    fn wrap_drops_oldest_and_reports_it() {
+        let mut ring = OutputRing::new(4);
+        ring.push(Stream::Stdout, b"012");
+        ring.push(Stream::Stderr, b"345");
+        assert_eq!((ring.start(), ring.end()), (2, 6));
+        let batch = ring.read_from(Some(0)).unwrap();
+        assert_eq!(batch.dropped, 2);
+        assert_eq!(
+            text(&batch),
+            vec![
+                (Stream::Stdout, 2, "2".into()),
+                (Stream::Stderr, 3, "345".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_write_larger_than_the_ring_keeps_its_tail() {
+        let mut ring = OutputRing::new(4);
+        ring.push(Stream::Stdout, b"ab");
+        ring.push(Stream::Stderr, b"0123456789");
+        assert_eq!((ring.start(), ring.end()), (8, 12));
+        let batch = ring.read_from(Some(1)).unwrap();
+        assert_eq!(batch.dropped, 7);
+        assert_eq!(text(&batch), vec![(Stream::Stderr, 8, "6789".into())]);
+    }
+
+    #[test]
+    fn cursor_reads_resume_without_gaps_or_duplicates() {
+        let mut ring = OutputRing::new(8);
+        let mut seen = Vec::new();
+        let mut cursor = 0;
+        for i in 0..100u8 {
+            ring.push(
+                if i % 3 == 0 {
+                    Stream::Stderr
+                } else {
+                    Stream::Stdout
+                },
+                &[i, i],
+            );
+            let batch = ring.read_from(Some(cursor)).unwrap();
+            assert_eq!(batch.dropped, 0);
+            for chunk in &batch.chunks {
+                assert_eq!(chunk.offset, cursor + (seen.len() as u64 - cursor));
+                seen.extend_from_slice(&chunk.data);
+            }
+            cursor = batch.end;
+        }
+        let expected: Vec<u8> = (0..100u8).flat_map(|i| [i, i]).collect();
+        assert_eq!(seen, expected);
+    }
+
+    #[test]
+    fn delivered_plus_dropped_always_equals_the_distance_read() {
+        let mut ring = OutputRing::new(10);
+        for (i, len) in [3usize, 7, 1, 12, 5, 9, 2].into_iter().enumerate() {
+            let stream = if i % 2 == 0 {
+                Stream::Stdout
+            } else {
+                Stream::Stderr
+            };
+            ring.push(stream, &vec![b'x'; len]);
+            for cursor in 0..=ring.end() {
+                let batch = ring.read_from(Some(cursor)).unwrap();
+                let delivered: u64 = batch.chunks.iter().map(|c| c.data.len() as u64).sum();
+                assert_eq!(batch.dropped + delivered, ring.end() - cursor);
+                assert!(ring.reserved_bytes() <= 2 * 10 + 16);
+            }
+        }
+    }
+
+    #[test]
+    fn cursor_past_the_end_is_an_error() {
+        let mut ring = OutputRing::new(8);
+        ring.push(Stream::Stdout, b"abc");
+        assert_eq!(
+            ring.read_from(Some(4)),
+            Err(CursorAhead { cursor: 4, end: 3 })
+        );
+    }
+
+    #[test]
+    fn an_unused_ring_allocates_nothing() {
+        let ring = OutputRing::new(256 * 1024);
+        assert_eq!(ring.reserved_bytes(), 0);
+    }
+}

@@ -1,0 +1,343 @@
+//! One client connection: handshake, then many concurrent requests.
+//!
+//! The reader loop decodes frames and starts one task per request; a writer task owns
+//! the write half and batches whatever frames are queued into one write. A request's
+//! task is watched by a second task that always sends the final frame, also when the
+//! handler was cancelled or panicked, so a client never waits forever. When the
+//! connection ends, every request still running is cancelled (an exec's process group
+//! is killed; spawned processes and terminals live on).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use sandbox_protocol::frame::{Decoded, FrameError};
+use sandbox_protocol::limits::MAX_FRAME_BYTES;
+use sandbox_protocol::transport::{FrameReader, FrameWriter};
+use sandbox_protocol::{
+    AgentFrame, AgentMsg, ClientFrame, ClientMsg, ErrorKind, Hello, HelloReply, Request, RequestId,
+    WireError, MAGIC, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use super::dispatch;
+use crate::agent::{Agent, AGENT_VERSION, CAPABILITIES};
+use crate::events::Events;
+
+/// How long a client has to send its `Hello`.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Frames queued for writing before handlers wait (backpressure from a slow client).
+const WRITE_QUEUE_FRAMES: usize = 256;
+
+/// Bytes batched into one write before flushing.
+const WRITE_BATCH_BYTES: usize = 1024 * 1024;
+
+type InFlight = Arc<Mutex<HashMap<RequestId, AbortHandle>>>;
+
+/// Serves one connection until the client closes it or breaks the protocol.
+pub async fn serve<S>(stream: S, agent: Arc<Agent>)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (read_half, write_half) = tokio::io::split(stream);
+    let mut reader = FrameReader::new(read_half, MAX_FRAME_BYTES);
+    let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES);
+    let writer = tokio::spawn(write_loop(
+        FrameWriter::new(write_half, MAX_FRAME_BYTES),
+        rx,
+    ));
+
+    if handshake(&mut reader, &tx, &agent).await {
+        let in_flight: InFlight = Arc::default();
+        read_loop(&mut reader, &tx, &agent, &in_flight).await;
+        let handles: Vec<_> = in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .collect();
+        for (_, handle) in handles {
+            handle.abort();
+        }
+    }
+    drop(tx);
+    // The writer ends once every request task has sent its last frame.
+    if let Err(error) = writer.await {
+        tracing::error!(%error, "connection writer failed");
+    }
+}
+
+/// Reads and answers the `Hello`; false when the connection must close.
+async fn handshake<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    tx: &mpsc::Sender<AgentFrame>,
+    agent: &Agent,
+) -> bool {
+    let first = match tokio::time::timeout(HELLO_TIMEOUT, reader.read::<ClientFrame>()).await {
+        Err(_elapsed) => Err(WireError::new(ErrorKind::TimedOut, "no Hello within 10 s")),
+        Ok(Ok(None)) => return false,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "connection failed before the handshake");
+            return false;
+        }
+        Ok(Ok(Some(Decoded::Rejected { error, .. }))) => Err(WireError::new(
+            ErrorKind::BadRequest,
+            format!("the first frame must be a Hello: {error}"),
+        )),
+        Ok(Ok(Some(Decoded::Frame(ClientFrame {
+            msg: ClientMsg::Hello(hello),
+            ..
+        })))) => check_hello(&hello, agent),
+        Ok(Ok(Some(Decoded::Frame(_)))) => Err(WireError::new(
+            ErrorKind::BadRequest,
+            "the first frame must be a Hello",
+        )),
+    };
+    let (msg, accepted) = match first {
+        Ok(reply) => (AgentMsg::Hello(reply), true),
+        Err(error) => {
+            tracing::info!(%error, "refused a client");
+            (AgentMsg::Error(error), false)
+        }
+    };
+    let sent = tx
+        .send(AgentFrame {
+            id: RequestId::CONNECTION,
+            msg,
+        })
+        .await
+        .is_ok();
+    accepted && sent
+}
+
+fn check_hello(hello: &Hello, agent: &Agent) -> Result<HelloReply, WireError> {
+    if hello.magic != MAGIC {
+        return Err(WireError::new(
+            ErrorKind::BadRequest,
+            "not a sandbox protocol client (bad magic)",
+        ));
+    }
+    if hello.version != PROTOCOL_VERSION {
+        return Err(WireError::new(
+            ErrorKind::VersionMismatch,
+            format!(
+                "the agent speaks protocol version {PROTOCOL_VERSION}, the client {}; use a matching client",
+                hello.version
+            ),
+        ));
+    }
+    if let Some(expected) = &agent.token {
+        let given = hello.token.as_deref().unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+            return Err(WireError::new(
+                ErrorKind::Unauthorized,
+                "missing or wrong token",
+            ));
+        }
+    }
+    Ok(HelloReply {
+        version: PROTOCOL_VERSION,
+        agent_version: AGENT_VERSION.to_owned(),
+        boot_id: agent.boot_id.clone(),
+        capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+    })
+}
+
+/// Compares without an early exit, so timing does not reveal a token prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn read_loop<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    tx: &mpsc::Sender<AgentFrame>,
+    agent: &Arc<Agent>,
+    in_flight: &InFlight,
+) {
+    loop {
+        let decoded = match reader.read::<ClientFrame>().await {
+            Ok(Some(decoded)) => decoded,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::debug!(%error, "connection closed");
+                return;
+            }
+        };
+        let reject = match decoded {
+            Decoded::Rejected { id, error } => {
+                Some((id.unwrap_or(RequestId::CONNECTION), frame_error(&error)))
+            }
+            Decoded::Frame(ClientFrame {
+                id,
+                msg: ClientMsg::Request(request),
+            }) => start_request(id, request, tx, agent, in_flight)
+                .err()
+                .map(|error| (id, error)),
+            Decoded::Frame(ClientFrame {
+                id,
+                msg: ClientMsg::Cancel,
+            }) => {
+                // Unknown ids are fine: the request may have just finished.
+                if let Some(handle) = in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&id)
+                {
+                    handle.abort();
+                }
+                None
+            }
+            Decoded::Frame(ClientFrame {
+                id,
+                msg: ClientMsg::Hello(_),
+            }) => Some((
+                id,
+                WireError::new(
+                    ErrorKind::BadRequest,
+                    "Hello is only valid as the first frame",
+                ),
+            )),
+        };
+        if let Some((id, error)) = reject {
+            tracing::debug!(%id, %error, "rejected a frame");
+            if tx
+                .send(AgentFrame {
+                    id,
+                    msg: AgentMsg::Error(error),
+                })
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// The wire error for a frame that could not be decoded.
+fn frame_error(error: &FrameError) -> WireError {
+    let kind = match error {
+        FrameError::TooLarge { .. } => ErrorKind::TooLarge,
+        error if error.is_unknown_variant() => ErrorKind::Unsupported,
+        _ => ErrorKind::BadRequest,
+    };
+    let hint = if kind == ErrorKind::Unsupported {
+        " (a request this agent does not know; is the client newer?)"
+    } else {
+        ""
+    };
+    WireError::new(kind, format!("{error}{hint}"))
+}
+
+fn start_request(
+    id: RequestId,
+    request: Request,
+    tx: &mpsc::Sender<AgentFrame>,
+    agent: &Arc<Agent>,
+    in_flight: &InFlight,
+) -> Result<(), WireError> {
+    if id == RequestId::CONNECTION {
+        return Err(WireError::new(
+            ErrorKind::BadRequest,
+            "request id 0 is reserved",
+        ));
+    }
+    let mut requests = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+    if requests.contains_key(&id) {
+        return Err(WireError::new(
+            ErrorKind::BadRequest,
+            format!("request id {id} is already in flight"),
+        ));
+    }
+    let events = Events::new(id, tx.clone());
+    let handler_agent = agent.clone();
+    let handler =
+        tokio::spawn(async move { dispatch::handle(&handler_agent, request, &events).await });
+    requests.insert(id, handler.abort_handle());
+    drop(requests);
+
+    let tx = tx.clone();
+    let in_flight = in_flight.clone();
+    tokio::spawn(async move {
+        let msg = match handler.await {
+            Ok(Ok(reply)) => AgentMsg::Reply(reply),
+            Ok(Err(error)) => AgentMsg::Error(error),
+            Err(join) if join.is_cancelled() => {
+                AgentMsg::Error(WireError::new(ErrorKind::Cancelled, "request cancelled"))
+            }
+            Err(_panic) => {
+                tracing::error!(%id, "request handler panicked");
+                AgentMsg::Error(WireError::new(
+                    ErrorKind::Internal,
+                    "the request failed inside the agent (a bug); the agent goes on",
+                ))
+            }
+        };
+        in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+        let _ = tx.send(AgentFrame { id, msg }).await;
+    });
+    Ok(())
+}
+
+/// Writes queued frames, batching them; a frame too large to encode becomes an error.
+async fn write_loop<W: AsyncWrite + Send>(
+    mut writer: FrameWriter<WriteHalf<W>>,
+    mut rx: mpsc::Receiver<AgentFrame>,
+) {
+    while let Some(first) = rx.recv().await {
+        queue(&mut writer, &first);
+        let mut batched = 1;
+        while batched < WRITE_QUEUE_FRAMES {
+            match rx.try_recv() {
+                Ok(frame) => {
+                    queue(&mut writer, &frame);
+                    batched += 1;
+                }
+                Err(_) => break,
+            }
+            if writer.queued_bytes() >= WRITE_BATCH_BYTES {
+                break;
+            }
+        }
+        if let Err(error) = writer.flush().await {
+            tracing::debug!(%error, "writing to the client failed");
+            // Keep draining so handlers never block on a dead connection.
+            while rx.recv().await.is_some() {}
+            return;
+        }
+    }
+    let _ = writer.get_mut().shutdown().await;
+}
+
+fn queue<W: AsyncWrite + Unpin>(writer: &mut FrameWriter<W>, frame: &AgentFrame) {
+    if let Err(error) = writer.queue(frame) {
+        tracing::error!(id = %frame.id, %error, "cannot encode a reply");
+        let fallback = AgentFrame {
+            id: frame.id,
+            msg: AgentMsg::Error(WireError::new(
+                ErrorKind::TooLarge,
+                format!("the reply cannot be sent: {error}"),
+            )),
+        };
+        if let Err(error) = writer.queue(&fallback) {
+            tracing::error!(%error, "cannot encode an error reply");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison_is_exact() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

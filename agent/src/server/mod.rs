@@ -1,0 +1,247 @@
+//! Listening: Unix sockets for development and tests, vsock inside a microVM.
+//!
+//! [`serve`] binds every listener, accepts until `shutdown` resolves, and hands each
+//! connection to [`connection::serve`] in its own task. A semaphore caps connections;
+//! a failing connection is logged and never affects the others.
+
+pub mod connection;
+pub mod dispatch;
+
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sandbox_protocol::limits::HOST_CID;
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+use tokio_vsock::{VsockAddr, VsockListener};
+
+use crate::agent::Agent;
+
+/// Connections served at once; more wait to be accepted.
+pub const MAX_CONNECTIONS: usize = 128;
+
+/// The vsock CID meaning "any local CID" (`VMADDR_CID_ANY`).
+pub const VSOCK_CID_ANY: u32 = u32::MAX;
+
+/// Where to listen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A Unix socket path (created with mode 0600; a stale socket is replaced).
+    Unix(PathBuf),
+    /// A vsock CID (usually [`VSOCK_CID_ANY`]) and port.
+    Vsock {
+        /// The local CID to bind.
+        cid: u32,
+        /// The port.
+        port: u32,
+    },
+}
+
+impl std::str::FromStr for ListenAddr {
+    type Err = String;
+
+    /// Parses `unix://PATH` or `vsock://CID:PORT` (CID `-1` means any).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix://") {
+            if path.is_empty() {
+                return Err("unix:// needs a path".into());
+            }
+            return Ok(Self::Unix(path.into()));
+        }
+        if let Some(rest) = s.strip_prefix("vsock://") {
+            let (cid, port) = rest.split_once(':').ok_or("vsock:// needs CID:PORT")?;
+            let cid = if cid == "-1" {
+                VSOCK_CID_ANY
+            } else {
+                cid.parse().map_err(|_| format!("bad vsock CID {cid:?}"))?
+            };
+            let port = port
+                .parse()
+                .map_err(|_| format!("bad vsock port {port:?}"))?;
+            return Ok(Self::Vsock { cid, port });
+        }
+        Err(format!("{s:?} is not unix://PATH or vsock://CID:PORT"))
+    }
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unix(path) => write!(f, "unix://{}", path.display()),
+            Self::Vsock {
+                cid: VSOCK_CID_ANY,
+                port,
+            } => write!(f, "vsock://-1:{port}"),
+            Self::Vsock { cid, port } => write!(f, "vsock://{cid}:{port}"),
+        }
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Binding a listener failed.
+    #[error("Cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: ListenAddr,
+        /// The OS error.
+        #[source]
+        error: std::io::Error,
+    },
+    /// No listener was configured.
+    #[error("No listener configured")]
+    NoListener,
+}
+
+/// A bound listener.
+#[derive(Debug)]
+enum Listener {
+    Unix(UnixListener),
+    Vsock(VsockListener),
+}
+
+/// Which vsock peers may connect.
+#[derive(Debug, Clone)]
+pub struct PeerPolicy {
+    /// Accepted peer CIDs; the host's by default.
+    pub allowed_cids: Vec<u32>,
+}
+
+impl Default for PeerPolicy {
+    fn default() -> Self {
+        Self {
+            allowed_cids: vec![HOST_CID],
+        }
+    }
+}
+
+/// Binds every listener now, so callers know the agent is reachable once this returns.
+pub fn bind(addrs: &[ListenAddr]) -> Result<Vec<(ListenAddr, BoundListener)>, ServerError> {
+    if addrs.is_empty() {
+        return Err(ServerError::NoListener);
+    }
+    addrs
+        .iter()
+        .map(|addr| {
+            bind_one(addr)
+                .map(|l| (addr.clone(), BoundListener(l)))
+                .map_err(|error| ServerError::Bind {
+                    addr: addr.clone(),
+                    error,
+                })
+        })
+        .collect()
+}
+
+/// A listener ready to accept.
+#[derive(Debug)]
+pub struct BoundListener(Listener);
+
+fn bind_one(addr: &ListenAddr) -> std::io::Result<Listener> {
+    match addr {
+        ListenAddr::Unix(path) => {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error),
+            }
+            let listener = UnixListener::bind(path)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            Ok(Listener::Unix(listener))
+        }
+        ListenAddr::Vsock { cid, port } => Ok(Listener::Vsock(VsockListener::bind(
+            VsockAddr::new(*cid, *port),
+        )?)),
+    }
+}
+
+/// Accepts on every listener until `shutdown` resolves.
+pub async fn serve(
+    listeners: Vec<(ListenAddr, BoundListener)>,
+    agent: Arc<Agent>,
+    peers: PeerPolicy,
+    shutdown: impl Future<Output = ()>,
+) {
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (addr, BoundListener(listener)) in listeners {
+        tracing::info!(%addr, "listening");
+        tasks.spawn(accept_loop(
+            listener,
+            agent.clone(),
+            permits.clone(),
+            peers.clone(),
+        ));
+    }
+    shutdown.await;
+    tasks.abort_all();
+}
+
+async fn accept_loop(
+    listener: Listener,
+    agent: Arc<Agent>,
+    permits: Arc<Semaphore>,
+    peers: PeerPolicy,
+) {
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            return;
+        };
+        match &listener {
+            Listener::Unix(listener) => match listener.accept().await {
+                Ok((stream, _)) => {
+                    let agent = agent.clone();
+                    tokio::spawn(async move {
+                        connection::serve(stream, agent).await;
+                        drop(permit);
+                    });
+                }
+                Err(error) => accept_failed(&error).await,
+            },
+            Listener::Vsock(listener) => match listener.accept().await {
+                Ok((stream, peer)) if peers.allowed_cids.contains(&peer.cid()) => {
+                    let agent = agent.clone();
+                    tokio::spawn(async move {
+                        connection::serve(stream, agent).await;
+                        drop(permit);
+                    });
+                }
+                Ok((_, peer)) => {
+                    tracing::warn!(cid = peer.cid(), "refused a vsock peer that is not allowed")
+                }
+                Err(error) => accept_failed(&error).await,
+            },
+        }
+    }
+}
+
+/// Accept errors (EMFILE, ECONNABORTED, …) are transient: log, pause, go on.
+async fn accept_failed(error: &std::io::Error) {
+    tracing::warn!(%error, "accept failed");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_parse_and_print() {
+        for text in ["unix:///tmp/a.sock", "vsock://-1:1024", "vsock://3:52"] {
+            let addr: ListenAddr = text.parse().unwrap();
+            assert_eq!(addr.to_string(), text);
+        }
+        for bad in [
+            "unix://",
+            "vsock://1024",
+            "vsock://x:1",
+            "tcp://1.2.3.4:5",
+            "vsock://3:99999999999",
+        ] {
+            assert!(bad.parse::<ListenAddr>().is_err(), "{bad}");
+        }
+    }
+}

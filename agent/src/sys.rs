@@ -1,0 +1,165 @@
+//! The agent's system calls that need `unsafe` or raw `libc`, in one place.
+//!
+//! Functions marked "async-signal-safe" run in a forked child before `exec` and so
+//! must not allocate or take locks.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sandbox_protocol::WindowSize;
+
+/// Makes this process adopt orphaned descendants, as PID 1 does, so the one reaper
+/// sees every exit in the sandbox even when the agent is not init.
+pub fn set_child_subreaper() -> io::Result<()> {
+    // SAFETY: PR_SET_CHILD_SUBREAPER takes one integer argument and touches no memory.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sends `signal` to every process in process group `pgid`.
+pub fn kill_process_group(pgid: i32, signal: i32) -> io::Result<()> {
+    if pgid <= 1 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: kill takes plain integers; a negative pid addresses the group.
+    let rc = unsafe { libc::kill(-pgid, signal) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// A pseudo-terminal pair, both ends close-on-exec so no other child inherits them.
+#[derive(Debug)]
+pub struct PtyPair {
+    /// The agent's end.
+    pub master: OwnedFd,
+    /// The child's end (its controlling terminal).
+    pub slave: OwnedFd,
+}
+
+/// Opens a pseudo-terminal of the given size.
+pub fn open_pty(size: WindowSize) -> io::Result<PtyPair> {
+    // SAFETY: posix_openpt takes flags and returns a new fd or -1.
+    let master = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    if master < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `master` is a fresh fd that nothing else owns.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    // SAFETY: grantpt/unlockpt take the master fd, which is valid for these calls.
+    if unsafe { libc::grantpt(master.as_raw_fd()) } != 0
+        // SAFETY: as above.
+        || unsafe { libc::unlockpt(master.as_raw_fd()) } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let mut name = [0 as libc::c_char; 128];
+    // SAFETY: ptsname_r writes at most `name.len()` bytes, NUL-terminated, into `name`.
+    let rc = unsafe { libc::ptsname_r(master.as_raw_fd(), name.as_mut_ptr(), name.len()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    // SAFETY: on success ptsname_r left a NUL-terminated path in `name`, which is alive here.
+    let path = unsafe { CStr::from_ptr(name.as_ptr()) };
+    // SAFETY: `path` is a valid C string; open returns a new fd or -1.
+    let slave = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    if slave < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `slave` is a fresh fd that nothing else owns.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    set_window_size(master.as_fd(), size)?;
+    Ok(PtyPair { master, slave })
+}
+
+/// Sets a terminal's size; the kernel sends `SIGWINCH` to its foreground group.
+pub fn set_window_size(fd: BorrowedFd<'_>, size: WindowSize) -> io::Result<()> {
+    let winsize = libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which is valid for the call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &winsize) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Puts `fd` into non-blocking mode (for tokio's `AsyncFd`).
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a valid fd touch no memory.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// In a forked child: start a new session and make stdin its controlling terminal.
+/// Async-signal-safe.
+pub fn child_take_terminal() -> io::Result<()> {
+    // SAFETY: setsid and ioctl(TIOCSCTTY) take no pointers; fd 0 is the pty slave.
+    unsafe {
+        if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// In a forked child: become `uid`/`gid` with supplementary `groups`. Async-signal-safe.
+pub fn child_switch_user(uid: u32, gid: u32, groups: &[libc::gid_t]) -> io::Result<()> {
+    // SAFETY: setgroups reads `groups.len()` gids from a live slice; setgid/setuid take ints.
+    unsafe {
+        if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+            || libc::setgid(gid) != 0
+            || libc::setuid(uid) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// In a forked child: give up the agent's OOM protection so the OOM killer prefers
+/// the workload over init. Async-signal-safe; failures are ignored (no /proc).
+pub fn child_reset_oom_score_adj() {
+    const PATH: &CStr = c"/proc/self/oom_score_adj";
+    // SAFETY: PATH is a static C string; the buffer passed to write is a static literal.
+    unsafe {
+        let fd = libc::open(PATH.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub fn unix_time_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
