@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{AgentInfo, PROTOCOL_VERSION};
+use tokio::sync::watch;
 
+use crate::init::PowerAction;
 use crate::process::table::ProcessTable;
 
 /// Capabilities announced in the handshake.
@@ -28,6 +30,7 @@ pub struct Agent {
     pub token: Option<String>,
     started: Instant,
     generation: AtomicU64,
+    shutdown: watch::Sender<Option<PowerAction>>,
 }
 
 impl Agent {
@@ -40,7 +43,29 @@ impl Agent {
             token,
             started: Instant::now(),
             generation: AtomicU64::new(0),
+            shutdown: watch::channel(None).0,
         }
+    }
+
+    /// Counts one more restore from a snapshot.
+    pub fn bump_generation(&self) {
+        self.generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Asks the server to stop and the guest to power off (or reboot).
+    pub fn request_shutdown(&self, action: PowerAction) {
+        self.shutdown.send_replace(Some(action));
+    }
+
+    /// The shutdown asked for by a request, if any.
+    pub fn requested_shutdown(&self) -> Option<PowerAction> {
+        *self.shutdown.borrow()
+    }
+
+    /// Resolves once a shutdown request arrived.
+    pub async fn shutdown_requested(&self) {
+        let mut rx = self.shutdown.subscribe();
+        let _ = rx.wait_for(Option::is_some).await;
     }
 
     /// What `info` reports.

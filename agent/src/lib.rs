@@ -12,6 +12,8 @@
 //! - [`process`]: the process table, the single reaper, and the exec, spawn, pty,
 //!   logs and kill handlers.
 //! - [`ring`]: the per-process output ring with absolute offsets.
+//! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
+//! - [`system`]: `resumed` (clock, entropy, identity after a restore).
 //! - [`agent`]: state shared by all connections, and `info`.
 //! - [`init`]: PID-1 duties (mounts, modules, console, shutdown); [`ready`]: telling
 //!   the host the agent listens.
@@ -25,12 +27,14 @@
 pub mod agent;
 pub mod config;
 pub mod events;
+pub mod files;
 pub mod init;
 pub mod process;
 pub mod ready;
 pub mod ring;
 pub mod server;
 pub mod sys;
+pub mod system;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -50,7 +54,7 @@ pub enum RunError {
     Server(#[from] server::ServerError),
 }
 
-/// Serves until `shutdown` resolves. Starts the reaper and the sweeper that forgets
+/// Serves until `shutdown` resolves or a client asks for a shutdown. Starts the reaper and the sweeper that forgets
 /// exited processes, binds every listener, then calls `on_listening` (used to tell
 /// the host the agent is ready).
 pub async fn run(
@@ -69,6 +73,13 @@ pub async fn run(
 
     let listeners = server::bind(&config.listen)?;
     on_listening(&agent);
+    let requested = agent.clone();
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = requested.shutdown_requested() => tracing::info!("shutdown requested by a client"),
+        }
+    };
     server::serve(listeners, agent.clone(), config.peers.clone(), shutdown).await;
     sweeper.abort();
     reaper.abort();

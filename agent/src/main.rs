@@ -17,11 +17,11 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 fn main() -> ExitCode {
     if init::is_pid1() {
-        let outcome = std::panic::catch_unwind(run_as_init);
-        if let Err(panic) = outcome {
+        let action = std::panic::catch_unwind(run_as_init).unwrap_or_else(|panic| {
             eprintln!("sandbox-agent: fatal panic as init: {panic:?}; powering off");
-        }
-        init::power_off(SHUTDOWN_GRACE, PowerAction::PowerOff)
+            PowerAction::PowerOff
+        });
+        init::power_off(SHUTDOWN_GRACE, action)
     }
     let args = match Args::try_parse() {
         Ok(args) => args,
@@ -41,8 +41,9 @@ fn main() -> ExitCode {
     }
 }
 
-/// The agent as the guest's init: prepare the guest, serve, and power off at the end.
-fn run_as_init() {
+/// The agent as the guest's init: prepare the guest, serve, and power off (or reboot,
+/// when a shutdown request asked for it) at the end.
+fn run_as_init() -> PowerAction {
     let (boot, early) = init::early();
     // The kernel passes unknown command-line words to init; they must not stop it.
     let args = Args::try_parse().unwrap_or_else(|_| Args::parse_from(["sandbox-agent"]));
@@ -50,7 +51,7 @@ fn run_as_init() {
     init_logging(&config.log);
     if let Err(error) = init::prepare(&boot, early) {
         tracing::error!(error = %init::ErrorChain(&error), "guest preparation failed");
-        return;
+        return PowerAction::PowerOff;
     }
     let ready_port = boot.ready_port;
     let served = runtime().and_then(|rt| {
@@ -66,17 +67,23 @@ fn run_as_init() {
             })
             .await;
             notifier.abort();
-            result.map(drop).map_err(anyhow::Error::from)
+            result.map_err(anyhow::Error::from)
         })
     });
-    if let Err(error) = served {
-        tracing::error!("{error:#}");
+    match served {
+        Ok(agent) => agent.requested_shutdown().unwrap_or(PowerAction::PowerOff),
+        Err(error) => {
+            tracing::error!("{error:#}");
+            PowerAction::PowerOff
+        }
     }
 }
 
+/// The agent as an ordinary process: serve, then stop every process it started.
 async fn serve(config: Config) -> anyhow::Result<()> {
-    run(config, shutdown_signal(), |_| {}).await?;
+    let agent = run(config, shutdown_signal(), |_| {}).await?;
     tracing::info!("shutting down");
+    agent.table.kill_all();
     Ok(())
 }
 

@@ -164,3 +164,49 @@ pub fn unix_time_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+/// `RNDADDENTROPY` from `<linux/random.h>`: `_IOW('R', 0x03, int[2])`.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+/// `RNDRESEEDCRNG` from `<linux/random.h>`: `_IO('R', 0x07)`.
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// Credits `entropy` to the kernel's pool and forces the CRNG to reseed from it, so
+/// two VMs restored from one snapshot stop producing the same random numbers.
+pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
+    let random = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")?;
+    if !entropy.is_empty() {
+        // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+        let len = i32::try_from(entropy.len())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let mut info: Vec<u8> = Vec::with_capacity(8 + entropy.len());
+        info.extend_from_slice(&len.saturating_mul(8).to_ne_bytes());
+        info.extend_from_slice(&len.to_ne_bytes());
+        info.extend_from_slice(entropy);
+        // SAFETY: `info` is a complete rand_pool_info with `buf_size` bytes of payload,
+        // alive for the call; the kernel only reads it.
+        if unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    if unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Sets `CLOCK_REALTIME` to `unix_ns` nanoseconds since the epoch.
+pub fn set_wall_clock(unix_ns: u64) -> io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: libc::time_t::try_from(unix_ns / 1_000_000_000)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        tv_nsec: libc::c_long::try_from(unix_ns % 1_000_000_000).unwrap_or(0),
+    };
+    // SAFETY: clock_settime reads one timespec from a pointer valid for the call.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

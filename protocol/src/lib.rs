@@ -10,6 +10,7 @@
 //!   never block other requests.
 //! - [`hello`]: the handshake that opens every connection.
 //! - [`process`], [`output`]: exec, spawn, pty, ps, kill and logs.
+//! - [`files`]: whole-file and streamed file transfer, directories, `resumed`, `shutdown`.
 //! - [`error`]: errors as a typed kind, a message and an errno.
 //! - [`limits`]: sizes and deadlines every side agrees on.
 //!
@@ -32,6 +33,7 @@
 //! accidental change breaks a test, not a deployed guest.
 
 pub mod error;
+pub mod files;
 pub mod frame;
 pub mod hello;
 pub mod limits;
@@ -43,6 +45,10 @@ pub mod ready;
 pub mod transport;
 
 pub use error::{ErrorKind, WireError};
+pub use files::{
+    DirEntry, FileKind, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest,
+    RenameRequest, ResumedRequest, ShutdownRequest, WriteFileRequest,
+};
 pub use hello::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
 pub use message::{
     AgentFrame, AgentInfo, AgentMsg, ClientFrame, ClientMsg, Event, Reply, Request, RequestId,

@@ -15,6 +15,12 @@ pub const EXEC_OUTPUT_CAP_BYTES: usize = 1024 * 1024;
 /// `read_file` refuses regular files larger than this.
 pub const READ_FILE_CAP_BYTES: u64 = 1024 * 1024;
 
+/// Largest `Data` chunk a `put` or `get` sends in one frame.
+pub const FILE_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Bytes a `put` client may send beyond the agent's last `Acked` count.
+pub const PUT_WINDOW_BYTES: u64 = 8 * 1024 * 1024;
+
 /// Default and maximum exec deadline.
 pub const EXEC_DEADLINE_SECS: u64 = 5 * 60;
 

@@ -8,6 +8,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::WireError;
+use crate::files::{
+    DirEntry, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest, RenameRequest,
+    ResumedRequest, ShutdownRequest, WriteFileRequest,
+};
 use crate::hello::{Hello, HelloReply};
 use crate::output::{LogsBatch, LogsReply, LogsRequest, OutputChunk};
 use crate::process::{
@@ -49,6 +53,10 @@ pub enum ClientMsg {
     /// Stop the request with this frame's id: a running exec has its process group
     /// killed, a follow stream ends. The request still gets its final `Error(Cancelled)`.
     Cancel,
+    /// Bytes for the request with this frame's id (the content of a `put`).
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// No more `Data` for the request with this frame's id.
+    DataEnd,
 }
 
 /// A frame from the agent to the client.
@@ -94,6 +102,56 @@ pub enum Request {
     PtyResize(PtyResizeRequest),
     /// Describe the agent; reply [`Reply::Info`].
     Info,
+    /// Replace a file atomically; reply [`Reply::Done`].
+    WriteFile(WriteFileRequest),
+    /// Read a regular file of at most 1 MiB; reply [`Reply::File`].
+    ReadFile(PathRequest),
+    /// List one directory level; reply [`Reply::Dir`].
+    ListDir(PathRequest),
+    /// Describe a path; reply [`Reply::Stat`].
+    Stat(PathRequest),
+    /// Create a directory; reply [`Reply::Done`].
+    Mkdir(MkdirRequest),
+    /// Remove a path; reply [`Reply::Done`].
+    Remove(RemoveRequest),
+    /// Rename a path; reply [`Reply::Done`].
+    Rename(RenameRequest),
+    /// Stream a file in (see [`crate::files`]); reply [`Reply::Transferred`].
+    Put(PutRequest),
+    /// Stream a file out as [`Event::Data`]; reply [`Reply::Transferred`].
+    Get(PathRequest),
+    /// The guest was restored or forked: fix clock, entropy, identity; reply [`Reply::Info`].
+    Resumed(ResumedRequest),
+    /// Stop everything and power off; reply [`Reply::Done`] first.
+    Shutdown(ShutdownRequest),
+}
+
+impl Request {
+    /// A short snake_case name for messages and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Exec(_) => "exec",
+            Self::Spawn(_) => "spawn",
+            Self::Logs(_) => "logs",
+            Self::Ps => "ps",
+            Self::Kill(_) => "kill",
+            Self::PtyOpen(_) => "pty_open",
+            Self::PtyInput(_) => "pty_input",
+            Self::PtyResize(_) => "pty_resize",
+            Self::Info => "info",
+            Self::WriteFile(_) => "write_file",
+            Self::ReadFile(_) => "read_file",
+            Self::ListDir(_) => "list_dir",
+            Self::Stat(_) => "stat",
+            Self::Mkdir(_) => "mkdir",
+            Self::Remove(_) => "remove",
+            Self::Rename(_) => "rename",
+            Self::Put(_) => "put",
+            Self::Get(_) => "get",
+            Self::Resumed(_) => "resumed",
+            Self::Shutdown(_) => "shutdown",
+        }
+    }
 }
 
 /// Non-final progress on a request. Append only.
@@ -105,6 +163,10 @@ pub enum Event {
     Output(OutputChunk),
     /// A followed process produced output (or the ring dropped some).
     Logs(LogsBatch),
+    /// A chunk of a file being sent by `get`.
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// This many bytes of a `put` have been written to the file so far.
+    Acked(u64),
 }
 
 /// Final successful answers. Append only.
@@ -124,6 +186,19 @@ pub enum Reply {
     PtyOpened(Pid),
     /// About the agent.
     Info(AgentInfo),
+    /// A file's whole content.
+    File(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A directory's entries, sorted by name.
+    Dir(Vec<DirEntry>),
+    /// A path's metadata.
+    Stat(FileStat),
+    /// A `put` or `get` finished: the file's size and permission bits.
+    Transferred {
+        /// Bytes in the file.
+        bytes: u64,
+        /// Its permission bits.
+        mode: u32,
+    },
 }
 
 /// What `info` reports.

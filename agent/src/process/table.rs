@@ -303,6 +303,14 @@ impl ProcessTable {
         before - records.len()
     }
 
+    /// Sends `SIGKILL` to the process group of every running tracked process.
+    pub fn kill_all(&self) {
+        let records: Vec<_> = self.records().values().cloned().collect();
+        for record in records.iter().filter(|r| r.progress().exit.is_none()) {
+            let _ = crate::sys::kill_process_group(record.pid.0, libc::SIGKILL);
+        }
+    }
+
     /// How often the sweeper should look for expired processes.
     pub fn sweep_interval(&self) -> Duration {
         (self.forget_after / 4).clamp(Duration::from_millis(100), Duration::from_secs(10))

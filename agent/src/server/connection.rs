@@ -25,6 +25,7 @@ use tokio::task::AbortHandle;
 use super::dispatch;
 use crate::agent::{Agent, AGENT_VERSION, CAPABILITIES};
 use crate::events::Events;
+use crate::files::stream::{put_channel, PutSender};
 
 /// How long a client has to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,7 +36,14 @@ const WRITE_QUEUE_FRAMES: usize = 256;
 /// Bytes batched into one write before flushing.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 
-type InFlight = Arc<Mutex<HashMap<RequestId, AbortHandle>>>;
+/// A running request: how to cancel it, and where a put's data goes.
+#[derive(Debug)]
+struct Running {
+    abort: AbortHandle,
+    put: Option<PutSender>,
+}
+
+type InFlight = Arc<Mutex<HashMap<RequestId, Running>>>;
 
 /// Serves one connection until the client closes it or breaks the protocol.
 pub async fn serve<S>(stream: S, agent: Arc<Agent>)
@@ -58,8 +66,8 @@ where
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
             .collect();
-        for (_, handle) in handles {
-            handle.abort();
+        for (_, running) in handles {
+            running.abort.abort();
         }
     }
     drop(tx);
@@ -180,13 +188,27 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 msg: ClientMsg::Cancel,
             }) => {
                 // Unknown ids are fine: the request may have just finished.
-                if let Some(handle) = in_flight
+                if let Some(running) = in_flight
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .get(&id)
                 {
-                    handle.abort();
+                    running.abort.abort();
                 }
+                None
+            }
+            Decoded::Frame(ClientFrame {
+                id,
+                msg: ClientMsg::Data(data),
+            }) => {
+                forward_put_data(in_flight, id, |put| put.data(data));
+                None
+            }
+            Decoded::Frame(ClientFrame {
+                id,
+                msg: ClientMsg::DataEnd,
+            }) => {
+                forward_put_data(in_flight, id, PutSender::end);
                 None
             }
             Decoded::Frame(ClientFrame {
@@ -213,6 +235,22 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 return;
             }
         }
+    }
+}
+
+/// Hands put data to its request. Data for an id that is not a running put is
+/// dropped: that put already failed and got its final error.
+fn forward_put_data(in_flight: &InFlight, id: RequestId, send: impl FnOnce(&PutSender) -> bool) {
+    let mut requests = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+    match requests.get_mut(&id) {
+        Some(Running {
+            put: put @ Some(_), ..
+        }) => {
+            if !put.as_ref().is_some_and(send) {
+                *put = None;
+            }
+        }
+        _ => tracing::debug!(%id, "dropped data for a request that takes none"),
     }
 }
 
@@ -253,9 +291,24 @@ fn start_request(
     }
     let events = Events::new(id, tx.clone());
     let handler_agent = agent.clone();
+    let (put, input) = match request {
+        Request::Put(_) => {
+            let (sender, receiver) = put_channel();
+            (Some(sender), Some(receiver))
+        }
+        _ => (None, None),
+    };
     let handler =
-        tokio::spawn(async move { dispatch::handle(&handler_agent, request, &events).await });
-    requests.insert(id, handler.abort_handle());
+        tokio::spawn(
+            async move { dispatch::handle(&handler_agent, request, &events, input).await },
+        );
+    requests.insert(
+        id,
+        Running {
+            abort: handler.abort_handle(),
+            put,
+        },
+    );
     drop(requests);
 
     let tx = tx.clone();

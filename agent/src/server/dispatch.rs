@@ -4,25 +4,117 @@ use sandbox_protocol::{Reply, Request, WireError};
 
 use crate::agent::Agent;
 use crate::events::Events;
+use crate::files::stream::{blocking, PutReceiver};
+use crate::files::{stream, tree, whole, FileError};
+use crate::init::PowerAction;
 use crate::process::{exec, kill, logs, pty};
+use crate::system;
 
-/// Runs `request` to its final reply, sending progress through `events`.
-pub async fn handle(agent: &Agent, request: Request, events: &Events) -> Result<Reply, WireError> {
+/// Runs `request` to its final reply, sending progress through `events`. `input`
+/// carries the data of a `put`.
+pub async fn handle(
+    agent: &Agent,
+    request: Request,
+    events: &Events,
+    input: Option<PutReceiver>,
+) -> Result<Reply, WireError> {
     let table = &agent.table;
-    let result = match request {
-        Request::Exec(request) => exec::exec(table, request, events).await.map(Reply::Exec),
-        Request::Spawn(request) => exec::spawn(table, &request.spec).map(Reply::Spawned),
-        Request::Logs(request) => logs::logs(table, request, events).await.map(Reply::Logs),
+    let process = |error: crate::process::ProcessError| error.to_wire();
+    let file = |error: FileError| error.to_wire();
+    match request {
+        Request::Exec(request) => exec::exec(table, request, events)
+            .await
+            .map(Reply::Exec)
+            .map_err(process),
+        Request::Spawn(request) => exec::spawn(table, &request.spec)
+            .map(Reply::Spawned)
+            .map_err(process),
+        Request::Logs(request) => logs::logs(table, request, events)
+            .await
+            .map(Reply::Logs)
+            .map_err(process),
         Request::Ps => Ok(Reply::Ps(table.list())),
-        Request::Kill(request) => kill::kill(table, request).map(|()| Reply::Done),
-        Request::PtyOpen(request) => pty::open(table, &request).map(Reply::PtyOpened),
+        Request::Kill(request) => kill::kill(table, request)
+            .map(|()| Reply::Done)
+            .map_err(process),
+        Request::PtyOpen(request) => pty::open(table, &request)
+            .map(Reply::PtyOpened)
+            .map_err(process),
         Request::PtyInput(request) => pty::input(table, request.pid, &request.data)
             .await
-            .map(|()| Reply::Done),
-        Request::PtyResize(request) => {
-            pty::resize(table, request.pid, request.size).map(|()| Reply::Done)
-        }
+            .map(|()| Reply::Done)
+            .map_err(process),
+        Request::PtyResize(request) => pty::resize(table, request.pid, request.size)
+            .map(|()| Reply::Done)
+            .map_err(process),
         Request::Info => Ok(Reply::Info(agent.info())),
-    };
-    result.map_err(|error| error.to_wire())
+        Request::WriteFile(request) => blocking(move || whole::write_file(&request))
+            .await
+            .map(|()| Reply::Done)
+            .map_err(file),
+        Request::ReadFile(request) => blocking(move || whole::read_file(&request.path))
+            .await
+            .map(Reply::File)
+            .map_err(file),
+        Request::ListDir(request) => blocking(move || tree::list_dir(&request.path))
+            .await
+            .map(Reply::Dir)
+            .map_err(file),
+        Request::Stat(request) => blocking(move || tree::stat(&request.path))
+            .await
+            .map(Reply::Stat)
+            .map_err(file),
+        Request::Mkdir(request) => blocking(move || tree::mkdir(&request))
+            .await
+            .map(|()| Reply::Done)
+            .map_err(file),
+        Request::Remove(request) => blocking(move || tree::remove(&request))
+            .await
+            .map(|()| Reply::Done)
+            .map_err(file),
+        Request::Rename(request) => blocking(move || tree::rename(&request))
+            .await
+            .map(|()| Reply::Done)
+            .map_err(file),
+        Request::Put(request) => match input {
+            Some(input) => stream::put(request, input, events)
+                .await
+                .map(transferred)
+                .map_err(file),
+            None => Err(WireError::new(
+                sandbox_protocol::ErrorKind::Internal,
+                "put without an input queue",
+            )),
+        },
+        Request::Get(request) => stream::get(&request.path, events)
+            .await
+            .map(transferred)
+            .map_err(file),
+        Request::Resumed(request) => {
+            let resumed = tokio::task::spawn_blocking(move || system::resume(&request)).await;
+            match resumed {
+                Ok(Ok(())) => {
+                    agent.bump_generation();
+                    Ok(Reply::Info(agent.info()))
+                }
+                Ok(Err(error)) => Err(error.to_wire()),
+                Err(join) => Err(WireError::new(
+                    sandbox_protocol::ErrorKind::Internal,
+                    join.to_string(),
+                )),
+            }
+        }
+        Request::Shutdown(request) => {
+            agent.request_shutdown(if request.reboot {
+                PowerAction::Reboot
+            } else {
+                PowerAction::PowerOff
+            });
+            Ok(Reply::Done)
+        }
+    }
+}
+
+fn transferred((bytes, mode): (u64, u32)) -> Reply {
+    Reply::Transferred { bytes, mode }
 }

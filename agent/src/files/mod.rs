@@ -1,0 +1,168 @@
+//! File operations: whole-file read and atomic write, directories, and streamed
+//! transfer of files of any size.
+//!
+//! # Layout
+//! - [`whole`]: `write_file` (temp file, fsync, rename, fsync the directory) and
+//!   `read_file` (regular files up to 1 MiB, with a typed error for everything else).
+//! - [`tree`]: `list_dir`, `stat`, `mkdir`, `remove`, `rename`.
+//! - [`stream`]: `put` and `get`, chunked, with the put window (see
+//!   [`sandbox_protocol::files`]).
+//! - [`atomic`]: the temp-file-then-rename writer both `write_file` and `put` use.
+//!
+//! All of it is blocking file I/O: the dispatcher runs it on tokio's blocking pool.
+//! Paths arrive as raw bytes and must be absolute.
+
+pub mod atomic;
+pub mod stream;
+pub mod tree;
+pub mod whole;
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use sandbox_protocol::{ErrorKind, WireError};
+
+/// Why a file request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// Paths must be absolute, so their meaning never depends on the agent's cwd.
+    #[error("Path {path} is not absolute")]
+    NotAbsolute {
+        /// The path as given.
+        path: String,
+    },
+    /// `read_file` refuses files over its cap.
+    #[error(
+        "{path} is {size} bytes, over the read_file limit of {limit} bytes; use get to stream it"
+    )]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// Its size.
+        size: u64,
+        /// The cap.
+        limit: u64,
+    },
+    /// A file operation met a directory.
+    #[error("{path} is a directory")]
+    IsDirectory {
+        /// The path.
+        path: String,
+    },
+    /// A file operation met a device, FIFO or socket.
+    #[error("{path} is not a regular file")]
+    NotRegular {
+        /// The path.
+        path: String,
+    },
+    /// A directory operation met something else.
+    #[error("{path} is not a directory")]
+    NotDirectory {
+        /// The path.
+        path: String,
+    },
+    /// A write needs its parent directory to exist.
+    #[error("The parent directory of {path} does not exist")]
+    NoParent {
+        /// The path.
+        path: String,
+    },
+    /// Removing `/` is never what anyone wants.
+    #[error("Refusing to remove /")]
+    RemoveRoot,
+    /// The client sent more unacknowledged `put` data than the window allows.
+    #[error("The put sent more than {window} bytes beyond the last acknowledgement")]
+    WindowExceeded {
+        /// The window.
+        window: u64,
+    },
+    /// The client ended the put without `DataEnd` (cancel or disconnect).
+    #[error("The put of {path} ended before DataEnd; nothing was written")]
+    Incomplete {
+        /// The path.
+        path: String,
+    },
+    /// A system call failed.
+    #[error("Cannot {op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: String,
+        /// The OS error.
+        #[source]
+        error: io::Error,
+    },
+}
+
+impl FileError {
+    /// An I/O error while doing `op` on `path`.
+    pub fn io(op: &'static str, path: &Path, error: io::Error) -> Self {
+        Self::Io {
+            op,
+            path: display(path),
+            error,
+        }
+    }
+
+    /// The error as the client sees it.
+    pub fn to_wire(&self) -> WireError {
+        let kind = match self {
+            Self::NotAbsolute { .. } | Self::RemoveRoot | Self::WindowExceeded { .. } => {
+                ErrorKind::BadRequest
+            }
+            Self::TooLarge { .. } => ErrorKind::TooLarge,
+            Self::IsDirectory { .. } | Self::NotRegular { .. } | Self::NotDirectory { .. } => {
+                ErrorKind::WrongType
+            }
+            Self::NoParent { .. } => ErrorKind::NotFound,
+            Self::Incomplete { .. } => ErrorKind::Cancelled,
+            Self::Io { error, .. } => WireError::from_io("", error).kind,
+        };
+        match self {
+            Self::Io { error, .. } => WireError {
+                kind,
+                message: format!("{self}: {error}"),
+                errno: error.raw_os_error(),
+            },
+            _ => WireError::new(kind, self.to_string()),
+        }
+    }
+}
+
+/// The path in `bytes`, which must be absolute.
+pub fn absolute_path(bytes: &[u8]) -> Result<PathBuf, FileError> {
+    let path = Path::new(OsStr::from_bytes(bytes));
+    if path.is_absolute() {
+        Ok(path.to_path_buf())
+    } else {
+        Err(FileError::NotAbsolute {
+            path: display(path),
+        })
+    }
+}
+
+/// A path for messages (lossy for non-UTF-8 names).
+pub fn display(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_are_refused() {
+        assert!(absolute_path(b"/etc/hostname").is_ok());
+        assert!(matches!(
+            absolute_path(b"etc/hostname"),
+            Err(FileError::NotAbsolute { .. })
+        ));
+        assert!(matches!(
+            absolute_path(b""),
+            Err(FileError::NotAbsolute { .. })
+        ));
+    }
+}

@@ -1,0 +1,169 @@
+//! Streamed transfer of files of any size: `put` (client to guest) and `get`.
+//!
+//! A put's data frames arrive on the connection's reader, which must never wait on a
+//! disk, so they go into an unbounded queue whose size the client bounds by honouring
+//! the put window; a client that overruns it twice over gets its put failed.
+
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sandbox_protocol::limits::{FILE_CHUNK_BYTES, PUT_WINDOW_BYTES};
+use sandbox_protocol::{Event, PutRequest};
+use tokio::sync::mpsc;
+
+use super::atomic::AtomicFile;
+use super::{absolute_path, display, FileError};
+use crate::events::Events;
+
+/// What the connection forwards to a running put.
+#[derive(Debug)]
+enum Input {
+    Data(Vec<u8>),
+    End,
+    Overrun,
+}
+
+/// The connection's end of a put's input queue.
+#[derive(Debug)]
+pub struct PutSender {
+    tx: mpsc::UnboundedSender<Input>,
+    queued: Arc<AtomicU64>,
+}
+
+/// The handler's end of a put's input queue.
+#[derive(Debug)]
+pub struct PutReceiver {
+    rx: mpsc::UnboundedReceiver<Input>,
+    queued: Arc<AtomicU64>,
+}
+
+/// A queue for one put's data.
+pub fn put_channel() -> (PutSender, PutReceiver) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let queued = Arc::new(AtomicU64::new(0));
+    (
+        PutSender {
+            tx,
+            queued: queued.clone(),
+        },
+        PutReceiver { rx, queued },
+    )
+}
+
+impl PutSender {
+    /// Queues a chunk; false once the put is over (or overran its window).
+    pub fn data(&self, data: Vec<u8>) -> bool {
+        let queued =
+            self.queued.fetch_add(data.len() as u64, Ordering::Relaxed) + data.len() as u64;
+        if queued > 2 * PUT_WINDOW_BYTES {
+            let _ = self.tx.send(Input::Overrun);
+            return false;
+        }
+        self.tx.send(Input::Data(data)).is_ok()
+    }
+
+    /// Marks the end of the data.
+    pub fn end(&self) -> bool {
+        self.tx.send(Input::End).is_ok()
+    }
+}
+
+/// Receives a file and replaces the target atomically once `DataEnd` arrives.
+pub async fn put(
+    request: PutRequest,
+    mut input: PutReceiver,
+    events: &Events,
+) -> Result<(u64, u32), FileError> {
+    let path = absolute_path(&request.path)?;
+    let create_path = path.clone();
+    let mut file = blocking(move || AtomicFile::create(&create_path, request.mode)).await?;
+    loop {
+        match input.rx.recv().await {
+            Some(Input::Data(data)) => {
+                let len = data.len() as u64;
+                file = blocking(move || file.write(&data).map(|()| file)).await?;
+                input.queued.fetch_sub(len, Ordering::Relaxed);
+                events.send(Event::Acked(file.written())).await;
+            }
+            Some(Input::End) => return blocking(move || file.commit()).await,
+            Some(Input::Overrun) => {
+                return Err(FileError::WindowExceeded {
+                    window: PUT_WINDOW_BYTES,
+                })
+            }
+            None => {
+                return Err(FileError::Incomplete {
+                    path: display(&path),
+                })
+            }
+        }
+    }
+}
+
+/// Sends a file of any size as `Data` events; returns its size and mode.
+pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> {
+    let path = absolute_path(path)?;
+    let open_path = path.clone();
+    let (mut file, mode) = blocking(move || {
+        let meta = std::fs::metadata(&open_path)
+            .map_err(|error| FileError::io("read", &open_path, error))?;
+        if meta.is_dir() {
+            return Err(FileError::IsDirectory {
+                path: display(&open_path),
+            });
+        }
+        if !meta.is_file() {
+            return Err(FileError::NotRegular {
+                path: display(&open_path),
+            });
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+            .open(&open_path)
+            .map_err(|error| FileError::io("open", &open_path, error))?;
+        Ok((file, meta.permissions().mode() & 0o7777))
+    })
+    .await?;
+    let mut sent = 0u64;
+    loop {
+        let read_path = path.clone();
+        let (returned, chunk) = blocking(move || {
+            let mut chunk = Vec::with_capacity(FILE_CHUNK_BYTES);
+            (&mut file)
+                .take(FILE_CHUNK_BYTES as u64)
+                .read_to_end(&mut chunk)
+                .map_err(|error| FileError::io("read", &read_path, error))?;
+            Ok((file, chunk))
+        })
+        .await?;
+        file = returned;
+        if chunk.is_empty() {
+            return Ok((sent, mode));
+        }
+        sent += chunk.len() as u64;
+        if !events.send(Event::Data(chunk)).await {
+            return Err(FileError::Incomplete {
+                path: display(&path),
+            });
+        }
+    }
+}
+
+/// Runs blocking file I/O on tokio's blocking pool.
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, FileError> + Send + 'static,
+) -> Result<T, FileError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|join| {
+            Err(FileError::Io {
+                op: "finish",
+                path: String::from("(file operation)"),
+                error: std::io::Error::other(join.to_string()),
+            })
+        })
+}
