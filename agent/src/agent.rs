@@ -88,11 +88,13 @@ impl Agent {
     }
 }
 
-/// 128 random bits as 32 hex digits, from the kernel's generator.
+/// 128 random bits as 32 hex digits, from the kernel's generator. `GRND_INSECURE`:
+/// early in a VM's boot the pool may not be initialized yet, and an id needs
+/// uniqueness, not secrecy, so it must not wait for it.
 fn random_id() -> String {
     let mut bytes = [0u8; 16];
     // SAFETY: getrandom writes at most `bytes.len()` bytes into the live buffer.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_INSECURE) };
     if usize::try_from(n).ok() != Some(bytes.len()) {
         // Without entropy, time and pid still tell two agents apart.
         let seed = Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id());

@@ -55,7 +55,7 @@ fn run_as_init() -> PowerAction {
     }
     let ready_port = boot.ready_port;
     let served = runtime().and_then(|rt| {
-        rt.block_on(async move {
+        let served = rt.block_on(async move {
             let (listening_tx, listening_rx) = tokio::sync::oneshot::channel();
             let notifier = tokio::spawn(async move {
                 if let (Some(port), Ok(boot_id)) = (ready_port, listening_rx.await) {
@@ -68,7 +68,10 @@ fn run_as_init() -> PowerAction {
             .await;
             notifier.abort();
             result.map_err(anyhow::Error::from)
-        })
+        });
+        // Blocking file work still running must not hold up the power-off.
+        rt.shutdown_timeout(Duration::from_secs(1));
+        served
     });
     match served {
         Ok(agent) => agent.requested_shutdown().unwrap_or(PowerAction::PowerOff),
@@ -116,8 +119,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal, not on a serial console or in a log file.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && !init::is_pid1();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .try_init();
 }

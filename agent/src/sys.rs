@@ -186,12 +186,12 @@ pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
         info.extend_from_slice(entropy);
         // SAFETY: `info` is a complete rand_pool_info with `buf_size` bytes of payload,
         // alive for the call; the kernel only reads it.
-        if unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) } != 0 {
+        if unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) } != 0 {
             return Err(io::Error::last_os_error());
         }
     }
     // SAFETY: RNDRESEEDCRNG takes no argument.
-    if unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG) } != 0 {
+    if unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG as _) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -199,14 +199,7 @@ pub fn add_entropy_and_reseed(entropy: &[u8]) -> io::Result<()> {
 
 /// Sets `CLOCK_REALTIME` to `unix_ns` nanoseconds since the epoch.
 pub fn set_wall_clock(unix_ns: u64) -> io::Result<()> {
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(unix_ns / 1_000_000_000)
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
-        tv_nsec: libc::c_long::try_from(unix_ns % 1_000_000_000).unwrap_or(0),
-    };
-    // SAFETY: clock_settime reads one timespec from a pointer valid for the call.
-    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    use nix::time::{clock_settime, ClockId};
+    let time = nix::sys::time::TimeSpec::from_duration(std::time::Duration::from_nanos(unix_ns));
+    clock_settime(ClockId::CLOCK_REALTIME, time).map_err(io::Error::from)
 }

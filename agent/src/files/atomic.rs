@@ -64,7 +64,7 @@ impl AtomicFile {
             libc::getrandom(
                 suffix.as_mut_ptr().cast(),
                 suffix.len(),
-                libc::GRND_NONBLOCK,
+                libc::GRND_INSECURE,
             )
         };
         let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();

@@ -40,8 +40,8 @@ pub const NEW_ROOT: &str = "/newroot";
 /// Filesystem type of the root disk.
 pub const ROOT_FSTYPE: &str = "ext4";
 
-/// The agent inside the new root, tried in order.
-pub const AGENT_PATHS: [&str; 2] = ["/sbin/sandbox-agent", "/init"];
+/// The agent inside the new root, tried in order (the image builder writes `/init`).
+pub const AGENT_PATHS: [&str; 2] = ["/init", "/sbin/sandbox-agent"];
 
 /// Mounts carried into the new root.
 const MOVED_MOUNTS: [&str; 4] = ["/dev", "/proc", "/sys", "/run"];

@@ -1,0 +1,121 @@
+//! The base userland a template starts from, assembled into a staging folder.
+//!
+//! - [`busybox`]: the host's static busybox with its applet links (the default),
+//! - [`dir`]: a folder copied as is,
+//! - [`image`]: an OCI layout or `docker save` tarball, layers applied in order,
+//! - [`debian`]: a minimal Debian from `mmdebstrap`.
+
+pub mod busybox;
+pub mod debian;
+pub mod dir;
+pub mod image;
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use crate::cmd::CmdError;
+use crate::tree::TreeError;
+
+/// Which base to build from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Base {
+    /// Static busybox from the host (`busybox`).
+    Busybox,
+    /// A folder (`dir:PATH`).
+    Dir(PathBuf),
+    /// An image tarball (`image:PATH`).
+    Image(PathBuf),
+    /// Debian via mmdebstrap (`debian` or `debian:SUITE`).
+    Debian(String),
+}
+
+/// The default Debian suite for [`Base::Debian`].
+pub const DEFAULT_DEBIAN_SUITE: &str = "stable";
+
+impl FromStr for Base {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.split_once(':') {
+            None if text == "busybox" => Ok(Self::Busybox),
+            None if text == "debian" => Ok(Self::Debian(DEFAULT_DEBIAN_SUITE.to_owned())),
+            Some(("dir", path)) if !path.is_empty() => Ok(Self::Dir(path.into())),
+            Some(("image", path)) if !path.is_empty() => Ok(Self::Image(path.into())),
+            Some(("debian", suite)) if !suite.is_empty() => Ok(Self::Debian(suite.to_owned())),
+            _ => Err(format!(
+                "unknown base {text:?}: expected busybox, dir:PATH, image:PATH.tar or debian[:SUITE]"
+            )),
+        }
+    }
+}
+
+/// Assembling the base failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BaseError {
+    /// A host tool failed.
+    #[error(transparent)]
+    Cmd(#[from] CmdError),
+    /// A file operation failed.
+    #[error(transparent)]
+    Tree(#[from] TreeError),
+    /// The image tarball could not be applied.
+    #[error(transparent)]
+    Image(#[from] image::ImageError),
+    /// The busybox binary is unusable.
+    #[error("{} is not a static busybox: {reason}", path.display())]
+    Busybox {
+        /// The binary.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The base folder does not exist.
+    #[error("Base folder {} does not exist", path.display())]
+    MissingDir {
+        /// The folder.
+        path: PathBuf,
+    },
+}
+
+/// Host tools a base may need.
+#[derive(Debug, Clone)]
+pub struct BaseTools {
+    /// The static busybox binary for [`Base::Busybox`].
+    pub busybox: PathBuf,
+}
+
+impl Default for BaseTools {
+    fn default() -> Self {
+        Self {
+            busybox: PathBuf::from(busybox::DEFAULT_BUSYBOX),
+        }
+    }
+}
+
+/// Fills `staging` (an empty folder) with `base`.
+pub fn populate(base: &Base, tools: &BaseTools, staging: &Path) -> Result<(), BaseError> {
+    match base {
+        Base::Busybox => busybox::install(&tools.busybox, staging),
+        Base::Dir(path) => dir::install(path, staging),
+        Base::Image(path) => Ok(image::apply(path, staging)?),
+        Base::Debian(suite) => debian::install(suite, staging),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_specs_parse() {
+        assert_eq!("busybox".parse::<Base>(), Ok(Base::Busybox));
+        assert_eq!("dir:/x".parse::<Base>(), Ok(Base::Dir("/x".into())));
+        assert_eq!(
+            "image:a.tar".parse::<Base>(),
+            Ok(Base::Image("a.tar".into()))
+        );
+        assert_eq!("debian".parse::<Base>(), Ok(Base::Debian("stable".into())));
+        assert!("dir:".parse::<Base>().is_err());
+        assert!("alpine".parse::<Base>().is_err());
+    }
+}

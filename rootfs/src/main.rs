@@ -1,0 +1,194 @@
+//! `sandbox-rootfs`: command-line front end of the template builder.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use sandbox_rootfs::agent::AgentSearch;
+use sandbox_rootfs::base::{Base, BaseTools};
+use sandbox_rootfs::build::{DEFAULT_DISK_FREE_BYTES, DEFAULT_INITRAMFS_MAX_BYTES};
+use sandbox_rootfs::{
+    build, BuildOptions, KernelSource, Layout, SandboxHome, TemplateManifest, DEFAULT_TEMPLATE,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about = "Build sandbox templates (kernel + initramfs + optional root disk)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Build (or rebuild) a template.
+    Build(Box<BuildArgs>),
+    /// Print a template's manifest.
+    Show {
+        /// Template name.
+        #[arg(default_value = DEFAULT_TEMPLATE)]
+        name: String,
+    },
+    /// Print the templates folder.
+    Path,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LayoutArg {
+    Auto,
+    Initramfs,
+    Disk,
+}
+
+#[derive(Debug, clap::Args)]
+struct BuildArgs {
+    /// Template name.
+    #[arg(long, default_value = DEFAULT_TEMPLATE)]
+    name: String,
+    /// Template folder (default: $SANDBOX_HOME/templates/NAME).
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Base: busybox, dir:PATH, image:PATH.tar (OCI or docker save), debian[:SUITE].
+    #[arg(long, default_value = "busybox")]
+    base: Base,
+    /// Kernel image (vmlinux or bzImage) instead of Debian's cloud kernel.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// The kernel's /lib/modules/VERSION folder (with --kernel).
+    #[arg(long, requires = "kernel")]
+    modules: Option<PathBuf>,
+    /// Static agent binary (default: the workspace's musl release build, brought up to date with cargo).
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Agent version recorded in template.json.
+    #[arg(long, default_value = env!("CARGO_PKG_VERSION"))]
+    agent_version: String,
+    /// Static busybox for the busybox base.
+    #[arg(long, default_value = sandbox_rootfs::base::busybox::DEFAULT_BUSYBOX)]
+    busybox: PathBuf,
+    /// Default VM size recorded in template.json.
+    #[arg(long, default_value = "small")]
+    size: String,
+    /// Where the base goes.
+    #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
+    layout: LayoutArg,
+    /// Largest base (MiB) put in the initramfs with --layout auto.
+    #[arg(long, default_value_t = DEFAULT_INITRAMFS_MAX_BYTES >> 20)]
+    initramfs_max_mib: u64,
+    /// Free space (MiB) on a root disk.
+    #[arg(long, default_value_t = DEFAULT_DISK_FREE_BYTES >> 20)]
+    disk_free_mib: u64,
+    /// Extra kernel parameter (repeatable).
+    #[arg(long = "cmdline", value_name = "PARAM")]
+    extra_cmdline: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SANDBOX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sandbox-rootfs: {error}");
+            for cause in error.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let home = SandboxHome::from_env()?;
+    match cli.command {
+        Cmd::Path => {
+            println!("{}", home.templates().display());
+            Ok(())
+        }
+        Cmd::Show { name } => {
+            let manifest = TemplateManifest::load(&home.template(&name))?;
+            println!("{}", serde_json::to_string_pretty(&manifest)?);
+            Ok(())
+        }
+        Cmd::Build(args) => {
+            let opts = build_options(*args, &home)?;
+            let manifest = build(&opts)?;
+            println!("{}", opts.output.display());
+            eprintln!(
+                "built template {} (kernel {}, {})",
+                manifest.name,
+                manifest.kernel_version,
+                if manifest.disk.is_some() {
+                    "root disk"
+                } else {
+                    "initramfs only"
+                }
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Arguments and environment → validated build options. The only place besides
+/// `SandboxHome::from_env` that reads the environment.
+fn build_options(args: BuildArgs, home: &SandboxHome) -> anyhow::Result<BuildOptions> {
+    let mut start_dirs = Vec::new();
+    if let Ok(dir) = std::env::current_dir() {
+        start_dirs.push(dir);
+    }
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(PathBuf::from))
+    {
+        start_dirs.push(dir);
+    }
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from);
+    let absolute = |path: PathBuf| -> anyhow::Result<PathBuf> {
+        std::path::absolute(&path).with_context(|| format!("Cannot resolve {}", path.display()))
+    };
+    let kernel = match args.kernel {
+        Some(image) => KernelSource::Path {
+            image: absolute(image)?,
+            modules: args.modules.map(absolute).transpose()?,
+        },
+        None => KernelSource::DebianCloud,
+    };
+    let output = match args.output {
+        Some(path) => absolute(path)?,
+        None => home.template(&args.name),
+    };
+    Ok(BuildOptions {
+        name: args.name,
+        output,
+        cache_dir: home.cache(),
+        base: args.base,
+        base_tools: BaseTools {
+            busybox: args.busybox,
+        },
+        kernel,
+        agent: args.agent.map(absolute).transpose()?,
+        agent_search: AgentSearch {
+            start_dirs,
+            target_dir,
+        },
+        agent_version: args.agent_version,
+        default_size: args.size,
+        layout: match args.layout {
+            LayoutArg::Auto => Layout::Auto,
+            LayoutArg::Initramfs => Layout::Initramfs,
+            LayoutArg::Disk => Layout::Disk,
+        },
+        initramfs_max_bytes: args.initramfs_max_mib << 20,
+        disk_free_bytes: args.disk_free_mib << 20,
+        extra_cmdline: args.extra_cmdline,
+    })
+}

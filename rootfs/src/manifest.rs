@@ -1,0 +1,176 @@
+//! `template.json`: what a template folder holds and how to boot it.
+//!
+//! Paths are relative to the template folder. The launcher appends host-specific
+//! kernel parameters (such as `tsc_early_khz=`) itself at boot.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The manifest's file name inside a template folder.
+pub const MANIFEST_FILE: &str = "template.json";
+
+/// A template's manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateManifest {
+    /// The template's name (its folder name).
+    pub name: String,
+    /// Kernel image: an uncompressed ELF `vmlinux` (PVH boot) or a bzImage.
+    pub kernel: PathBuf,
+    /// The initramfs (uncompressed newc cpio) with the agent as `/init`.
+    pub initramfs: PathBuf,
+    /// ext4 root disk, when the base did not fit the initramfs. Boot it copy-on-write.
+    pub disk: Option<PathBuf>,
+    /// Kernel command line, without host-specific parameters.
+    pub cmdline: String,
+    /// `uname -r` of the kernel.
+    pub kernel_version: String,
+    /// Version of the agent baked in.
+    pub agent_version: String,
+    /// Size preset a VM gets unless told otherwise.
+    pub default_size: String,
+    /// When the template was built (RFC 3339, UTC).
+    pub created_at: String,
+}
+
+/// The manifest could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// Reading or writing the file failed.
+    #[error("Cannot access {}", path.display())]
+    Io {
+        /// The manifest file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: io::Error,
+    },
+    /// The file is not a valid manifest.
+    #[error("Invalid template manifest {}", path.display())]
+    Parse {
+        /// The manifest file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: serde_json::Error,
+    },
+}
+
+impl TemplateManifest {
+    /// Loads `template.json` from a template folder.
+    pub fn load(template_dir: &Path) -> Result<Self, ManifestError> {
+        let path = template_dir.join(MANIFEST_FILE);
+        let text = fs::read_to_string(&path).map_err(|error| ManifestError::Io {
+            path: path.clone(),
+            error,
+        })?;
+        serde_json::from_str(&text).map_err(|error| ManifestError::Parse { path, error })
+    }
+
+    /// Writes `template.json` into a template folder.
+    pub fn save(&self, template_dir: &Path) -> Result<(), ManifestError> {
+        let path = template_dir.join(MANIFEST_FILE);
+        let mut text =
+            serde_json::to_string_pretty(self).map_err(|error| ManifestError::Parse {
+                path: path.clone(),
+                error,
+            })?;
+        text.push('\n');
+        fs::write(&path, text).map_err(|error| ManifestError::Io { path, error })
+    }
+
+    /// `path` (one of the manifest's) resolved against the template folder.
+    pub fn resolve(template_dir: &Path, path: &Path) -> PathBuf {
+        template_dir.join(path)
+    }
+}
+
+/// Now, as RFC 3339 UTC with seconds (`2024-05-01T12:00:00Z`).
+pub fn now_rfc3339() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    rfc3339(secs)
+}
+
+/// Seconds since the epoch as RFC 3339 UTC.
+pub fn rfc3339(unix_secs: u64) -> String {
+    let days = unix_secs / 86_400;
+    let rem = unix_secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> TemplateManifest {
+        TemplateManifest {
+            name: "default".into(),
+            kernel: "vmlinux".into(),
+            initramfs: "initramfs.cpio".into(),
+            disk: None,
+            cmdline: "console=ttyS0 quiet panic=-1".into(),
+            kernel_version: "6.1.0-56-cloud-amd64".into(),
+            agent_version: "0.1.0".into(),
+            default_size: "small".into(),
+            created_at: "2024-05-01T12:00:00Z".into(),
+        }
+    }
+
+    #[test]
+    fn manifest_round_trips_through_a_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut manifest = sample();
+        manifest.disk = Some("rootfs.ext4".into());
+        manifest.save(dir.path()).unwrap();
+        assert_eq!(TemplateManifest::load(dir.path()).unwrap(), manifest);
+    }
+
+    #[test]
+    fn manifest_json_field_names_are_stable() {
+        let json = serde_json::to_value(sample()).unwrap();
+        assert_eq!(json["kernel"], "vmlinux");
+        assert_eq!(json["disk"], serde_json::Value::Null);
+        assert_eq!(json["default_size"], "small");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let mut json = serde_json::to_value(sample()).unwrap();
+        json["surprise"] = 1.into();
+        assert!(serde_json::from_value::<TemplateManifest>(json).is_err());
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_714_564_800), "2024-05-01T12:00:00Z");
+    }
+}
