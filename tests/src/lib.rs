@@ -1,1 +1,649 @@
-//! placeholder
+//! End-to-end test harness: the real `sandbox-agent` on a throwaway Unix socket,
+//! driven through the `sandbox-vmm` client and the `sandboxctl` binary.
+//!
+//! # Layout
+//! - [`binaries`]: builds `sandbox-agent` and `sandboxctl` once per test process with
+//!   the same cargo, profile and target directory as the tests themselves.
+//! - [`TestAgent`]: starts the agent in a fresh temporary directory, waits until its
+//!   socket accepts, and on drop kills whatever it still runs, then the agent itself
+//!   (printing the agent's log when the test failed).
+//! - [`TestCommand`]: runs `sandboxctl --agent unix://…` with a deadline.
+//! - helpers shared by the tests in `tests/`: request builders, [`follow_to_end`]
+//!   (which checks that a follow stream has no gaps or duplicates) and [`within`].
+//!
+//! Nothing here skips: a binary that does not build or an agent that does not come up
+//! fails the test with the build output or the agent's log.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::frame::{encode, Decoded, FrameDecoder};
+use sandbox_protocol::limits::MAX_FRAME_BYTES;
+use sandbox_protocol::{
+    AgentFrame, AgentMsg, ClientFrame, ClientMsg, Command as Cmd, ExecRequest, ExitStatus, Hello,
+    KillRequest, LogsReply, Pid, ProcessSpec, ProcessState, Reply, Request, RequestId,
+};
+use sandbox_vmm::client::{Client, ConnectOptions, LogsEvent};
+
+/// How long the agent gets to start listening.
+const AGENT_START_SECS: u64 = 20;
+
+/// Default deadline for one `sandboxctl` run.
+const COMMAND_DEADLINE_SECS: u64 = 60;
+
+/// A variable set in the agent's own environment; children must not inherit it.
+pub const CANARY_ENV: &str = "SANDBOX_TEST_CANARY";
+
+/// Paths of the binaries under test.
+#[derive(Debug)]
+pub struct Binaries {
+    /// `sandbox-agent`
+    pub agent: PathBuf,
+    /// `sandboxctl`
+    pub sandboxctl: PathBuf,
+}
+
+/// Builds the binaries once per test process and returns their paths.
+///
+/// Panics with cargo's output when the build fails.
+pub fn binaries() -> &'static Binaries {
+    static BINARIES: OnceLock<Binaries> = OnceLock::new();
+    BINARIES.get_or_init(build_binaries)
+}
+
+fn build_binaries() -> Binaries {
+    // The test executable is target/<profile>/deps/<name>-<hash>.
+    let exe = std::env::current_exe().expect("cannot find the test executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable is not in target/<profile>/deps")
+        .to_path_buf();
+    let target_dir = profile_dir
+        .parent()
+        .expect("profile directory has no parent")
+        .to_path_buf();
+    let cargo = std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO").map(PathBuf::from))
+        .expect("CARGO is not set: run the tests with `cargo test`");
+    let mut build = Command::new(&cargo);
+    build
+        .args([
+            "build",
+            "-p",
+            "sandbox-agent",
+            "-p",
+            "sandbox-vmm",
+            "--bins",
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release")
+    {
+        build.arg("--release");
+    }
+    let output = build
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cargo.display()));
+    assert!(
+        output.status.success(),
+        "building the binaries under test failed ({}):\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let binaries = Binaries {
+        agent: profile_dir.join("sandbox-agent"),
+        sandboxctl: profile_dir.join("sandboxctl"),
+    };
+    for path in [&binaries.agent, &binaries.sandboxctl] {
+        assert!(
+            path.is_file(),
+            "{} is missing after a successful build",
+            path.display()
+        );
+    }
+    binaries
+}
+
+/// A temporary directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// A fresh, private directory under the system temp dir.
+    pub fn new(tag: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("sbx-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("cannot create a temp dir");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
+            .expect("cannot chmod the temp dir");
+        Self { path }
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// How to start a [`TestAgent`].
+#[derive(Debug, Default, Clone)]
+pub struct AgentOptions {
+    /// `--token`
+    pub token: Option<String>,
+    /// `--forget-after-secs`
+    pub forget_after_secs: Option<u64>,
+}
+
+/// A running `sandbox-agent` listening on a throwaway Unix socket.
+#[derive(Debug)]
+pub struct TestAgent {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+    token: Option<String>,
+    // Last, so the directory outlives the cleanup in `drop`.
+    dir: TempDir,
+}
+
+impl TestAgent {
+    /// An agent with default options.
+    pub fn start() -> Self {
+        Self::start_with(AgentOptions::default())
+    }
+
+    /// An agent with `options`; waits until its socket accepts connections.
+    pub fn start_with(options: AgentOptions) -> Self {
+        let binaries = binaries();
+        let dir = TempDir::new("agent");
+        let socket = dir.path().join("agent.sock");
+        let log = dir.path().join("agent.log");
+        let log_file = std::fs::File::create(&log).expect("cannot create the agent log");
+        let mut command = Command::new(&binaries.agent);
+        command
+            .arg("--listen")
+            .arg(format!("unix://{}", socket.display()))
+            .env(CANARY_ENV, "leaked")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("cannot dup the log"))
+            .stderr(log_file);
+        if let Some(token) = &options.token {
+            command.arg("--token").arg(token);
+        }
+        if let Some(secs) = options.forget_after_secs {
+            command.arg("--forget-after-secs").arg(secs.to_string());
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binaries.agent.display()));
+        let mut agent = Self {
+            child,
+            socket,
+            log,
+            token: options.token,
+            dir,
+        };
+        agent.wait_listening();
+        agent
+    }
+
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(AGENT_START_SECS);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("cannot poll the agent") {
+                panic!(
+                    "the agent exited with {status} before listening; its log:\n{}",
+                    self.log()
+                );
+            }
+            if StdUnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not listen on {} within {AGENT_START_SECS}s; its log:\n{}",
+                self.socket.display(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `unix://…` for this agent.
+    pub fn url(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// The socket path.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// A scratch directory that lives as long as the agent.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What the agent has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+
+    /// True while the agent process runs.
+    pub fn is_alive(&mut self) -> bool {
+        self.child
+            .try_wait()
+            .expect("cannot poll the agent")
+            .is_none()
+    }
+
+    /// Panics (with the agent's log) unless the agent still runs.
+    pub fn assert_alive(&mut self) {
+        let log = self.log();
+        assert!(self.is_alive(), "the agent died; its log:\n{log}");
+    }
+
+    /// Connection options carrying this agent's token.
+    pub fn options(&self) -> ConnectOptions {
+        ConnectOptions {
+            token: self.token.clone(),
+            ..ConnectOptions::default()
+        }
+    }
+
+    /// A new client connection.
+    pub async fn client(&self) -> Client {
+        let url = self.url().parse().expect("bad test URL");
+        match Client::connect(&url, &self.options()).await {
+            Ok(client) => client,
+            Err(error) => panic!(
+                "cannot connect to the test agent: {}\nagent log:\n{}",
+                error_chain(&error),
+                self.log()
+            ),
+        }
+    }
+
+    /// `sandboxctl --agent unix://…` (and `--token` when the agent has one).
+    pub fn sandboxctl(&self) -> TestCommand {
+        let mut command = Command::new(&binaries().sandboxctl);
+        command
+            .arg("--agent")
+            .arg(self.url())
+            .env_remove("SANDBOX_AGENT")
+            .env_remove("SANDBOX_TOKEN");
+        if let Some(token) = &self.token {
+            command.arg("--token").arg(token);
+        }
+        TestCommand::new(command)
+    }
+
+    /// Kills every process the agent still runs (best effort, synchronous).
+    fn kill_leftovers(&self) -> std::io::Result<()> {
+        let mut conn = SyncConn::connect(&self.socket, self.token.clone())?;
+        let Reply::Ps(list) = conn.call(Request::Ps)? else {
+            return Ok(());
+        };
+        for info in list {
+            if info.state == ProcessState::Running {
+                let _ = conn.call(Request::Kill(KillRequest {
+                    pid: info.pid,
+                    signal: 0,
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        if self.is_alive() {
+            let _ = self.kill_leftovers();
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.is_alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("---- agent log ----\n{}---- end ----", self.log());
+        }
+    }
+}
+
+/// A blocking, one-request-at-a-time connection used for cleanup in `Drop`.
+struct SyncConn {
+    stream: StdUnixStream,
+    decoder: FrameDecoder,
+    buf: Vec<u8>,
+    next_id: u64,
+}
+
+impl SyncConn {
+    fn connect(socket: &Path, token: Option<String>) -> std::io::Result<Self> {
+        let stream = StdUnixStream::connect(socket)?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        let mut conn = Self {
+            stream,
+            decoder: FrameDecoder::new(MAX_FRAME_BYTES),
+            buf: Vec::new(),
+            next_id: 1,
+        };
+        conn.send(RequestId(0), ClientMsg::Hello(Hello::new(token)))?;
+        match conn.read()?.msg {
+            AgentMsg::Hello(_) => Ok(conn),
+            other => Err(std::io::Error::other(format!("hello refused: {other:?}"))),
+        }
+    }
+
+    fn send(&mut self, id: RequestId, msg: ClientMsg) -> std::io::Result<()> {
+        let bytes =
+            encode(&ClientFrame { id, msg }, MAX_FRAME_BYTES).map_err(std::io::Error::other)?;
+        self.stream.write_all(&bytes)
+    }
+
+    fn read(&mut self) -> std::io::Result<AgentFrame> {
+        loop {
+            let (used, item) = self.decoder.decode::<AgentFrame>(&self.buf);
+            self.buf.drain(..used);
+            match item {
+                Some(Decoded::Frame(frame)) => return Ok(frame),
+                Some(Decoded::Rejected { error, .. }) => {
+                    return Err(std::io::Error::other(error.to_string()))
+                }
+                None if used > 0 => continue,
+                None => {}
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = self.stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn call(&mut self, request: Request) -> std::io::Result<Reply> {
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.send(id, ClientMsg::Request(request))?;
+        loop {
+            let frame = self.read()?;
+            if frame.id != id {
+                continue;
+            }
+            match frame.msg {
+                AgentMsg::Reply(reply) => return Ok(reply),
+                AgentMsg::Error(error) => return Err(std::io::Error::other(error.to_string())),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// `sandboxctl` with arguments, stdin and a deadline.
+#[derive(Debug)]
+pub struct TestCommand {
+    command: Command,
+    stdin: Vec<u8>,
+    deadline: Duration,
+}
+
+impl TestCommand {
+    fn new(command: Command) -> Self {
+        Self {
+            command,
+            stdin: Vec::new(),
+            deadline: Duration::from_secs(COMMAND_DEADLINE_SECS),
+        }
+    }
+
+    /// Adds arguments.
+    pub fn args<I, S>(&mut self, args: I) -> &mut Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.command.args(args);
+        self
+    }
+
+    /// Sets an environment variable for sandboxctl.
+    pub fn env(&mut self, key: &str, value: &str) -> &mut Self {
+        self.command.env(key, value);
+        self
+    }
+
+    /// Bytes to write to sandboxctl's stdin (a pipe, closed afterwards).
+    pub fn stdin(&mut self, data: impl Into<Vec<u8>>) -> &mut Self {
+        self.stdin = data.into();
+        self
+    }
+
+    /// How long it may run before the test fails.
+    pub fn deadline(&mut self, deadline: Duration) -> &mut Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Runs it to completion (or fails the test at the deadline).
+    pub fn output(&mut self) -> Output {
+        self.command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = self.command.spawn().expect("cannot start sandboxctl");
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let data = std::mem::take(&mut self.stdin);
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&data);
+        });
+        let mut stdout = child.stdout.take().expect("stdout is piped");
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let out_reader = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = stdout.read_to_end(&mut buf);
+            buf
+        });
+        let err_reader = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = stderr.read_to_end(&mut buf);
+            buf
+        });
+        let deadline = Instant::now() + self.deadline;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("cannot poll sandboxctl") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let stdout = out_reader.join().unwrap_or_default();
+                let stderr = err_reader.join().unwrap_or_default();
+                panic!(
+                    "{:?} ran past {:?}\nstdout: {}\nstderr: {}",
+                    self.command,
+                    self.deadline,
+                    String::from_utf8_lossy(&stdout),
+                    String::from_utf8_lossy(&stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let _ = writer.join();
+        Output {
+            status,
+            stdout: out_reader.join().expect("stdout reader panicked"),
+            stderr: err_reader.join().expect("stderr reader panicked"),
+        }
+    }
+
+    /// Runs it and asserts it exited with `code`; returns the output.
+    pub fn assert_code(&mut self, code: i32) -> Output {
+        let output = self.output();
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{:?}\nstdout: {}\nstderr: {}",
+            self.command,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        output
+    }
+
+    /// Runs it, asserts success, and returns stdout as text.
+    pub fn stdout_ok(&mut self) -> String {
+        let output = self.assert_code(0);
+        String::from_utf8(output.stdout).expect("stdout is not UTF-8")
+    }
+}
+
+/// A spec running `script` with `/bin/sh -c`.
+pub fn shell(script: &str) -> ProcessSpec {
+    ProcessSpec::new(Cmd::Shell(script.to_owned()))
+}
+
+/// A spec running an argument vector.
+pub fn argv(args: &[&str]) -> ProcessSpec {
+    ProcessSpec::new(Cmd::Argv(args.iter().map(|&a| a.to_owned()).collect()))
+}
+
+/// A collected (non-streaming) exec of `script` with no stdin and the default deadline.
+pub fn exec_sh(script: &str) -> ExecRequest {
+    ExecRequest {
+        spec: shell(script),
+        stdin: Vec::new(),
+        timeout_ms: None,
+        stream: false,
+    }
+}
+
+/// Everything a follow stream delivered.
+#[derive(Debug)]
+pub struct Followed {
+    /// All chunk bytes in order.
+    pub data: Vec<u8>,
+    /// Total bytes reported dropped.
+    pub dropped: u64,
+    /// The cursor after the last batch.
+    pub end: u64,
+    /// How many events (batches) came before the final reply.
+    pub events: usize,
+    /// The final reply's exit status.
+    pub exit: Option<ExitStatus>,
+}
+
+/// Follows `pid` from `cursor` to the end, asserting the stream's accounting: each
+/// chunk starts where the previous one (plus reported drops) ended, and every batch's
+/// `end` equals the running cursor. So nothing is duplicated and nothing is skipped
+/// without being counted.
+pub async fn follow_to_end(client: &Client, pid: Pid, cursor: u64) -> Followed {
+    let mut stream = client
+        .logs_follow(pid, Some(cursor))
+        .expect("cannot start follow");
+    let mut followed = Followed {
+        data: Vec::new(),
+        dropped: 0,
+        end: cursor,
+        events: 0,
+        exit: None,
+    };
+    loop {
+        let event = stream.next().await.expect("follow failed");
+        let (batch, reply): (_, Option<LogsReply>) = match event {
+            LogsEvent::Batch(batch) => {
+                followed.events += 1;
+                (batch, None)
+            }
+            LogsEvent::Finished(reply) => (reply.batch.clone(), Some(reply)),
+        };
+        let mut next = followed.end + batch.dropped;
+        followed.dropped += batch.dropped;
+        for chunk in &batch.chunks {
+            assert_eq!(
+                chunk.offset, next,
+                "chunk at offset {} but the stream was at {next} (gap or duplicate)",
+                chunk.offset
+            );
+            next += chunk.data.len() as u64;
+            followed.data.extend_from_slice(&chunk.data);
+        }
+        assert_eq!(batch.end, next, "batch end disagrees with its chunks");
+        followed.end = next;
+        if let Some(reply) = reply {
+            followed.exit = reply.exit;
+            return followed;
+        }
+    }
+}
+
+/// Waits for `pid` to end by following its output; returns how it ended.
+pub async fn wait_exit(client: &Client, pid: Pid) -> ExitStatus {
+    let followed = within(30, follow_to_end(client, pid, 0)).await;
+    followed
+        .exit
+        .unwrap_or_else(|| panic!("follow of {pid} ended without an exit status"))
+}
+
+/// Awaits `future`, failing the test if it takes longer than `secs`.
+pub async fn within<F: std::future::Future>(secs: u64, future: F) -> F::Output {
+    match tokio::time::timeout(Duration::from_secs(secs), future).await {
+        Ok(output) => output,
+        Err(_) => panic!("did not finish within {secs}s"),
+    }
+}
+
+/// An error and its sources on one line.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `ProcessInfo` of `pid` from `ps`, if listed.
+pub async fn ps_entry(client: &Client, pid: Pid) -> Option<sandbox_protocol::ProcessInfo> {
+    client
+        .ps()
+        .await
+        .expect("ps failed")
+        .into_iter()
+        .find(|info| info.pid == pid)
+}

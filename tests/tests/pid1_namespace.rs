@@ -1,0 +1,213 @@
+//! The agent as PID 1, fast: in fresh user, pid, mount, UTS and network namespaces
+//! (`unshare`, with a /proc of the new pid namespace), where it runs its init duties
+//! for real. What needs a kernel of its own (devtmpfs, modules, the OOM shield,
+//! loopback as seen through a fresh /sys, the real poweroff) is covered by the
+//! microVM tests; here the namespace refuses some of those steps and the agent
+//! must carry on.
+
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::{Pid, ProcessState};
+use sandbox_tests::{binaries, exec_sh};
+use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
+
+/// An agent that is PID 1 of its own namespaces.
+struct NamespacedInit {
+    child: Child,
+    url: String,
+    log: std::path::PathBuf,
+    dir: std::path::PathBuf,
+}
+
+impl NamespacedInit {
+    fn start() -> Self {
+        // Not under /tmp or /run: the agent mounts fresh tmpfs there, hiding the socket.
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("pid1-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("cannot create the test dir");
+        let socket = dir.join("agent.sock");
+        let log = dir.join("agent.log");
+        let log_file = std::fs::File::create(&log).expect("cannot create the log");
+        let child = Command::new("unshare")
+            .args([
+                "--user",
+                "--map-root-user",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--mount",
+                "--uts",
+                "--net",
+            ])
+            .arg(&binaries().agent)
+            .arg("--listen")
+            .arg(format!("unix://{}", socket.display()))
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("cannot dup the log"))
+            .stderr(log_file)
+            .spawn()
+            .expect("cannot run unshare (util-linux) to start the agent as PID 1");
+        let mut init = Self {
+            child,
+            url: format!("unix://{}", socket.display()),
+            log,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while StdUnixStream::connect(&socket).is_err() {
+            if let Ok(Some(status)) = init.child.try_wait() {
+                panic!("the namespaced agent exited with {status}:\n{}", init.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the namespaced agent never listened:\n{}",
+                init.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        init
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    async fn client(&self) -> Client {
+        let url: AgentUrl = self.url.parse().expect("bad url");
+        Client::connect(&url, &ConnectOptions::default())
+            .await
+            .expect("cannot connect")
+    }
+
+    async fn sh(&self, client: &Client, script: &str) -> String {
+        let reply = client.exec(exec_sh(script)).await.expect("exec failed");
+        assert_eq!(
+            reply.exit.and_then(|e| e.code),
+            Some(0),
+            "{script}: {}{}",
+            String::from_utf8_lossy(&reply.stdout),
+            String::from_utf8_lossy(&reply.stderr)
+        );
+        String::from_utf8_lossy(&reply.stdout).into_owned()
+    }
+}
+
+impl Drop for NamespacedInit {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test]
+async fn init_duties_run_and_orphans_are_reaped_and_sigterm_ends_the_namespace() {
+    let mut init = NamespacedInit::start();
+    let client = init.client().await;
+
+    let info = client.info().await.expect("info");
+    assert!(info.is_init, "the agent does not know it is init");
+    // PID 1 of the namespace is the agent, and it mounted a /proc for that namespace.
+    assert_eq!(
+        init.sh(&client, "cat /proc/1/comm").await.trim(),
+        "sandbox-agent"
+    );
+    // Its own UTS namespace got the default hostname.
+    assert_eq!(
+        init.sh(&client, "cat /proc/sys/kernel/hostname")
+            .await
+            .trim(),
+        "sandbox"
+    );
+    for mount in ["/proc", "/sys", "/dev/pts", "/dev/shm", "/run", "/tmp"] {
+        let mounts = init.sh(&client, "cat /proc/self/mounts").await;
+        assert!(
+            mounts.lines().any(|l| l.split(' ').nth(1) == Some(mount)),
+            "{mount} missing:\n{mounts}"
+        );
+    }
+
+    // A double fork leaves an orphan that the kernel re-parents to PID 1; the agent's
+    // one reaper must collect it, leaving no zombie.
+    let orphan: i32 = init
+        .sh(&client, "sh -c 'sleep 0.3 & echo $!'")
+        .await
+        .trim()
+        .parse()
+        .expect("orphan pid");
+    let parent = init
+        .sh(
+            &client,
+            &format!("awk '/^PPid/ {{print $2}}' /proc/{orphan}/status"),
+        )
+        .await;
+    assert_eq!(
+        parent.trim(),
+        "1",
+        "the orphan was not re-parented to the agent"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let gone = init
+        .sh(
+            &client,
+            &format!("test -e /proc/{orphan} && cat /proc/{orphan}/stat || echo gone"),
+        )
+        .await;
+    assert_eq!(gone.trim(), "gone", "the orphan was not reaped: {gone}");
+    // Orphans are not tracked processes.
+    assert!(client
+        .ps()
+        .await
+        .expect("ps")
+        .iter()
+        .all(|p| p.pid != Pid(orphan)));
+
+    // A spawned child in flight when SIGTERM arrives is stopped by the shutdown.
+    let pid = client
+        .spawn(sandbox_tests::shell("sleep 600"))
+        .await
+        .expect("spawn");
+    assert!(matches!(
+        client
+            .ps()
+            .await
+            .expect("ps")
+            .iter()
+            .find(|p| p.pid == pid)
+            .map(|p| p.state),
+        Some(ProcessState::Running)
+    ));
+    let unshare_child = nix::unistd::Pid::from_raw(
+        std::fs::read_to_string(format!(
+            "/proc/{}/task/{}/children",
+            init.child.id(),
+            init.child.id()
+        ))
+        .expect("children of unshare")
+        .split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("the namespaced agent's host pid"),
+    );
+    nix::sys::signal::kill(unshare_child, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        // reboot(2) in a pid namespace ends the namespace's init, and unshare with it.
+        if init.child.try_wait().expect("wait").is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the namespace did not end after SIGTERM:\n{}",
+            init.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = init.log();
+    assert!(
+        log.contains("SIGTERM") && log.contains("shutting down"),
+        "{log}"
+    );
+}
