@@ -86,14 +86,20 @@ pub async fn run(
     Ok(agent)
 }
 
-/// Forgets processes that exited long enough ago.
+/// Output kept for exited, not yet forgotten processes, at most (see
+/// [`process::table::ProcessTable::trim_exited_rings`]).
+pub const EXITED_RINGS_BUDGET_BYTES: usize = 32 * 1024 * 1024;
+
+/// Forgets processes that exited long enough ago and keeps the output of exited
+/// processes within its budget.
 async fn sweep_forever(agent: Arc<Agent>) {
     let mut tick = tokio::time::interval(agent.table.sweep_interval());
     loop {
         tick.tick().await;
         let forgotten = agent.table.forget_expired(std::time::Instant::now());
-        if forgotten > 0 {
-            tracing::debug!(forgotten, "forgot exited processes");
+        let freed = agent.table.trim_exited_rings(EXITED_RINGS_BUDGET_BYTES);
+        if forgotten > 0 || freed > 0 {
+            tracing::debug!(forgotten, freed, "swept exited processes");
         }
     }
 }

@@ -131,6 +131,14 @@ impl OutputRing {
         self.bytes.range(lo..hi).copied().collect()
     }
 
+    /// Drops every byte held and frees the memory; offsets keep counting, so
+    /// readers see the discarded bytes as dropped.
+    pub fn discard_all(&mut self) {
+        self.start = self.end();
+        self.bytes = VecDeque::new();
+        self.marks.clear();
+    }
+
     /// Bytes of memory the ring has reserved (for tests and accounting).
     pub fn reserved_bytes(&self) -> usize {
         self.bytes.capacity()

@@ -151,7 +151,7 @@ pub(super) fn start_pumps(
                     sink.clone(),
                 ));
             }
-            None => record.close_stream(),
+            None => record.settle_stream(),
         }
     }
 }

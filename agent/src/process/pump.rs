@@ -1,10 +1,11 @@
 //! Moves a child's output into its record: one pump per pipe or terminal.
 //!
 //! A pump allocates its read buffer only once data is ready, so a quiet process
-//! costs no buffer memory. After the process exits, a pump keeps reading while data
-//! keeps coming and stops at end of file or after [`DRAIN_IDLE_AFTER_EXIT`] of
-//! silence: a background grandchild that inherited the pipe cannot hold an exec's
-//! reply (or a follower) open forever.
+//! costs no buffer memory. It reads until end of file, however long a background
+//! grandchild keeps the pipe open (so that grandchild never blocks on a full pipe
+//! or dies of `SIGPIPE`). But the stream *settles*, for waiters, at end of file or
+//! once it stayed quiet for [`DRAIN_IDLE_AFTER_EXIT`] after the process exited: such
+//! a grandchild cannot hold an exec's reply, or a follower, open forever.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -89,12 +90,19 @@ pub async fn pump(
     sink: Option<mpsc::Sender<OutputChunk>>,
 ) {
     let mut progress = record.subscribe();
+    let mut settled = false;
     loop {
         let exited = progress.borrow_and_update().exit.is_some();
-        let next = if exited {
+        let next = if settled {
+            source.read_chunk().await
+        } else if exited {
             match tokio::time::timeout(DRAIN_IDLE_AFTER_EXIT, source.read_chunk()).await {
                 Ok(next) => next,
-                Err(_idle) => break,
+                Err(_idle) => {
+                    record.settle_stream();
+                    settled = true;
+                    continue;
+                }
             }
         } else {
             tokio::select! {
@@ -122,5 +130,7 @@ pub async fn pump(
                 .await;
         }
     }
-    record.close_stream();
+    if !settled {
+        record.settle_stream();
+    }
 }

@@ -27,14 +27,16 @@ pub struct Progress {
     pub end: u64,
     /// Set once the reaper collected the exit status.
     pub exit: Option<ExitStatus>,
-    /// Output pipes (or the terminal) still being read.
-    pub open_streams: u8,
+    /// Output streams not yet settled: neither at end of file nor quiet since the
+    /// process exited (see [`super::pump`]).
+    pub unsettled_streams: u8,
 }
 
 impl Progress {
-    /// Exited and every output stream drained: nothing more will ever arrive.
+    /// Exited and every output stream settled: an exec can reply and a follower can
+    /// stop. (Output a background grandchild writes later still lands in the ring.)
     pub fn finished(&self) -> bool {
-        self.exit.is_some() && self.open_streams == 0
+        self.exit.is_some() && self.unsettled_streams == 0
     }
 }
 
@@ -99,19 +101,19 @@ pub struct ProcessRecord {
 }
 
 impl ProcessRecord {
-    /// A running process with `open_streams` outputs to drain.
+    /// A running process with `streams` outputs to drain.
     pub fn new(
         pid: Pid,
         kind: ProcessKind,
         argv: Vec<String>,
-        open_streams: u8,
+        streams: u8,
         capture: Option<Capture>,
         pty: Option<Arc<AsyncFd<OwnedFd>>>,
     ) -> Self {
         let (progress, _) = watch::channel(Progress {
             end: 0,
             exit: None,
-            open_streams,
+            unsettled_streams: streams,
         });
         Self {
             pid,
@@ -150,11 +152,23 @@ impl ProcessRecord {
         offset
     }
 
-    /// One output stream reached its end.
-    pub fn close_stream(&self) {
+    /// One output stream settled: it reached its end, or stayed quiet after the exit.
+    pub fn settle_stream(&self) {
         let _state = self.lock();
         self.progress
-            .send_modify(|p| p.open_streams = p.open_streams.saturating_sub(1));
+            .send_modify(|p| p.unsettled_streams = p.unsettled_streams.saturating_sub(1));
+    }
+
+    /// Frees the ring's memory; its bytes count as dropped from now on.
+    fn discard_output(&self) -> usize {
+        let mut state = self.lock();
+        let freed = state.ring.reserved_bytes();
+        state.ring.discard_all();
+        freed
+    }
+
+    fn ring_bytes(&self) -> usize {
+        self.lock().ring.reserved_bytes()
     }
 
     /// The reaper collected this status.
@@ -303,6 +317,34 @@ impl ProcessTable {
         before - records.len()
     }
 
+    /// Keeps the rings of exited processes within `budget` bytes by discarding the
+    /// oldest exits' output first (their cursors then report it as dropped), so a
+    /// long run of chatty execs cannot exhaust a small guest's memory within the
+    /// five minutes before they are forgotten. Returns the bytes freed.
+    pub fn trim_exited_rings(&self, budget: usize) -> usize {
+        let mut exited: Vec<_> = self
+            .records()
+            .values()
+            .filter(|r| r.progress().finished())
+            .cloned()
+            .collect();
+        let mut total: usize = exited.iter().map(|r| r.ring_bytes()).sum();
+        if total <= budget {
+            return 0;
+        }
+        exited.sort_by_key(|r| r.lock().exited_at);
+        let mut freed = 0;
+        for record in exited {
+            if total <= budget {
+                break;
+            }
+            let bytes = record.discard_output();
+            total -= bytes;
+            freed += bytes;
+        }
+        freed
+    }
+
     /// Sends `SIGKILL` to the process group of every running tracked process.
     pub fn kill_all(&self) {
         let records: Vec<_> = self.records().values().cloned().collect();
@@ -340,8 +382,8 @@ mod tests {
             signal: None,
         });
         assert!(!rec.progress().finished());
-        rec.close_stream();
-        rec.close_stream();
+        rec.settle_stream();
+        rec.settle_stream();
         assert!(rec.progress().finished());
     }
 
@@ -355,6 +397,49 @@ mod tests {
         assert!(capture.stdout_truncated);
         assert_eq!(capture.stderr, b"xy");
         assert!(!capture.stderr_truncated);
+    }
+
+    #[test]
+    fn exited_rings_are_trimmed_oldest_first_to_the_budget() {
+        let table = ProcessTable::new(Duration::from_secs(60));
+        for pid in [1, 2, 3] {
+            let rec = Arc::new(ProcessRecord::new(
+                Pid(pid),
+                ProcessKind::Exec,
+                vec![],
+                0,
+                None,
+                None,
+            ));
+            rec.push_output(Stream::Stdout, &vec![b'x'; 100_000]);
+            rec.mark_exited(ExitStatus {
+                code: Some(0),
+                signal: None,
+            });
+            table.insert(rec);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let running = record(4);
+        running.push_output(Stream::Stdout, &vec![b'y'; 100_000]);
+        table.insert(running.clone());
+
+        let per_ring = table.get(Pid(1)).unwrap().ring_bytes();
+        assert!(table.trim_exited_rings(2 * per_ring) >= per_ring);
+        // The oldest exit lost its output, reported as dropped; the newer ones kept it.
+        let (batch, _) = table.get(Pid(1)).unwrap().read_logs(Some(0)).unwrap();
+        assert_eq!((batch.dropped, batch.chunks.len()), (100_000, 0));
+        assert_eq!(
+            table
+                .get(Pid(3))
+                .unwrap()
+                .read_logs(Some(0))
+                .unwrap()
+                .0
+                .dropped,
+            0
+        );
+        // Running processes are never trimmed.
+        assert_eq!(running.read_logs(Some(0)).unwrap().0.dropped, 0);
     }
 
     #[test]
