@@ -41,9 +41,15 @@ pub enum FrameError {
 
 impl FrameError {
     /// True when the body names an enum variant this side does not know: usually a
-    /// newer peer sending a request this one does not implement.
+    /// newer peer sending a request this one does not implement. (serde's derived enum
+    /// visitors report an unknown variant index as a custom error; among this crate's
+    /// types nothing else does, because bad bools, options and UTF-8 have their own
+    /// postcard errors.)
     pub fn is_unknown_variant(&self) -> bool {
-        matches!(self, Self::Malformed(postcard::Error::DeserializeBadEnum))
+        matches!(
+            self,
+            Self::Malformed(postcard::Error::DeserializeBadEnum | postcard::Error::SerdeDeCustom)
+        )
     }
 }
 
@@ -291,6 +297,25 @@ mod tests {
         ));
         assert!(matches!(&out[1], Decoded::Frame(f) if *f == ps(6)));
         assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn an_unknown_request_variant_is_recognized_as_such() {
+        // id 3, ClientMsg::Request (1), request variant 200 (a varint: 0xC8 0x01).
+        let body = [3u8, 1, 0xC8, 0x01];
+        let mut frame = u32::try_from(body.len()).unwrap().to_le_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        let out = decode_all(&mut FrameDecoder::new(64), &frame);
+        match &out[0] {
+            Decoded::Rejected {
+                id: Some(RequestId(3)),
+                error,
+            } => assert!(error.is_unknown_variant(), "{error:?}"),
+            other => panic!("{other:?}"),
+        }
+        // A truncated body is malformed, not unknown.
+        let frame_err = decode_body::<ClientFrame>(&[3u8, 1]).unwrap_err();
+        assert!(!frame_err.is_unknown_variant());
     }
 
     #[test]

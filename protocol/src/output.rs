@@ -38,7 +38,8 @@ pub struct OutputChunk {
 pub struct LogsRequest {
     /// The tracked process.
     pub pid: Pid,
-    /// Start from this absolute offset; `None` means the oldest byte still held.
+    /// Start from this absolute offset. `None` means offset 0: the reply starts at the
+    /// oldest byte still held, and `dropped` says how much was lost before it.
     pub cursor: Option<u64>,
     /// Keep streaming [`crate::Event::Logs`] events until the process has ended and
     /// its output is drained, then reply.

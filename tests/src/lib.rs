@@ -40,6 +40,10 @@ const COMMAND_DEADLINE_SECS: u64 = 60;
 /// A variable set in the agent's own environment; children must not inherit it.
 pub const CANARY_ENV: &str = "SANDBOX_TEST_CANARY";
 
+/// Set this to a `tracing` filter (e.g. `debug`) to make the test agents log more;
+/// a failing test prints its agent's log.
+pub const LOG_FILTER_ENV: &str = "SANDBOX_TEST_AGENT_LOG";
+
 /// Paths of the binaries under test.
 #[derive(Debug)]
 pub struct Binaries {
@@ -184,13 +188,13 @@ impl TestAgent {
             .arg("--listen")
             .arg(format!("unix://{}", socket.display()))
             .env(CANARY_ENV, "leaked")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "debug".into()),
-            )
+            .env_remove("SANDBOX_AGENT_TOKEN")
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("cannot dup the log"))
             .stderr(log_file);
+        if let Ok(filter) = std::env::var(LOG_FILTER_ENV) {
+            command.arg("--log").arg(filter);
+        }
         if let Some(token) = &options.token {
             command.arg("--token").arg(token);
         }
@@ -265,6 +269,12 @@ impl TestAgent {
     pub fn assert_alive(&mut self) {
         let log = self.log();
         assert!(self.is_alive(), "the agent died; its log:\n{log}");
+    }
+
+    /// Kills the agent process right away (SIGKILL), to test connection loss.
+    pub fn kill_agent(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Connection options carrying this agent's token.
@@ -428,6 +438,21 @@ impl TestCommand {
             stdin: Vec::new(),
             deadline: Duration::from_secs(COMMAND_DEADLINE_SECS),
         }
+    }
+
+    /// `sandboxctl` with no agent configured (neither flag nor environment).
+    pub fn new_sandboxctl() -> Self {
+        let mut command = Command::new(&binaries().sandboxctl);
+        command
+            .env_remove("SANDBOX_AGENT")
+            .env_remove("SANDBOX_TOKEN");
+        Self::new(command)
+    }
+
+    /// Adds a flag followed by a path.
+    pub fn arg_path(&mut self, flag: &str, path: &Path) -> &mut Self {
+        self.command.arg(flag).arg(path);
+        self
     }
 
     /// Adds arguments.

@@ -1,1 +1,22 @@
-//! placeholder
+//! The host side of the sandbox: an async client for the in-guest agent, and the
+//! `sandboxctl` command-line tool built on it.
+//!
+//! # How data flows
+//! `sandboxctl` (or any tokio program) opens a [`client::Client`] on an agent URL;
+//! the client dials the socket, says `Hello`, then multiplexes every request over that
+//! one byte stream: a writer task sends frames, a reader task routes the agent's
+//! frames to the request they answer by id. Streaming requests (a live exec, a log
+//! follow, a terminal) hand back a stream of events that ends with the final reply.
+//!
+//! # Layout
+//! - [`client`]: URLs and dialing (`connect`, `hvsock`), the handshake, the
+//!   demultiplexer (`mux`), request handles (`stream`) and [`client::ClientError`].
+//! - [`cli`]: `sandboxctl`'s commands, one module each; `src/bin/sandboxctl.rs` only
+//!   parses arguments, calls [`cli::run`] and turns the result into an exit code.
+//! - [`launcher`]: boots and stops the microVMs the agent runs in.
+
+pub mod cli;
+pub mod client;
+pub mod launcher;
+
+pub use client::{Client, ClientError, ConnectOptions};

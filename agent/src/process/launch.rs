@@ -120,11 +120,20 @@ pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessErr
 
     let cwd = match &spec.cwd {
         Some(cwd) => {
-            if !Path::new(cwd).is_dir() {
-                return Err(ProcessError::Invalid {
-                    what: "cwd",
-                    reason: format!("{cwd} is not a directory"),
-                });
+            match std::fs::metadata(cwd) {
+                Ok(meta) if meta.is_dir() => {}
+                Ok(_) => {
+                    return Err(ProcessError::Invalid {
+                        what: "cwd",
+                        reason: format!("{cwd} is not a directory"),
+                    })
+                }
+                Err(error) => {
+                    return Err(ProcessError::NoDirectory {
+                        path: cwd.clone(),
+                        error,
+                    })
+                }
             }
             cwd.clone()
         }

@@ -61,6 +61,15 @@ pub enum ProcessError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The working directory cannot be used.
+    #[error("Cannot use {path} as the working directory")]
+    NoDirectory {
+        /// The directory asked for.
+        path: String,
+        /// Why.
+        #[source]
+        error: io::Error,
+    },
     /// The user named does not exist in the guest.
     #[error("Unknown user {user}")]
     UnknownUser {
@@ -113,9 +122,10 @@ impl ProcessError {
             Self::Exited { .. } => (ErrorKind::NotFound, None),
             Self::Invalid { .. } | Self::Cursor(_) => (ErrorKind::BadRequest, None),
             Self::UnknownUser { .. } => (ErrorKind::NotFound, None),
-            Self::Start { error, .. } | Self::PtyIo { error, .. } | Self::OpenPty(error) => {
-                (io_kind(error), Some(error))
-            }
+            Self::Start { error, .. }
+            | Self::PtyIo { error, .. }
+            | Self::OpenPty(error)
+            | Self::NoDirectory { error, .. } => (io_kind(error), Some(error)),
             Self::Signal { error, .. } => match error.raw_os_error() {
                 Some(libc::EINVAL) => (ErrorKind::BadRequest, Some(error)),
                 _ => (io_kind(error), Some(error)),

@@ -1,0 +1,338 @@
+//! `sandboxctl` against the real agent: exit codes, output, JSON, terminals.
+
+use std::time::{Duration, Instant};
+
+use sandbox_tests::{binaries, AgentOptions, TestAgent, TestCommand};
+
+fn stderr(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn exec_exits_with_the_commands_code_and_streams_output() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .args(["exec", "--", "sh", "-c", "echo out; echo err >&2; exit 3"])
+        .assert_code(3);
+    assert_eq!(output.stdout, b"out\n");
+    assert_eq!(output.stderr, b"err\n");
+}
+
+#[test]
+fn sh_killed_by_a_signal_exits_128_plus_the_signal() {
+    let agent = TestAgent::start();
+    agent
+        .sandboxctl()
+        .args(["sh", "kill -9 $$"])
+        .assert_code(137);
+    agent.sandboxctl().args(["sh", "true"]).assert_code(0);
+}
+
+#[test]
+fn exec_options_reach_the_command() {
+    let agent = TestAgent::start();
+    let input = agent.dir().join("input.txt");
+    std::fs::write(&input, "from a file\n").unwrap();
+    let stdout = agent
+        .sandboxctl()
+        .args(["exec", "--cwd", "/tmp", "--env", "A=1", "-e", "B=two words"])
+        .arg_path("--stdin-file", &input)
+        .args(["--", "sh", "-c", "pwd; echo \"$A $B\"; cat"])
+        .stdout_ok();
+    assert_eq!(stdout, "/tmp\n1 two words\nfrom a file\n");
+
+    let stdout = agent
+        .sandboxctl()
+        .args(["sh", "--stdin-file", "-", "tr a-z A-Z"])
+        .stdin("piped in\n")
+        .stdout_ok();
+    assert_eq!(stdout, "PIPED IN\n");
+}
+
+#[test]
+fn exec_timeout_exits_124_with_a_message() {
+    let agent = TestAgent::start();
+    let started = Instant::now();
+    let output = agent
+        .sandboxctl()
+        .args(["sh", "--timeout", "1", "echo started; sleep 1000"])
+        .assert_code(124);
+    assert!(started.elapsed() < Duration::from_secs(8));
+    assert_eq!(output.stdout, b"started\n");
+    assert!(stderr(&output).contains("timed out"), "{}", stderr(&output));
+}
+
+#[test]
+fn spawn_prints_a_pid_that_logs_and_ps_know() {
+    let agent = TestAgent::start();
+    let pid = agent
+        .sandboxctl()
+        .args([
+            "spawn",
+            "--",
+            "sh",
+            "-c",
+            "echo spawned-out; echo spawned-err >&2",
+        ])
+        .stdout_ok();
+    let pid: i32 = pid.trim().parse().expect("spawn printed no pid");
+
+    let output = agent
+        .sandboxctl()
+        .args(["logs", "-f", &pid.to_string()])
+        .assert_code(0);
+    assert_eq!(output.stdout, b"spawned-out\n");
+    assert_eq!(output.stderr, b"spawned-err\n");
+
+    let output = agent
+        .sandboxctl()
+        .args(["logs", &pid.to_string()])
+        .assert_code(0);
+    assert_eq!(output.stdout, b"spawned-out\n");
+
+    let json = agent.sandboxctl().args(["ps", "--json"]).stdout_ok();
+    let list: serde_json::Value = serde_json::from_str(&json).expect("ps --json is not JSON");
+    let entry = list
+        .as_array()
+        .expect("ps --json is not an array")
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .expect("spawned pid not in ps --json");
+    assert_eq!(entry["kind"], "spawn");
+    assert_eq!(entry["state"], "exited");
+    assert_eq!(entry["exit_code"], 0);
+    assert_eq!(entry["argv"][0], "sh");
+
+    let table = agent.sandboxctl().args(["ps"]).stdout_ok();
+    let mut lines = table.lines();
+    let header = lines.next().unwrap();
+    assert!(header.starts_with("PID"), "{header}");
+    for column in ["KIND", "STATE", "EXIT", "STARTED", "ARGV"] {
+        assert!(header.contains(column), "{header}");
+    }
+    assert!(
+        lines.any(|l| l.starts_with(&format!("{pid} ")) && l.contains("spawn")),
+        "{table}"
+    );
+}
+
+#[test]
+fn logs_json_carries_chunks_and_exit() {
+    let agent = TestAgent::start();
+    let pid = agent
+        .sandboxctl()
+        .args(["spawn", "--", "sh", "-c", "echo hi; exit 2"])
+        .stdout_ok();
+    let pid = pid.trim().to_owned();
+    // Follow once to wait for the exit.
+    agent.sandboxctl().args(["logs", "-f", &pid]).assert_code(0);
+    let json = agent
+        .sandboxctl()
+        .args(["logs", "--json", "--cursor", "1", &pid])
+        .stdout_ok();
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["chunks"][0]["data"], "i\n");
+    assert_eq!(value["chunks"][0]["stream"], "stdout");
+    assert_eq!(value["chunks"][0]["offset"], 1);
+    assert_eq!(value["end"], 3);
+    assert_eq!(value["exit"]["code"], 2);
+}
+
+#[test]
+fn logs_report_dropped_bytes_on_stderr() {
+    let agent = TestAgent::start();
+    let pid = agent
+        .sandboxctl()
+        .args([
+            "spawn",
+            "--",
+            "sh",
+            "-c",
+            "head -c 400000 /dev/zero | tr '\\0' z",
+        ])
+        .stdout_ok();
+    // Wait for the exit, so the ring has certainly wrapped.
+    agent
+        .sandboxctl()
+        .args(["logs", "-f", pid.trim()])
+        .assert_code(0);
+    for follow in [false, true] {
+        let mut command = agent.sandboxctl();
+        command.args(["logs", "--cursor", "0"]);
+        if follow {
+            command.args(["-f"]);
+        }
+        let output = command.args([pid.trim()]).assert_code(0);
+        assert!(
+            stderr(&output).contains("bytes dropped"),
+            "{}",
+            stderr(&output)
+        );
+        assert!(!output.stdout.is_empty() && output.stdout.len() <= 256 * 1024);
+        assert!(output.stdout.iter().all(|&b| b == b'z'));
+    }
+}
+
+#[test]
+fn kill_takes_names_and_numbers_and_reports_unknown_pids() {
+    let agent = TestAgent::start();
+    let pid = agent
+        .sandboxctl()
+        .args(["spawn", "--", "sleep", "1000"])
+        .stdout_ok();
+    let pid = pid.trim().to_owned();
+    agent
+        .sandboxctl()
+        .args(["kill", "-s", "SIGTERM", &pid])
+        .assert_code(0);
+    agent.sandboxctl().args(["logs", "-f", &pid]).assert_code(0);
+    let json = agent.sandboxctl().args(["ps", "--json"]).stdout_ok();
+    let list: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let entry = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_i64().map(|n| n.to_string()) == Some(pid.clone()))
+        .unwrap();
+    assert_eq!(entry["signal"], 15);
+    // Exited: a no-op success, by number too.
+    agent
+        .sandboxctl()
+        .args(["kill", "-s", "9", &pid])
+        .assert_code(0);
+
+    let output = agent.sandboxctl().args(["kill", "999999"]).assert_code(1);
+    assert!(stderr(&output).contains("not_found"), "{}", stderr(&output));
+}
+
+#[test]
+fn shell_runs_a_terminal_from_piped_input_and_exits_with_its_code() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .args(["shell", "--", "sh"])
+        .env("TERM", "xterm-test")
+        .stdin("echo $((6*7)); echo TERM=$TERM\nexit 4\n")
+        .assert_code(4);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("42"), "{stdout}");
+    assert!(stdout.contains("TERM=xterm-test"), "{stdout}");
+}
+
+#[test]
+fn shell_sees_end_of_input_as_end_of_file() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .args(["shell", "--", "sh"])
+        .stdin("echo no-exit-command\n")
+        .deadline(Duration::from_secs(20))
+        .assert_code(0);
+    assert!(String::from_utf8_lossy(&output.stdout).contains("no-exit-command"));
+}
+
+#[test]
+fn attach_replays_a_running_terminal_and_follows_it() {
+    let agent = TestAgent::start();
+    // A terminal opened by the library, left running.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pid = runtime.block_on(async {
+        let client = agent.client().await;
+        let pid = client
+            .pty_open(sandbox_protocol::PtyOpenRequest {
+                spec: sandbox_tests::argv(&["sh"]),
+                size: sandbox_protocol::WindowSize { rows: 24, cols: 80 },
+            })
+            .await
+            .unwrap();
+        client
+            .pty_input(pid, b"echo first-$((2*3))\n".to_vec())
+            .await
+            .unwrap();
+        pid
+    });
+    let output = agent
+        .sandboxctl()
+        .args(["attach", &pid.to_string()])
+        .stdin("echo second-$((3*3)); exit 6\n")
+        .assert_code(6);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("first-6"), "no replay: {stdout}");
+    assert!(stdout.contains("second-9"), "no live output: {stdout}");
+}
+
+#[test]
+fn info_prints_text_and_json() {
+    let agent = TestAgent::start();
+    let text = agent.sandboxctl().args(["info"]).stdout_ok();
+    assert!(text.contains("agent version"), "{text}");
+    assert!(text.contains("boot id"), "{text}");
+    let json = agent.sandboxctl().args(["info", "--json"]).stdout_ok();
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["protocol_version"], 1);
+    assert!(value["boot_id"].as_str().is_some_and(|id| !id.is_empty()));
+}
+
+#[test]
+fn tool_errors_exit_1_with_the_cause_chain() {
+    let agent = TestAgent::start();
+    let output = agent.sandboxctl().args(["logs", "999999"]).assert_code(1);
+    assert!(stderr(&output).contains("not_found"), "{}", stderr(&output));
+
+    let mut bad = TestCommand::new_sandboxctl();
+    let output = bad
+        .args(["--agent", "tcp://1.2.3.4:5", "ps"])
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("Unknown scheme"),
+        "{}",
+        stderr(&output)
+    );
+
+    let missing = agent.dir().join("nothing-here.sock");
+    let mut gone = TestCommand::new_sandboxctl();
+    let output = gone
+        .args(["--agent", &format!("unix://{}", missing.display()), "ps"])
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("Cannot connect"),
+        "{}",
+        stderr(&output)
+    );
+
+    let mut none = TestCommand::new_sandboxctl();
+    let output = none.args(["ps"]).assert_code(1);
+    assert!(
+        stderr(&output).contains("SANDBOX_AGENT"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn agent_and_token_come_from_the_environment() {
+    let agent = TestAgent::start_with(AgentOptions {
+        token: Some("tok".into()),
+        ..AgentOptions::default()
+    });
+    let mut from_env = TestCommand::new_sandboxctl();
+    let stdout = from_env
+        .env("SANDBOX_AGENT", &agent.url())
+        .env("SANDBOX_TOKEN", "tok")
+        .args(["sh", "echo via-env"])
+        .stdout_ok();
+    assert_eq!(stdout, "via-env\n");
+
+    let mut wrong = TestCommand::new_sandboxctl();
+    let output = wrong
+        .env("SANDBOX_AGENT", &agent.url())
+        .env("SANDBOX_TOKEN", "nope")
+        .args(["ps"])
+        .assert_code(1);
+    assert!(stderr(&output).contains("token"), "{}", stderr(&output));
+    assert!(binaries().sandboxctl.is_file());
+}

@@ -1,0 +1,258 @@
+//! `sandboxctl`'s command line, as clap types. Validation that clap cannot do (the
+//! agent URL, timeouts) happens in [`super::run`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Drive a sandbox agent: run commands, manage processes, open terminals.
+#[derive(Debug, Parser)]
+#[command(name = "sandboxctl", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Agent URL: unix://PATH, vsock://CID:PORT or hvsock://PATH:PORT.
+    #[arg(long, env = "SANDBOX_AGENT", global = true, value_name = "URL")]
+    pub agent: Option<String>,
+    /// Shared secret the agent requires.
+    #[arg(
+        long,
+        env = "SANDBOX_TOKEN",
+        global = true,
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Give up connecting after this many seconds.
+    #[arg(long, global = true, value_name = "SECS", default_value_t = 10.0)]
+    pub connect_timeout: f64,
+    /// Keep retrying the connection for up to this many seconds (a booting VM).
+    #[arg(long, global = true, value_name = "SECS")]
+    pub wait: Option<f64>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command, stream its output, exit with its code (128+N when killed by
+    /// signal N, 124 on timeout).
+    Exec(ExecArgs),
+    /// Like exec, but run one shell command line with `/bin/sh -c`.
+    Sh(ShArgs),
+    /// Start a detached command and print its pid.
+    Spawn(SpawnArgs),
+    /// List tracked processes.
+    Ps(PsArgs),
+    /// Print a process's output (stdout and stderr to ours); -f follows it to the end.
+    Logs(LogsArgs),
+    /// Send a signal to a process's group (0 means SIGKILL).
+    Kill(KillArgs),
+    /// Open an interactive terminal (Ctrl-] detaches; `attach` comes back).
+    Shell(ShellArgs),
+    /// Re-attach to a terminal: replay what it printed, then follow it.
+    Attach(AttachArgs),
+    /// Describe the agent.
+    Info(InfoArgs),
+}
+
+/// How a process starts (shared by exec, sh, spawn and shell).
+#[derive(Debug, Args)]
+pub struct ProcessArgs {
+    /// Working directory.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Set a variable (repeatable; later ones win).
+    #[arg(long = "env", short = 'e', value_name = "K=V", value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Run as this user (name or uid).
+    #[arg(long, short = 'u', value_name = "USER")]
+    pub user: Option<String>,
+}
+
+/// Options of a command that runs to completion.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Kill the command's process group after this many seconds (default and
+    /// maximum: 300).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Feed this file to the command's stdin ("-" reads ours to the end); by
+    /// default the command's stdin is empty.
+    #[arg(long, value_name = "FILE")]
+    pub stdin_file: Option<PathBuf>,
+}
+
+/// `exec`
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub process: ProcessArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// `sh`
+#[derive(Debug, Args)]
+pub struct ShArgs {
+    #[command(flatten)]
+    pub process: ProcessArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The shell command line.
+    pub script: String,
+}
+
+/// `spawn`
+#[derive(Debug, Args)]
+pub struct SpawnArgs {
+    #[command(flatten)]
+    pub process: ProcessArgs,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// `ps`
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `logs`
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// Keep following until the process exits.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Start at this absolute byte offset (default: the oldest byte still held).
+    #[arg(long, value_name = "N")]
+    pub cursor: Option<u64>,
+    /// Print JSON (one object per line when following).
+    #[arg(long)]
+    pub json: bool,
+    /// The process.
+    pub pid: i32,
+}
+
+/// `kill`
+#[derive(Debug, Args)]
+pub struct KillArgs {
+    /// Signal name (TERM, SIGTERM, KILL, …) or number; 0 means SIGKILL.
+    #[arg(long, short = 's', value_name = "SIG", default_value = "TERM", value_parser = parse_signal)]
+    pub signal: i32,
+    /// The process.
+    pub pid: i32,
+}
+
+/// `shell`
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    #[command(flatten)]
+    pub process: ProcessArgs,
+    /// What to run instead of the login shell (after `--`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// `attach`
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The terminal's process.
+    pub pid: i32,
+}
+
+/// `info`
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_env(arg: &str) -> Result<(String, String), String> {
+    match arg.split_once('=') {
+        Some(("", _)) => Err(format!("{arg:?} has an empty name")),
+        Some((key, value)) => Ok((key.to_owned(), value.to_owned())),
+        None => Err(format!("{arg:?} is not K=V")),
+    }
+}
+
+/// A signal by name (`TERM`, `SIGTERM`, `term`) or number (`15`, `0`).
+pub fn parse_signal(arg: &str) -> Result<i32, String> {
+    if let Ok(number) = arg.parse::<i32>() {
+        return if number >= 0 {
+            Ok(number)
+        } else {
+            Err(format!("signal number {number} is negative"))
+        };
+    }
+    let upper = arg.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<nix::sys::signal::Signal>()
+        .map(|signal| signal as i32)
+        .map_err(|_| format!("unknown signal {arg:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn signals_parse_by_name_and_number() {
+        assert_eq!(parse_signal("TERM"), Ok(15));
+        assert_eq!(parse_signal("SIGKILL"), Ok(9));
+        assert_eq!(parse_signal("hup"), Ok(1));
+        assert_eq!(parse_signal("0"), Ok(0));
+        assert_eq!(parse_signal("10"), Ok(10));
+        assert!(parse_signal("-3").is_err());
+        assert!(parse_signal("NOPE").is_err());
+    }
+
+    #[test]
+    fn env_needs_a_name_and_equals() {
+        assert_eq!(parse_env("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert_eq!(parse_env("A="), Ok(("A".into(), String::new())));
+        assert!(parse_env("=x").is_err());
+        assert!(parse_env("A").is_err());
+    }
+
+    #[test]
+    fn exec_takes_the_command_after_double_dash() {
+        let cli = Cli::try_parse_from([
+            "sandboxctl",
+            "--agent",
+            "unix:///a",
+            "exec",
+            "--env",
+            "K=V",
+            "--timeout",
+            "2",
+            "--",
+            "ls",
+            "-la",
+        ])
+        .unwrap();
+        let Command::Exec(exec) = cli.command else {
+            panic!("not exec")
+        };
+        assert_eq!(exec.command, ["ls", "-la"]);
+        assert_eq!(exec.process.env, [("K".to_owned(), "V".to_owned())]);
+        assert_eq!(exec.run.timeout, Some(2.0));
+    }
+}

@@ -1,0 +1,138 @@
+//! `sandboxctl`: the command-line face of the client.
+//!
+//! # Layout
+//! - [`args`]: the clap types.
+//! - this module: [`run`] (runtime, connection, dispatch) and what commands share
+//!   (building a `ProcessSpec`, writing output chunks).
+//! - `exec`: `exec`, `sh`, `spawn`. `procs`: `ps`, `kill`. `logs`: `logs`.
+//!   `shell`: `shell`, `attach`. `terminal`: raw mode, window size, stdin pump.
+//!   `info`: `info`. `json`: the JSON views of protocol types.
+//!
+//! Exit codes: a command's own code for `exec`/`sh`/`shell`/`attach` (128+N when
+//! killed by signal N, 124 on timeout); 0 for the rest on success; 1 when the tool
+//! itself fails (bad URL, agent unreachable, agent error), reported by the binary.
+
+pub mod args;
+mod exec;
+mod info;
+mod json;
+mod logs;
+mod procs;
+mod shell;
+mod terminal;
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use sandbox_protocol::{Command as Cmd, OutputChunk, ProcessSpec, Stream, User};
+
+use crate::client::{AgentUrl, Client, ConnectOptions};
+pub use args::Cli;
+use args::{Command, ProcessArgs};
+
+/// Exit code when `exec`/`sh` hit their timeout (as coreutils `timeout` does).
+pub const EXIT_TIMED_OUT: u8 = 124;
+
+/// Runs one `sandboxctl` invocation and returns the exit code to use.
+pub fn run(cli: Cli) -> anyhow::Result<u8> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("Cannot start the async runtime")?;
+    let result = runtime.block_on(dispatch(cli));
+    // Do not wait for blocking reads of our stdin that can never be cancelled.
+    runtime.shutdown_background();
+    result
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    let client = connect(&cli).await?;
+    match cli.command {
+        Command::Exec(args) => {
+            let spec = process_spec(Cmd::Argv(args.command), args.process);
+            exec::exec(&client, spec, &args.run).await
+        }
+        Command::Sh(args) => {
+            let spec = process_spec(Cmd::Shell(args.script), args.process);
+            exec::exec(&client, spec, &args.run).await
+        }
+        Command::Spawn(args) => {
+            let spec = process_spec(Cmd::Argv(args.command), args.process);
+            exec::spawn(&client, spec).await
+        }
+        Command::Ps(args) => procs::ps(&client, args.json).await,
+        Command::Kill(args) => procs::kill(&client, args.pid, args.signal).await,
+        Command::Logs(args) => logs::logs(&client, &args).await,
+        Command::Shell(args) => {
+            let mut spec = process_spec(Cmd::Argv(args.command), args.process);
+            if matches!(&spec.command, Some(Cmd::Argv(argv)) if argv.is_empty()) {
+                spec.command = None;
+            }
+            shell::shell(&client, spec).await
+        }
+        Command::Attach(args) => shell::attach(&client, args.pid).await,
+        Command::Info(args) => info::info(&client, args.json).await,
+    }
+}
+
+async fn connect(cli: &Cli) -> anyhow::Result<Client> {
+    let Some(url) = &cli.agent else {
+        bail!("No agent given: pass --agent URL or set SANDBOX_AGENT");
+    };
+    let url: AgentUrl = url
+        .parse()
+        .with_context(|| format!("Invalid agent URL {url:?}"))?;
+    let opts = ConnectOptions {
+        token: cli.token.clone(),
+        connect_timeout: seconds("--connect-timeout", cli.connect_timeout)?,
+    };
+    let client = match cli.wait {
+        Some(wait) => {
+            let deadline = tokio::time::Instant::now() + seconds("--wait", wait)?;
+            Client::connect_with_retry(&url, &opts, deadline).await
+        }
+        None => Client::connect(&url, &opts).await,
+    };
+    client.with_context(|| format!("Cannot reach the agent at {url}"))
+}
+
+/// A positive, finite number of seconds as a duration.
+fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
+    if !(secs.is_finite() && secs > 0.0) {
+        bail!("{flag} must be a positive number of seconds, not {secs}");
+    }
+    Duration::try_from_secs_f64(secs).with_context(|| format!("{flag} {secs} is out of range"))
+}
+
+fn process_spec(command: Cmd, args: ProcessArgs) -> ProcessSpec {
+    ProcessSpec {
+        command: Some(command),
+        env: args.env,
+        cwd: args.cwd,
+        user: args.user.map(|user| match user.parse::<u32>() {
+            Ok(uid) => User::Uid(uid),
+            Err(_) => User::Name(user),
+        }),
+    }
+}
+
+/// Writes a chunk to our stdout or stderr, as the agent tagged it, and flushes so
+/// output shows up live.
+fn write_chunk(chunk: &OutputChunk) -> anyhow::Result<()> {
+    match chunk.stream {
+        Stream::Stdout | Stream::Pty => write_flushed(&mut std::io::stdout().lock(), &chunk.data),
+        Stream::Stderr => write_flushed(&mut std::io::stderr().lock(), &chunk.data),
+    }
+}
+
+fn write_flushed(out: &mut impl Write, data: &[u8]) -> anyhow::Result<()> {
+    out.write_all(data)
+        .and_then(|()| out.flush())
+        .context("Cannot write output")
+}
+
+/// Converts a status code into a process exit code (0..=255).
+fn exit_byte(code: i32) -> u8 {
+    u8::try_from(code.rem_euclid(256)).unwrap_or(u8::MAX)
+}

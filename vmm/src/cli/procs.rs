@@ -1,0 +1,163 @@
+//! `ps` and `kill`.
+
+use anyhow::Context;
+use sandbox_protocol::{ExitStatus, Pid, ProcessInfo, ProcessState};
+
+use super::json::{print_line, ProcessView};
+use crate::client::Client;
+
+/// Lists tracked processes as a table or JSON.
+pub(super) async fn ps(client: &Client, json: bool) -> anyhow::Result<u8> {
+    let mut list = client.ps().await.context("ps failed")?;
+    list.sort_by_key(|info| (info.started_at_ms, info.pid));
+    if json {
+        let views: Vec<ProcessView<'_>> = list.iter().map(ProcessView::from).collect();
+        print_line(&views)?;
+    } else {
+        print!("{}", table(&list));
+    }
+    Ok(0)
+}
+
+/// Signals a process's group.
+pub(super) async fn kill(client: &Client, pid: i32, signal: i32) -> anyhow::Result<u8> {
+    client
+        .kill(Pid(pid), signal)
+        .await
+        .with_context(|| format!("kill {pid} failed"))?;
+    Ok(0)
+}
+
+/// The human `ps` table: PID KIND STATE EXIT STARTED ARGV.
+fn table(list: &[ProcessInfo]) -> String {
+    let rows: Vec<[String; 6]> = list
+        .iter()
+        .map(|info| {
+            let (state, exit) = match info.state {
+                ProcessState::Running => ("running", "-".to_owned()),
+                ProcessState::Exited(status) => ("exited", exit_text(status)),
+            };
+            [
+                info.pid.to_string(),
+                info.kind.as_str().to_owned(),
+                state.to_owned(),
+                exit,
+                utc_time(info.started_at_ms),
+                info.argv.join(" "),
+            ]
+        })
+        .collect();
+    let header = ["PID", "KIND", "STATE", "EXIT", "STARTED", "ARGV"].map(str::to_owned);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `0`, `3`, or `SIGKILL` (`sig 77` for numbers without a name).
+fn exit_text(status: ExitStatus) -> String {
+    match (status.code, status.signal) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(signal)) => match nix::sys::signal::Signal::try_from(signal) {
+            Ok(name) => name.as_str().to_owned(),
+            Err(_) => format!("sig {signal}"),
+        },
+        (None, None) => "?".to_owned(),
+    }
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` in UTC.
+fn utc_time(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_protocol::ProcessKind;
+
+    #[test]
+    fn times_are_utc_dates() {
+        assert_eq!(utc_time(0), "1970-01-01 00:00:00");
+        assert_eq!(utc_time(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(utc_time(1_700_000_000_123), "2023-11-14 22:13:20");
+    }
+
+    #[test]
+    fn table_aligns_columns_and_names_signals() {
+        let list = [
+            ProcessInfo {
+                pid: Pid(12),
+                kind: ProcessKind::Spawn,
+                argv: vec!["sleep".into(), "1000".into()],
+                state: ProcessState::Running,
+                started_at_ms: 0,
+                ended_at_ms: None,
+            },
+            ProcessInfo {
+                pid: Pid(12345),
+                kind: ProcessKind::Exec,
+                argv: vec!["sh".into()],
+                state: ProcessState::Exited(ExitStatus {
+                    code: None,
+                    signal: Some(9),
+                }),
+                started_at_ms: 0,
+                ended_at_ms: Some(1),
+            },
+        ];
+        let text = table(&list);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "PID    KIND   STATE    EXIT     STARTED              ARGV"
+        );
+        assert_eq!(
+            lines[1],
+            "12     spawn  running  -        1970-01-01 00:00:00  sleep 1000"
+        );
+        assert_eq!(
+            lines[2],
+            "12345  exec   exited   SIGKILL  1970-01-01 00:00:00  sh"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! The launcher's configuration and where its defaults come from.
+//!
+//! [`LauncherConfig::new`] takes the sandbox home and fills in defaults;
+//! [`LauncherConfig::from_env`] is the one place that reads environment variables,
+//! meant for the command-line front end:
+//!
+//! | variable | field | default |
+//! | --- | --- | --- |
+//! | `SANDBOX_HOME` | `sandbox_home` | `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` (relative values are ignored) |
+//! | `SANDBOX_RUN_DIR` | `run_root` | `SANDBOX_HOME/run` |
+//! | `SANDBOX_ACCEL` | `accel` | `auto` (`auto`, `kvm` or `tcg`) |
+//! | `SANDBOX_QEMU` | `qemu_path` | `qemu-system-x86_64` on `PATH` |
+//! | `SANDBOX_QEMU_IMG` | `qemu_img_path` | `qemu-img` on `PATH` |
+//! | `SANDBOX_VHOST_VSOCK` | `vhost_path` | `vhost-device-vsock` on `PATH` |
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::accel::{AccelMode, UnknownAccelMode, KVM_PROBE_TIMEOUT_SECS};
+
+/// Everything the launcher needs to know about the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LauncherConfig {
+    /// Root of templates, caches and run folders.
+    pub sandbox_home: PathBuf,
+    /// Where per-VM run folders go. Unix socket paths inside must stay under 108
+    /// bytes, so keep it short.
+    pub run_root: PathBuf,
+    /// `qemu-system-x86_64`.
+    pub qemu_path: PathBuf,
+    /// `qemu-img`, for disk overlays.
+    pub qemu_img_path: PathBuf,
+    /// `vhost-device-vsock`.
+    pub vhost_path: PathBuf,
+    /// KVM, TCG, or probe.
+    pub accel: AccelMode,
+    /// The KVM device.
+    pub kvm_device: PathBuf,
+    /// Bound on the quick KVM boot in `auto` mode.
+    pub kvm_probe_timeout: Duration,
+    /// The host TSC frequency for `tsc_early_khz`; `None` detects it.
+    pub tsc_khz: Option<u32>,
+}
+
+/// The environment could not be turned into a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Neither `SANDBOX_HOME`, `XDG_DATA_HOME` nor `HOME` is an absolute path.
+    #[error(
+        "Cannot find the sandbox home: set SANDBOX_HOME, XDG_DATA_HOME or HOME to an absolute path"
+    )]
+    NoHome,
+    /// `SANDBOX_ACCEL` is not a mode.
+    #[error("Invalid SANDBOX_ACCEL")]
+    Accel(#[source] UnknownAccelMode),
+}
+
+impl LauncherConfig {
+    /// Defaults for everything but the sandbox home.
+    pub fn new(sandbox_home: impl Into<PathBuf>) -> Self {
+        let sandbox_home = sandbox_home.into();
+        Self {
+            run_root: sandbox_home.join("run"),
+            sandbox_home,
+            qemu_path: PathBuf::from("qemu-system-x86_64"),
+            qemu_img_path: PathBuf::from("qemu-img"),
+            vhost_path: PathBuf::from("vhost-device-vsock"),
+            accel: AccelMode::Auto,
+            kvm_device: PathBuf::from("/dev/kvm"),
+            kvm_probe_timeout: Duration::from_secs(KVM_PROBE_TIMEOUT_SECS),
+            tsc_khz: None,
+        }
+    }
+
+    /// Reads the variables in the module docs.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// [`LauncherConfig::from_env`] over any variable lookup (testable).
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<Self, ConfigError> {
+        let set = |name: &str| var(name).filter(|v| !v.is_empty());
+        // Relative values are ignored (as the XDG spec says for XDG_DATA_HOME), the
+        // same rule the image builder applies, so both find the same folder.
+        let absolute = |name: &str| set(name).map(PathBuf::from).filter(|p| p.is_absolute());
+        let home = absolute("SANDBOX_HOME")
+            .or_else(|| absolute("XDG_DATA_HOME").map(|d| d.join("sandbox")))
+            .or_else(|| absolute("HOME").map(|h| h.join(".local/share/sandbox")))
+            .ok_or(ConfigError::NoHome)?;
+        let mut config = Self::new(home);
+        if let Some(dir) = set("SANDBOX_RUN_DIR") {
+            config.run_root = dir.into();
+        }
+        if let Some(mode) = set("SANDBOX_ACCEL") {
+            config.accel = mode.to_string_lossy().parse().map_err(ConfigError::Accel)?;
+        }
+        if let Some(path) = set("SANDBOX_QEMU") {
+            config.qemu_path = path.into();
+        }
+        if let Some(path) = set("SANDBOX_QEMU_IMG") {
+            config.qemu_img_path = path.into();
+        }
+        if let Some(path) = set("SANDBOX_VHOST_VSOCK") {
+            config.vhost_path = path.into();
+        }
+        Ok(config)
+    }
+
+    /// `SANDBOX_HOME/templates`.
+    pub fn templates_root(&self) -> PathBuf {
+        self.sandbox_home.join("templates")
+    }
+
+    /// `SANDBOX_HOME/cache/accel.json`.
+    pub fn accel_cache_file(&self) -> PathBuf {
+        self.sandbox_home.join("cache").join("accel.json")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let map: HashMap<String, OsString> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), OsString::from(v)))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn home_falls_back_from_sandbox_home_to_xdg_to_home() {
+        let c = LauncherConfig::from_vars(vars(&[("HOME", "/h")])).unwrap();
+        assert_eq!(c.sandbox_home, Path::new("/h/.local/share/sandbox"));
+        assert_eq!(c.run_root, Path::new("/h/.local/share/sandbox/run"));
+        let c =
+            LauncherConfig::from_vars(vars(&[("HOME", "/h"), ("XDG_DATA_HOME", "/x")])).unwrap();
+        assert_eq!(c.sandbox_home, Path::new("/x/sandbox"));
+        let c = LauncherConfig::from_vars(vars(&[("XDG_DATA_HOME", "/x"), ("SANDBOX_HOME", "/s")]))
+            .unwrap();
+        assert_eq!(c.sandbox_home, Path::new("/s"));
+        assert_eq!(c.templates_root(), Path::new("/s/templates"));
+        assert_eq!(c.accel_cache_file(), Path::new("/s/cache/accel.json"));
+        assert!(matches!(
+            LauncherConfig::from_vars(vars(&[])),
+            Err(ConfigError::NoHome)
+        ));
+    }
+
+    #[test]
+    fn overrides_apply_and_a_bad_accel_is_refused() {
+        let c = LauncherConfig::from_vars(vars(&[
+            ("SANDBOX_HOME", "/s"),
+            ("SANDBOX_ACCEL", "tcg"),
+            ("SANDBOX_RUN_DIR", "/r"),
+            ("SANDBOX_QEMU", "/q"),
+        ]))
+        .unwrap();
+        assert_eq!(c.accel, AccelMode::Tcg);
+        assert_eq!(c.run_root, Path::new("/r"));
+        assert_eq!(c.qemu_path, Path::new("/q"));
+        let err =
+            LauncherConfig::from_vars(vars(&[("SANDBOX_HOME", "/s"), ("SANDBOX_ACCEL", "x")]));
+        assert!(matches!(err, Err(ConfigError::Accel(_))));
+    }
+}

@@ -1,0 +1,362 @@
+//! Templates: what a VM boots.
+//!
+//! A template is a folder with a `template.json`, written by the image builder:
+//!
+//! ```json
+//! { "name": "default", "kernel": "vmlinux", "initramfs": "initramfs.cpio",
+//!   "disk": null, "cmdline": "console=ttyS0 quiet", "kernel_version": "6.1.0-…",
+//!   "agent_version": "0.1.0", "default_size": "small", "created_at": "…" }
+//! ```
+//!
+//! Paths are relative to the folder (absolute ones are taken as they are). The loader
+//! is deliberately tolerant, since the builder evolves on its own: unknown fields are
+//! ignored, everything but `kernel` is optional, and `default_size` may be a preset
+//! name, `VCPUSxMIB`, or `{ "vcpus": N, "memory_mib": M }`. Every file it names must
+//! exist. The launcher only reads a template; a disk is used through an overlay.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::size::{Size, SizeError};
+
+/// The description file in every template folder.
+pub const TEMPLATE_FILE: &str = "template.json";
+
+/// The template booted when none is named.
+pub const DEFAULT_TEMPLATE: &str = "default";
+
+/// Why a template could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// No `template.json` in the folder.
+    #[error("No template at {dir} ({TEMPLATE_FILE} missing); build one with the image builder")]
+    NotFound {
+        /// The template folder.
+        dir: PathBuf,
+    },
+    /// `template.json` could not be read.
+    #[error("Cannot read {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        error: std::io::Error,
+    },
+    /// `template.json` is not valid.
+    #[error("Invalid {path}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        error: serde_json::Error,
+    },
+    /// `default_size` is not a size.
+    #[error("Invalid default_size in {path}")]
+    Size {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        error: SizeError,
+    },
+    /// A file the template names is missing.
+    #[error("Template {template} names a {role} at {path}, which is not a file")]
+    MissingFile {
+        /// The template folder.
+        template: PathBuf,
+        /// `kernel`, `initramfs` or `disk`.
+        role: &'static str,
+        /// The missing path.
+        path: PathBuf,
+    },
+}
+
+/// A template by name (a folder under the templates root) or by path (a folder, or its
+/// `template.json`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateRef {
+    /// `TEMPLATES_ROOT/<name>`.
+    Name(String),
+    /// A template folder or its `template.json`.
+    Path(PathBuf),
+}
+
+impl TemplateRef {
+    /// A plain word is a name; anything with a `/`, or `.`/`..`, is a path.
+    pub fn parse(s: &str) -> Self {
+        if s.contains('/') || s == "." || s == ".." {
+            Self::Path(PathBuf::from(s))
+        } else {
+            Self::Name(s.to_owned())
+        }
+    }
+
+    /// The template folder this refers to.
+    pub fn dir(&self, templates_root: &Path) -> PathBuf {
+        match self {
+            Self::Name(name) => templates_root.join(name),
+            Self::Path(path) if path.file_name() == Some(TEMPLATE_FILE.as_ref()) => path
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+            Self::Path(path) => path.clone(),
+        }
+    }
+}
+
+impl Default for TemplateRef {
+    fn default() -> Self {
+        Self::Name(DEFAULT_TEMPLATE.to_owned())
+    }
+}
+
+impl fmt::Display for TemplateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Name(name) => f.write_str(name),
+            Self::Path(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+impl From<&str> for TemplateRef {
+    fn from(s: &str) -> Self {
+        Self::parse(s)
+    }
+}
+
+impl From<PathBuf> for TemplateRef {
+    fn from(path: PathBuf) -> Self {
+        Self::Path(path)
+    }
+}
+
+/// A loaded template with absolute paths to files that exist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    /// The template folder (absolute).
+    pub dir: PathBuf,
+    /// Its name (the folder name when the file has none).
+    pub name: String,
+    /// The kernel: an uncompressed `vmlinux` (PVH entry) for the microvm machine.
+    pub kernel: PathBuf,
+    /// The initramfs, if any.
+    pub initramfs: Option<PathBuf>,
+    /// A raw root disk, if any; booted through a copy-on-write overlay.
+    pub disk: Option<PathBuf>,
+    /// The kernel command line the builder chose.
+    pub cmdline: String,
+    /// The kernel release, for reports.
+    pub kernel_version: Option<String>,
+    /// The agent's version inside, for reports.
+    pub agent_version: Option<String>,
+    /// The size to boot when the caller names none.
+    pub default_size: Option<Size>,
+}
+
+/// `template.json` as written; see the module docs for the tolerance rules.
+#[derive(Debug, Deserialize)]
+struct TemplateFile {
+    #[serde(default)]
+    name: Option<String>,
+    kernel: PathBuf,
+    #[serde(default)]
+    initramfs: Option<PathBuf>,
+    #[serde(default)]
+    disk: Option<PathBuf>,
+    #[serde(default)]
+    cmdline: Option<String>,
+    #[serde(default)]
+    kernel_version: Option<String>,
+    #[serde(default)]
+    agent_version: Option<String>,
+    #[serde(default)]
+    default_size: Option<SizeField>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum SizeField {
+    Text(String),
+    Shape(Size),
+}
+
+impl Template {
+    /// Loads the template in `dir`.
+    pub fn load(dir: &Path) -> Result<Self, TemplateError> {
+        let file = dir.join(TEMPLATE_FILE);
+        let text = match std::fs::read(&file) {
+            Ok(text) => text,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(TemplateError::NotFound {
+                    dir: dir.to_owned(),
+                })
+            }
+            Err(error) => return Err(TemplateError::Read { path: file, error }),
+        };
+        let raw: TemplateFile =
+            serde_json::from_slice(&text).map_err(|error| TemplateError::Parse {
+                path: file.clone(),
+                error,
+            })?;
+        let dir = dir.canonicalize().map_err(|error| TemplateError::Read {
+            path: dir.to_owned(),
+            error,
+        })?;
+        let default_size = match raw.default_size {
+            None => None,
+            Some(SizeField::Text(text)) => Some(text.parse()),
+            Some(SizeField::Shape(size)) => Some(size.validate().map(|()| size)),
+        }
+        .transpose()
+        .map_err(|error| TemplateError::Size {
+            path: file.clone(),
+            error,
+        })?;
+        let existing = |role: &'static str, rel: &Path| {
+            let path = dir.join(rel);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(TemplateError::MissingFile {
+                    template: dir.clone(),
+                    role,
+                    path,
+                })
+            }
+        };
+        let kernel = existing("kernel", &raw.kernel)?;
+        let initramfs = raw
+            .initramfs
+            .as_deref()
+            .map(|p| existing("initramfs", p))
+            .transpose()?;
+        let disk = raw
+            .disk
+            .as_deref()
+            .map(|p| existing("disk", p))
+            .transpose()?;
+        let name = raw.name.unwrap_or_else(|| {
+            dir.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+        Ok(Self {
+            name,
+            kernel,
+            initramfs,
+            disk,
+            cmdline: raw.cmdline.unwrap_or_default(),
+            kernel_version: raw.kernel_version,
+            agent_version: raw.agent_version,
+            default_size,
+            dir,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    fn folder(json: &str, files: &[&str]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "sbx-template-{}-{}",
+            std::process::id(),
+            super::super::run_dir::VmId::generate()
+        ));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(TEMPLATE_FILE), json).unwrap();
+        for f in files {
+            fs::write(dir.join(f), b"x").unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn loads_the_builder_format_with_paths_made_absolute() {
+        let dir = folder(
+            r#"{"name":"default","kernel":"vmlinux","initramfs":"initramfs.cpio",
+                "disk":null,"cmdline":"console=ttyS0 quiet","kernel_version":"6.1.0-56-cloud-amd64",
+                "agent_version":"0.1.0","default_size":"medium","created_at":"2025-01-01T00:00:00Z",
+                "some_future_field":{"x":1}}"#,
+            &["vmlinux", "initramfs.cpio"],
+        );
+        let t = Template::load(&dir).unwrap();
+        let dir = dir.canonicalize().unwrap();
+        assert_eq!(t.name, "default");
+        assert_eq!(t.kernel, dir.join("vmlinux"));
+        assert_eq!(t.initramfs, Some(dir.join("initramfs.cpio")));
+        assert_eq!(t.disk, None);
+        assert_eq!(t.cmdline, "console=ttyS0 quiet");
+        assert_eq!(t.default_size, Some(Size::MEDIUM));
+        assert_eq!(t.agent_version.as_deref(), Some("0.1.0"));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn default_size_may_be_a_shape_and_name_defaults_to_the_folder() {
+        let dir = folder(
+            r#"{"kernel":"k","disk":"rootfs.ext4","default_size":{"vcpus":2,"memory_mib":768},"created_at":12}"#,
+            &["k", "rootfs.ext4"],
+        );
+        let t = Template::load(&dir).unwrap();
+        assert_eq!(t.default_size, Some(Size::new(2, 768).unwrap()));
+        assert!(t.disk.is_some());
+        assert_eq!(
+            t.name,
+            dir.file_name().unwrap().to_string_lossy().into_owned()
+        );
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_file_is_named_in_the_error() {
+        let dir = folder(
+            r#"{"kernel":"vmlinux","initramfs":"gone.cpio"}"#,
+            &["vmlinux"],
+        );
+        let err = Template::load(&dir).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                TemplateError::MissingFile {
+                    role: "initramfs",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_absent_folder_or_bad_size_is_reported() {
+        let err = Template::load(Path::new("/nonexistent/sbx-template")).unwrap_err();
+        assert!(matches!(err, TemplateError::NotFound { .. }));
+        let dir = folder(r#"{"kernel":"k","default_size":"huge"}"#, &["k"]);
+        assert!(matches!(
+            Template::load(&dir).unwrap_err(),
+            TemplateError::Size { .. }
+        ));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn refs_tell_names_from_paths() {
+        let root = Path::new("/t");
+        assert_eq!(
+            TemplateRef::parse("default").dir(root),
+            root.join("default")
+        );
+        assert_eq!(TemplateRef::parse("./x").dir(root), PathBuf::from("./x"));
+        assert_eq!(
+            TemplateRef::parse("/a/b/template.json").dir(root),
+            PathBuf::from("/a/b")
+        );
+    }
+}

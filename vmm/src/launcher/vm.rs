@@ -1,0 +1,257 @@
+//! A running VM: where to reach its agent, and how it stops.
+//!
+//! Lifecycle: `Ready` (returned by `Launcher::boot`) → stopped by
+//! [`Vm::shutdown_with`] / [`Vm::shutdown`], by dropping the handle (immediate
+//! `SIGKILL`), or handed off by [`Vm::detach`]. Every way out reaps QEMU and the
+//! vsock daemon and removes the run folder, except `detach`, which leaves all three to
+//! a later `Launcher::stop`.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use sandbox_protocol::Ready;
+use tokio::time::Instant;
+
+use super::accel::AccelDecision;
+use super::process::ChildProcess;
+use super::run_dir::{RunDir, VmId, VmRecord};
+use super::size::Size;
+use super::vsock_daemon::VsockDaemon;
+use super::{LaunchError, AGENT_PORT, CONSOLE_LOG, VSOCK_SOCKET};
+
+/// How long QEMU gets to exit on `SIGTERM` once the grace period is over.
+const QEMU_TERM_GRACE: Duration = Duration::from_secs(1);
+
+/// How a VM's QEMU ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopOutcome {
+    /// QEMU exited on its own (the guest powered off) within the grace period.
+    Exited(ExitStatus),
+    /// QEMU exited when sent `SIGTERM`.
+    Terminated,
+    /// QEMU had to be killed.
+    Killed,
+    /// QEMU was not running (stopping a VM from another process).
+    NotRunning,
+}
+
+/// A booted VM whose agent said it is ready. Dropping it kills the VM.
+#[derive(Debug)]
+pub struct Vm {
+    pub(crate) record: VmRecord,
+    pub(crate) ready: Ready,
+    pub(crate) boot_duration: Duration,
+    pub(crate) accel: AccelDecision,
+    // Dropped in this order: QEMU, then its daemon, then the folder they used.
+    pub(crate) qemu: Option<ChildProcess>,
+    pub(crate) daemon: Option<VsockDaemon>,
+    pub(crate) run_dir: Option<RunDir>,
+    pub(crate) run_path: PathBuf,
+}
+
+impl Vm {
+    /// The VM's id.
+    pub fn id(&self) -> &VmId {
+        &self.record.id
+    }
+
+    /// The agent's address for the client: `hvsock://RUN/vm.vsock:1024`.
+    pub fn agent_url(&self) -> String {
+        self.record.agent_url.clone()
+    }
+
+    /// The hybrid vsock Unix socket (connect, then `CONNECT <port>\n`).
+    pub fn agent_socket(&self) -> PathBuf {
+        self.run_path.join(VSOCK_SOCKET)
+    }
+
+    /// The vsock port the agent listens on.
+    pub fn agent_port(&self) -> u32 {
+        AGENT_PORT
+    }
+
+    /// What the agent said when it became ready.
+    pub fn ready(&self) -> &Ready {
+        &self.ready
+    }
+
+    /// From QEMU's start to the `Ready` frame.
+    pub fn boot_duration(&self) -> Duration {
+        self.boot_duration
+    }
+
+    /// The accelerator and why it was chosen.
+    pub fn accel(&self) -> &AccelDecision {
+        &self.accel
+    }
+
+    /// vCPUs and memory.
+    pub fn size(&self) -> Size {
+        self.record.size
+    }
+
+    /// The serial console log (removed with the VM).
+    pub fn console_log_path(&self) -> PathBuf {
+        self.run_path.join(CONSOLE_LOG)
+    }
+
+    /// The run folder.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_path
+    }
+
+    /// What `vm.json` says.
+    pub fn record(&self) -> &VmRecord {
+        &self.record
+    }
+
+    /// QEMU's pid.
+    pub fn qemu_pid(&self) -> Option<u32> {
+        self.record.qemu_pid
+    }
+
+    /// Waits until QEMU exits on its own (the guest powered off or crashed); the VM is
+    /// then dead but its daemon and folder remain until the handle is dropped or shut
+    /// down. Cancel-safe.
+    pub async fn wait_exit(&mut self) -> Result<ExitStatus, LaunchError> {
+        let qemu = self.qemu.as_mut().ok_or_else(gone)?;
+        qemu.wait().await.map_err(|error| LaunchError::Wait {
+            what: "QEMU",
+            error,
+        })
+    }
+
+    /// Stops the VM without asking the guest: `SIGTERM` to QEMU, up to `grace` for
+    /// it to exit, then `SIGKILL`; then the daemon and the run folder.
+    pub async fn shutdown(mut self, grace: Duration) -> Result<StopOutcome, LaunchError> {
+        let qemu = self.qemu.as_mut().ok_or_else(gone)?;
+        let outcome = match qemu.try_wait() {
+            Ok(Some(status)) => Ok(StopOutcome::Exited(status)),
+            _ => match signal_then_wait(qemu, Signal::SIGTERM, grace).await {
+                Ok(Some(_)) => Ok(StopOutcome::Terminated),
+                Ok(None) => kill(qemu).await,
+                Err(error) => Err(error),
+            },
+        };
+        self.finish().await;
+        outcome
+    }
+
+    /// Stops the VM gracefully: runs `hook` (typically the client asking the agent to
+    /// shut down), waits for QEMU to exit until `grace` has passed since the call,
+    /// then sends `SIGTERM`, then `SIGKILL`; then stops the daemon and removes the run
+    /// folder. `hook` is abandoned if it outlasts `grace`.
+    pub async fn shutdown_with<F>(
+        mut self,
+        grace: Duration,
+        hook: F,
+    ) -> Result<StopOutcome, LaunchError>
+    where
+        F: Future<Output = ()>,
+    {
+        let deadline = Instant::now() + grace;
+        if tokio::time::timeout_at(deadline, hook).await.is_err() {
+            tracing::warn!(id = %self.id(), "shutdown hook outlasted the grace period");
+        }
+        let qemu = self.qemu.as_mut().ok_or_else(gone)?;
+        let outcome = match tokio::time::timeout_at(deadline, qemu.wait()).await {
+            Ok(Ok(status)) => Ok(StopOutcome::Exited(status)),
+            Ok(Err(error)) => Err(LaunchError::Wait {
+                what: "QEMU",
+                error,
+            }),
+            Err(_) => match signal_then_wait(qemu, Signal::SIGTERM, QEMU_TERM_GRACE).await {
+                Ok(Some(_)) => Ok(StopOutcome::Terminated),
+                Ok(None) => kill(qemu).await,
+                Err(error) => Err(error),
+            },
+        };
+        self.finish().await;
+        outcome
+    }
+
+    /// Leaves a VM booted with `BootSpec::detached` running past this handle (and this
+    /// process) and returns its record; stop it later with `Launcher::stop`. A VM booted
+    /// attached is handed back unchanged: its processes die with this process anyway.
+    pub fn detach(mut self) -> Result<VmRecord, Box<Self>> {
+        if !self.record.detached {
+            return Err(Box::new(self));
+        }
+        if let Some(qemu) = self.qemu.take() {
+            qemu.release();
+        }
+        if let Some(daemon) = self.daemon.take() {
+            daemon.release();
+        }
+        if let Some(dir) = self.run_dir.take() {
+            dir.keep();
+        }
+        Ok(self.record.clone())
+    }
+
+    /// Reaps QEMU (already stopped), stops the daemon, removes the run folder.
+    async fn finish(&mut self) {
+        if let Some(mut qemu) = self.qemu.take() {
+            qemu.kill_and_reap();
+        }
+        if let Some(daemon) = self.daemon.take() {
+            daemon.stop().await;
+        }
+        drop(self.run_dir.take());
+        tracing::info!(id = %self.record.id, "vm stopped");
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        // Synchronous and best effort: SIGKILL and reap each, then remove the folder.
+        if let Some(mut qemu) = self.qemu.take() {
+            qemu.kill_and_reap();
+        }
+        drop(self.daemon.take());
+        drop(self.run_dir.take());
+    }
+}
+
+fn gone() -> LaunchError {
+    LaunchError::Wait {
+        what: "QEMU",
+        error: std::io::Error::other("the VM was already stopped"),
+    }
+}
+
+/// Sends `signal` and waits up to `grace`; `None` if QEMU is still running.
+async fn signal_then_wait(
+    qemu: &mut ChildProcess,
+    signal: Signal,
+    grace: Duration,
+) -> Result<Option<ExitStatus>, LaunchError> {
+    qemu.signal(signal).map_err(|error| LaunchError::Wait {
+        what: "QEMU",
+        error,
+    })?;
+    match tokio::time::timeout(grace, qemu.wait()).await {
+        Ok(Ok(status)) => Ok(Some(status)),
+        Ok(Err(error)) => Err(LaunchError::Wait {
+            what: "QEMU",
+            error,
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+async fn kill(qemu: &mut ChildProcess) -> Result<StopOutcome, LaunchError> {
+    qemu.signal(Signal::SIGKILL)
+        .map_err(|error| LaunchError::Wait {
+            what: "QEMU",
+            error,
+        })?;
+    qemu.wait().await.map_err(|error| LaunchError::Wait {
+        what: "QEMU",
+        error,
+    })?;
+    Ok(StopOutcome::Killed)
+}
