@@ -336,3 +336,76 @@ fn agent_and_token_come_from_the_environment() {
     assert!(stderr(&output).contains("token"), "{}", stderr(&output));
     assert!(binaries().sandboxctl.is_file());
 }
+
+#[test]
+fn file_commands_move_files_both_ways_and_report_errors() {
+    let agent = TestAgent::start();
+    let dir = agent.dir().join("files");
+    std::fs::create_dir(&dir).unwrap();
+    let remote = dir.join("copy.bin");
+    let local = agent.dir().join("local.bin");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&local, &data).unwrap();
+
+    agent
+        .sandboxctl()
+        .arg_path("put", &local)
+        .arg_path("--mode", std::path::Path::new("600"))
+        .args([remote.to_str().unwrap()])
+        .assert_code(0);
+    let back = agent.dir().join("back.bin");
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), back.to_str().unwrap()])
+        .assert_code(0);
+    assert_eq!(std::fs::read(&back).unwrap(), data);
+
+    agent
+        .sandboxctl()
+        .args(["write", dir.join("note").to_str().unwrap()])
+        .stdin("hello\n")
+        .assert_code(0);
+    let cat = agent
+        .sandboxctl()
+        .args(["cat", dir.join("note").to_str().unwrap()])
+        .stdout_ok();
+    assert_eq!(cat, "hello\n");
+    let ls = agent
+        .sandboxctl()
+        .args(["ls", "--json", dir.to_str().unwrap()])
+        .stdout_ok();
+    let entries: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    assert_eq!(entries[0]["name"], "copy.bin");
+    assert_eq!(entries[0]["size"], 300_000);
+    let stat = agent
+        .sandboxctl()
+        .args(["stat", "--json", remote.to_str().unwrap()])
+        .stdout_ok();
+    let stat: serde_json::Value = serde_json::from_str(&stat).unwrap();
+    assert_eq!(stat["mode"], "0600");
+
+    agent
+        .sandboxctl()
+        .args(["mkdir", "-p", dir.join("a/b").to_str().unwrap()])
+        .assert_code(0);
+    agent
+        .sandboxctl()
+        .args(["rm", "-r", dir.join("a").to_str().unwrap()])
+        .assert_code(0);
+    let output = agent
+        .sandboxctl()
+        .args(["cat", dir.to_str().unwrap()])
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("is a directory"),
+        "{}",
+        stderr(&output)
+    );
+    // resume touches the whole machine: only an agent that is init does it.
+    let output = agent.sandboxctl().args(["resume"]).assert_code(1);
+    assert!(
+        stderr(&output).contains("permission_denied"),
+        "{}",
+        stderr(&output)
+    );
+}

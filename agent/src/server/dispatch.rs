@@ -90,6 +90,11 @@ pub async fn handle(
             .await
             .map(transferred)
             .map_err(file),
+        Request::Resumed(_) if !agent.is_init => Err(WireError::new(
+            sandbox_protocol::ErrorKind::PermissionDenied,
+            "resumed sets the clock, the random pool and /etc/machine-id of the whole machine, \
+             so only an agent running as the guest's init does it",
+        )),
         Request::Resumed(request) => {
             let resumed = tokio::task::spawn_blocking(move || system::resume(&request)).await;
             match resumed {

@@ -54,6 +54,132 @@ pub enum Command {
     Attach(AttachArgs),
     /// Describe the agent.
     Info(InfoArgs),
+    /// Copy a local file into the guest (any size; atomic on completion).
+    Put(PutArgs),
+    /// Copy a guest file to a local path ("-" writes to stdout).
+    Get(GetArgs),
+    /// Print a guest file (a regular file of at most 1 MiB).
+    Cat(PathArgs),
+    /// Replace a guest file atomically with our stdin.
+    Write(WriteArgs),
+    /// List a guest directory.
+    Ls(LsArgs),
+    /// Describe a guest path (a final symlink is not followed).
+    Stat(StatArgs),
+    /// Remove a guest path.
+    Rm(RmArgs),
+    /// Create a guest directory.
+    Mkdir(MkdirArgs),
+    /// Tell the guest it was restored: set its clock to ours, reseed its random
+    /// generator, and with --new-identity give it a new machine id.
+    Resume(ResumeArgs),
+    /// Stop every process in the guest and power it off (or reboot it).
+    Shutdown(ShutdownArgs),
+}
+
+/// `put LOCAL REMOTE`
+#[derive(Debug, Args)]
+pub struct PutArgs {
+    /// Local file ("-" reads our stdin).
+    pub local: PathBuf,
+    /// Absolute guest path; its directory must exist.
+    pub remote: PathBuf,
+    /// Permission bits in octal (default: the local file's, or 644 for stdin).
+    #[arg(long, value_parser = parse_mode)]
+    pub mode: Option<u32>,
+}
+
+/// `get REMOTE LOCAL`
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// Absolute guest path.
+    pub remote: PathBuf,
+    /// Local file ("-" writes to stdout).
+    pub local: PathBuf,
+}
+
+/// A guest path.
+#[derive(Debug, Args)]
+pub struct PathArgs {
+    /// Absolute guest path.
+    pub path: PathBuf,
+}
+
+/// `write REMOTE`
+#[derive(Debug, Args)]
+pub struct WriteArgs {
+    /// Absolute guest path; its directory must exist.
+    pub path: PathBuf,
+    /// Permission bits in octal (default: keep the old file's, or 644).
+    #[arg(long, value_parser = parse_mode)]
+    pub mode: Option<u32>,
+}
+
+/// `ls PATH`
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Absolute guest directory.
+    #[arg(default_value = "/")]
+    pub path: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `stat PATH`
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// Absolute guest path.
+    pub path: PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `rm [-r] PATH`
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// Absolute guest path.
+    pub path: PathBuf,
+    /// Remove a directory and everything in it.
+    #[arg(short, long)]
+    pub recursive: bool,
+}
+
+/// `mkdir [-p] PATH`
+#[derive(Debug, Args)]
+pub struct MkdirArgs {
+    /// Absolute guest path.
+    pub path: PathBuf,
+    /// Create missing parents; an existing directory is fine.
+    #[arg(short, long)]
+    pub parents: bool,
+    /// Permission bits in octal (default 755).
+    #[arg(long, value_parser = parse_mode)]
+    pub mode: Option<u32>,
+}
+
+/// `resume`
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// This guest is a new machine (a fork): write a new /etc/machine-id.
+    #[arg(long)]
+    pub new_identity: bool,
+}
+
+/// `shutdown`
+#[derive(Debug, Args)]
+pub struct ShutdownArgs {
+    /// Reboot instead of powering off.
+    #[arg(long)]
+    pub reboot: bool,
+}
+
+fn parse_mode(arg: &str) -> Result<u32, String> {
+    u32::from_str_radix(arg.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|mode| *mode <= 0o7777)
+        .ok_or_else(|| format!("{arg:?} is not an octal mode like 644"))
 }
 
 /// How a process starts (shared by exec, sh, spawn and shell).

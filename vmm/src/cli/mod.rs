@@ -5,6 +5,8 @@
 //! - this module: [`run`] (runtime, connection, dispatch) and what commands share
 //!   (building a `ProcessSpec`, writing output chunks).
 //! - `exec`: `exec`, `sh`, `spawn`. `procs`: `ps`, `kill`. `logs`: `logs`.
+//!   `files`: `put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`, and the
+//!   guest-wide `resume` and `shutdown`.
 //!   `shell`: `shell`, `attach`. `terminal`: raw mode, window size, stdin pump.
 //!   `info`: `info`. `json`: the JSON views of protocol types.
 //!
@@ -14,6 +16,7 @@
 
 pub mod args;
 mod exec;
+mod files;
 mod info;
 mod json;
 mod logs;
@@ -73,6 +76,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Attach(args) => shell::attach(&client, args.pid).await,
         Command::Info(args) => info::info(&client, args.json).await,
+        Command::Put(args) => files::put(&client, &args).await,
+        Command::Get(args) => files::get(&client, &args).await,
+        Command::Cat(args) => files::cat(&client, &args.path).await,
+        Command::Write(args) => files::write(&client, &args).await,
+        Command::Ls(args) => files::ls(&client, &args).await,
+        Command::Stat(args) => files::stat(&client, &args).await,
+        Command::Rm(args) => files::rm(&client, &args).await,
+        Command::Mkdir(args) => files::mkdir(&client, &args).await,
+        Command::Resume(args) => files::resume(&client, args.new_identity).await,
+        Command::Shutdown(args) => files::shutdown(&client, args.reboot).await,
     }
 }
 

@@ -1,0 +1,239 @@
+//! File commands (`put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`) and the
+//! guest-wide `resume` and `shutdown`.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use serde::Serialize;
+
+use super::args::{GetArgs, LsArgs, MkdirArgs, PutArgs, RmArgs, StatArgs, WriteArgs};
+use super::json::print_line;
+use crate::client::Client;
+
+/// Bytes of fresh entropy `resume` hands the guest.
+const RESUME_ENTROPY_BYTES: usize = 64;
+
+fn is_stdio(path: &Path) -> bool {
+    path.as_os_str() == "-"
+}
+
+fn rate(bytes: u64, started: Instant) -> String {
+    let secs = started.elapsed().as_secs_f64();
+    format!(
+        "{bytes} bytes in {secs:.2}s ({:.0} MiB/s)",
+        bytes as f64 / 1048576.0 / secs.max(1e-9)
+    )
+}
+
+pub(super) async fn put(client: &Client, args: &PutArgs) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let (bytes, mode) = if is_stdio(&args.local) {
+        client
+            .put(&args.remote, args.mode, tokio::io::stdin())
+            .await
+    } else {
+        let file = tokio::fs::File::open(&args.local)
+            .await
+            .with_context(|| format!("Cannot open {}", args.local.display()))?;
+        let local_mode = file
+            .metadata()
+            .await
+            .ok()
+            .map(|m| m.permissions().mode() & 0o7777);
+        client
+            .put(&args.remote, args.mode.or(local_mode), file)
+            .await
+    }
+    .with_context(|| format!("put {} failed", args.remote.display()))?;
+    eprintln!("{} (mode {mode:o})", rate(bytes, started));
+    Ok(0)
+}
+
+pub(super) async fn get(client: &Client, args: &GetArgs) -> anyhow::Result<u8> {
+    let started = Instant::now();
+    let what = || format!("get {} failed", args.remote.display());
+    let (bytes, _) = if is_stdio(&args.local) {
+        client
+            .get(&args.remote, tokio::io::stdout())
+            .await
+            .with_context(what)?
+    } else {
+        // Write beside the target and rename, so a failed get leaves no half file.
+        let name = args
+            .local
+            .file_name()
+            .context("the local path has no file name")?;
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(".part");
+        let temp = args.local.with_file_name(temp_name);
+        let file = tokio::fs::File::create(&temp)
+            .await
+            .with_context(|| format!("Cannot create {}", temp.display()))?;
+        let result = client.get(&args.remote, file).await;
+        let (bytes, mode) = match result {
+            Ok(done) => done,
+            Err(error) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(error).with_context(what);
+            }
+        };
+        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("Cannot set the mode of {}", temp.display()))?;
+        std::fs::rename(&temp, &args.local)
+            .with_context(|| format!("Cannot rename into {}", args.local.display()))?;
+        (bytes, mode)
+    };
+    eprintln!("{}", rate(bytes, started));
+    Ok(0)
+}
+
+pub(super) async fn cat(client: &Client, path: &Path) -> anyhow::Result<u8> {
+    let data = client
+        .read_file(path)
+        .await
+        .with_context(|| format!("cat {} failed", path.display()))?;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(&data)
+        .and_then(|()| stdout.flush())
+        .context("Cannot write to stdout")?;
+    Ok(0)
+}
+
+pub(super) async fn write(client: &Client, args: &WriteArgs) -> anyhow::Result<u8> {
+    client
+        .put(&args.path, args.mode, tokio::io::stdin())
+        .await
+        .with_context(|| format!("write {} failed", args.path.display()))?;
+    Ok(0)
+}
+
+#[derive(Serialize)]
+struct EntryView {
+    name: String,
+    kind: &'static str,
+    size: u64,
+}
+
+pub(super) async fn ls(client: &Client, args: &LsArgs) -> anyhow::Result<u8> {
+    let entries = client
+        .list_dir(&args.path)
+        .await
+        .with_context(|| format!("ls {} failed", args.path.display()))?;
+    if args.json {
+        let views: Vec<_> = entries
+            .iter()
+            .map(|e| EntryView {
+                name: String::from_utf8_lossy(&e.name).into_owned(),
+                kind: e.kind.as_str(),
+                size: e.size,
+            })
+            .collect();
+        print_line(&views)?;
+        return Ok(0);
+    }
+    let mut stdout = std::io::stdout().lock();
+    for entry in entries {
+        write!(stdout, "{:<8}{:>12}  ", entry.kind.as_str(), entry.size)?;
+        // Names go out as raw bytes: a name that is not UTF-8 stays what it is.
+        stdout.write_all(&entry.name)?;
+        stdout.write_all(b"\n")?;
+    }
+    Ok(0)
+}
+
+#[derive(Serialize)]
+struct StatView {
+    kind: &'static str,
+    size: u64,
+    mode: String,
+    uid: u32,
+    gid: u32,
+    modified_ms: i64,
+    symlink_target: Option<String>,
+}
+
+pub(super) async fn stat(client: &Client, args: &StatArgs) -> anyhow::Result<u8> {
+    let stat = client
+        .stat(&args.path)
+        .await
+        .with_context(|| format!("stat {} failed", args.path.display()))?;
+    let view = StatView {
+        kind: stat.kind.as_str(),
+        size: stat.size,
+        mode: format!("{:04o}", stat.mode),
+        uid: stat.uid,
+        gid: stat.gid,
+        modified_ms: stat.modified_ms,
+        symlink_target: stat
+            .symlink_target
+            .as_deref()
+            .map(|t| String::from_utf8_lossy(t).into_owned()),
+    };
+    if args.json {
+        print_line(&view)?;
+    } else {
+        println!("kind      {}", view.kind);
+        println!("size      {}", view.size);
+        println!("mode      {}", view.mode);
+        println!("owner     {}:{}", view.uid, view.gid);
+        println!("modified  {} ms since the epoch", view.modified_ms);
+        if let Some(target) = &view.symlink_target {
+            println!("target    {target}");
+        }
+    }
+    Ok(0)
+}
+
+pub(super) async fn rm(client: &Client, args: &RmArgs) -> anyhow::Result<u8> {
+    client
+        .remove(&args.path, args.recursive)
+        .await
+        .with_context(|| format!("rm {} failed", args.path.display()))?;
+    Ok(0)
+}
+
+pub(super) async fn mkdir(client: &Client, args: &MkdirArgs) -> anyhow::Result<u8> {
+    client
+        .mkdir(&args.path, args.parents, args.mode)
+        .await
+        .with_context(|| format!("mkdir {} failed", args.path.display()))?;
+    Ok(0)
+}
+
+pub(super) async fn resume(client: &Client, new_identity: bool) -> anyhow::Result<u8> {
+    let mut entropy = vec![0u8; RESUME_ENTROPY_BYTES];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut entropy))
+        .context("Cannot read entropy from /dev/urandom")?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .context("the clock is before 1970")?;
+    let wall_clock_ns = u64::try_from(now.as_nanos()).context("the clock is past 2554")?;
+    let info = client
+        .resumed(wall_clock_ns, entropy, new_identity)
+        .await
+        .context("resume failed")?;
+    println!("generation {}", info.generation);
+    Ok(0)
+}
+
+pub(super) async fn shutdown(client: &Client, reboot: bool) -> anyhow::Result<u8> {
+    client.shutdown(reboot).await.context("shutdown failed")?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stdio_is_a_dash() {
+        assert!(is_stdio(Path::new("-")));
+        assert!(!is_stdio(Path::new("./-x")));
+    }
+}
