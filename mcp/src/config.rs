@@ -1,0 +1,263 @@
+//! Configuration in two stages: the command line ([`Args`], parsed by clap with
+//! environment fallbacks) and the validated [`Config`] the server runs on.
+//!
+//! | flag | variable | default |
+//! | --- | --- | --- |
+//! | `--template NAME` | `SANDBOX_TEMPLATE` | `default` |
+//! | `--pool N` | `SANDBOX_POOL` | `1` |
+//! | `--max-sandboxes N` | `SANDBOX_MAX` | `4` |
+//! | `--agent URL` | `SANDBOX_AGENT` | none (launch microVMs) |
+//! | `--token TOKEN` | `SANDBOX_TOKEN` | none |
+//! | `--sandbox-home DIR` | `SANDBOX_HOME` | `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` |
+//! | `--boot-timeout SECS` | `SANDBOX_BOOT_TIMEOUT` | `60` |
+//!
+//! The launcher's own variables (`SANDBOX_RUN_DIR`, `SANDBOX_ACCEL`, `SANDBOX_QEMU`,
+//! `SANDBOX_QEMU_IMG`, `SANDBOX_VHOST_VSOCK`) are read through the environment lookup
+//! handed to [`Config::from_args`], never from deep inside the crate.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use sandbox_vmm::client::{AgentUrl, UrlError};
+use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
+
+/// Most live sandboxes a server may be configured for.
+pub const MAX_SANDBOXES_LIMIT: usize = 256;
+
+/// Default bound on one VM boot, from QEMU's start to the agent's `Ready`.
+pub const DEFAULT_BOOT_TIMEOUT_SECS: u64 = launcher::DEFAULT_READY_TIMEOUT_SECS;
+
+/// The id the attached agent gets in attach mode.
+pub const ATTACHED_ID: &str = "attached";
+
+/// MCP server over stdio that exposes microVM sandboxes as tools.
+#[derive(Debug, Parser)]
+#[command(name = "sandbox-mcp", version, about)]
+pub struct Args {
+    /// Template booted when `create_sandbox` names none (a name under
+    /// SANDBOX_HOME/templates, or a path).
+    #[arg(
+        long,
+        env = "SANDBOX_TEMPLATE",
+        default_value = "default",
+        value_name = "NAME"
+    )]
+    pub template: String,
+    /// Booted VMs of the default template and size kept ready, so claims take
+    /// milliseconds (0 disables the pool).
+    #[arg(long, env = "SANDBOX_POOL", default_value_t = 1, value_name = "N")]
+    pub pool: usize,
+    /// Most VMs this server runs at once, warm ones included.
+    #[arg(
+        long = "max-sandboxes",
+        env = "SANDBOX_MAX",
+        default_value_t = 4,
+        value_name = "N"
+    )]
+    pub max_sandboxes: usize,
+    /// Attach mode: expose this already-running agent as the one sandbox "attached"
+    /// instead of booting VMs (unix://PATH, vsock://CID:PORT or hvsock://PATH:PORT).
+    #[arg(long, env = "SANDBOX_AGENT", value_name = "URL")]
+    pub agent: Option<String>,
+    /// Shared secret the attached agent requires.
+    #[arg(
+        long,
+        env = "SANDBOX_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Root of templates and run folders.
+    #[arg(long = "sandbox-home", env = "SANDBOX_HOME", value_name = "DIR")]
+    pub sandbox_home: Option<PathBuf>,
+    /// Seconds one VM boot may take before it fails.
+    #[arg(
+        long = "boot-timeout",
+        env = "SANDBOX_BOOT_TIMEOUT",
+        default_value_t = DEFAULT_BOOT_TIMEOUT_SECS,
+        value_name = "SECS"
+    )]
+    pub boot_timeout_secs: u64,
+}
+
+/// What the server runs on, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where sandboxes come from.
+    pub mode: Mode,
+}
+
+/// Where sandboxes come from.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// One already-running agent, exposed as the pre-claimed sandbox [`ATTACHED_ID`].
+    Attach(AttachConfig),
+    /// MicroVMs booted by this server.
+    Launch(LaunchConfig),
+}
+
+/// Attach mode.
+#[derive(Debug, Clone)]
+pub struct AttachConfig {
+    /// The agent.
+    pub url: AgentUrl,
+    /// Its shared secret.
+    pub token: Option<String>,
+}
+
+/// Launch mode.
+#[derive(Debug, Clone)]
+pub struct LaunchConfig {
+    /// How VMs are booted.
+    pub launcher: LauncherConfig,
+    /// The template used when a claim names none.
+    pub template: TemplateRef,
+    /// Warm VMs to keep booted.
+    pub pool: usize,
+    /// Most VMs at once (claimed, warm and booting).
+    pub max_sandboxes: usize,
+    /// Bound on one boot.
+    pub boot_timeout: Duration,
+}
+
+/// The command line does not make a valid configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// `--agent` is not an agent URL.
+    #[error("Invalid --agent URL")]
+    AgentUrl(#[source] UrlError),
+    /// The launcher's environment is unusable.
+    #[error("Invalid launcher environment")]
+    Launcher(#[source] launcher::ConfigError),
+    /// `--sandbox-home` is relative.
+    #[error("--sandbox-home must be an absolute path, not {0:?}")]
+    RelativeHome(PathBuf),
+    /// `--max-sandboxes` is out of range.
+    #[error("--max-sandboxes must be between 1 and {MAX_SANDBOXES_LIMIT}, not {0}")]
+    MaxSandboxes(usize),
+    /// The pool is larger than the VM limit.
+    #[error("--pool ({pool}) cannot exceed --max-sandboxes ({max})")]
+    PoolOverMax {
+        /// `--pool`.
+        pool: usize,
+        /// `--max-sandboxes`.
+        max: usize,
+    },
+    /// `--boot-timeout 0`.
+    #[error("--boot-timeout must be at least 1 second")]
+    BootTimeout,
+    /// An empty `--template`.
+    #[error("--template must not be empty")]
+    EmptyTemplate,
+}
+
+impl Config {
+    /// Validates `args`; `env` looks up the launcher's environment variables (pass
+    /// `std::env::var_os` from `main`).
+    pub fn from_args(
+        args: Args,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Self, ConfigError> {
+        if let Some(url) = &args.agent {
+            let url = url.parse().map_err(ConfigError::AgentUrl)?;
+            return Ok(Self {
+                mode: Mode::Attach(AttachConfig {
+                    url,
+                    token: args.token.filter(|t| !t.is_empty()),
+                }),
+            });
+        }
+        if !(1..=MAX_SANDBOXES_LIMIT).contains(&args.max_sandboxes) {
+            return Err(ConfigError::MaxSandboxes(args.max_sandboxes));
+        }
+        if args.pool > args.max_sandboxes {
+            return Err(ConfigError::PoolOverMax {
+                pool: args.pool,
+                max: args.max_sandboxes,
+            });
+        }
+        if args.boot_timeout_secs == 0 {
+            return Err(ConfigError::BootTimeout);
+        }
+        if args.template.trim().is_empty() {
+            return Err(ConfigError::EmptyTemplate);
+        }
+        let home = args.sandbox_home.clone();
+        if let Some(home) = &home {
+            if !home.is_absolute() {
+                return Err(ConfigError::RelativeHome(home.clone()));
+            }
+        }
+        // The flag (or its SANDBOX_HOME fallback, which clap already applied) wins
+        // over whatever the launcher would derive from XDG_DATA_HOME or HOME.
+        let launcher = LauncherConfig::from_vars(|name| match (name, &home) {
+            ("SANDBOX_HOME", Some(home)) => Some(home.clone().into_os_string()),
+            _ => env(name),
+        })
+        .map_err(ConfigError::Launcher)?;
+        Ok(Self {
+            mode: Mode::Launch(LaunchConfig {
+                launcher,
+                template: TemplateRef::parse(args.template.trim()),
+                pool: args.pool,
+                max_sandboxes: args.max_sandboxes,
+                boot_timeout: Duration::from_secs(args.boot_timeout_secs),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(argv: &[&str]) -> Args {
+        let mut full = vec!["sandbox-mcp"];
+        full.extend_from_slice(argv);
+        Args::try_parse_from(full).unwrap()
+    }
+
+    fn env(name: &str) -> Option<OsString> {
+        (name == "HOME").then(|| "/home/u".into())
+    }
+
+    #[test]
+    fn defaults_launch_the_default_template_with_a_pool_of_one() {
+        let config = Config::from_args(parse(&["--sandbox-home", "/s"]), env).unwrap();
+        let Mode::Launch(launch) = config.mode else {
+            panic!("expected launch mode");
+        };
+        assert_eq!(launch.template, TemplateRef::Name("default".into()));
+        assert_eq!(launch.pool, 1);
+        assert_eq!(launch.max_sandboxes, 4);
+        assert_eq!(launch.launcher.sandbox_home, PathBuf::from("/s"));
+        assert_eq!(launch.launcher.run_root, PathBuf::from("/s/run"));
+    }
+
+    #[test]
+    fn an_agent_url_selects_attach_mode() {
+        let config = Config::from_args(
+            parse(&["--agent", "unix:///tmp/a.sock", "--token", "s3"]),
+            env,
+        )
+        .unwrap();
+        let Mode::Attach(attach) = config.mode else {
+            panic!("expected attach mode");
+        };
+        assert_eq!(attach.url, AgentUrl::Unix("/tmp/a.sock".into()));
+        assert_eq!(attach.token.as_deref(), Some("s3"));
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_flag_named() {
+        let bad = |argv: &[&str]| Config::from_args(parse(argv), env).unwrap_err().to_string();
+        assert!(bad(&["--agent", "tcp://x"]).contains("--agent"));
+        assert!(bad(&["--max-sandboxes", "0"]).contains("--max-sandboxes"));
+        assert!(bad(&["--pool", "5", "--max-sandboxes", "4"]).contains("--pool"));
+        assert!(bad(&["--sandbox-home", "rel"]).contains("absolute"));
+        assert!(bad(&["--boot-timeout", "0"]).contains("--boot-timeout"));
+        assert!(bad(&["--template", " "]).contains("--template"));
+    }
+}

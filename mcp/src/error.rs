@@ -1,0 +1,178 @@
+//! Ordinary tool failures: [`ToolError`] becomes an `isError` result whose text
+//! says what went wrong and what to do next. Protocol errors are reserved for
+//! requests the server cannot route at all.
+
+use rmcp::handler::server::tool::IntoCallToolResult;
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock};
+use sandbox_protocol::ErrorKind;
+use sandbox_vmm::client::ClientError;
+
+use crate::pool::ClaimError;
+use crate::registry::{Gone, Lookup};
+use crate::render::{error_chain, rfc3339};
+
+/// A tool call that failed in an ordinary way.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ToolError {
+    /// What happened and what to do next.
+    pub message: String,
+}
+
+impl ToolError {
+    /// A failure with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+
+    /// The `isError` result.
+    pub fn into_result(self) -> CallToolResult {
+        CallToolResult::error(vec![ContentBlock::text(self.message)])
+    }
+
+    /// An id the session does not hold.
+    pub fn lookup(id: &str, why: &Lookup, live: &[String]) -> Self {
+        let live = if live.is_empty() {
+            "none".to_owned()
+        } else {
+            live.join(", ")
+        };
+        let message = match why {
+            Lookup::Unknown => format!(
+                "Unknown sandbox_id {id:?}. Live sandboxes: {live}. Use one of those, or call \
+                 create_sandbox for a new one."
+            ),
+            Lookup::Gone(Gone::Released) => format!(
+                "Unknown sandbox_id {id:?}: it was released and its VM destroyed. Live \
+                 sandboxes: {live}. Call create_sandbox for a new one."
+            ),
+            Lookup::Gone(Gone::Expired(at)) => format!(
+                "Unknown sandbox_id {id:?}: its TTL ran out at {} and its VM was destroyed. \
+                 Live sandboxes: {live}. Call create_sandbox for a new one (pass a larger \
+                 ttl_seconds if you need longer).",
+                rfc3339(*at)
+            ),
+            Lookup::Closed => "The server is shutting down; no sandbox is available.".to_owned(),
+        };
+        Self::new(message)
+    }
+
+    /// A claim that failed.
+    pub fn claim(template: &str, error: &ClaimError) -> Self {
+        let text = error_chain(error);
+        let message = match error {
+            ClaimError::AtCapacity { .. } => format!(
+                "{text}. Release a sandbox you no longer need (release tool) and try again; \
+                 node_info lists the live claims."
+            ),
+            ClaimError::Closed => text,
+            _ => format!(
+                "Could not start a sandbox from template {template:?}: {text}. Check the \
+                 template name against node_info's templates; if this persists, the host \
+                 cannot boot VMs right now."
+            ),
+        };
+        Self::new(message)
+    }
+
+    /// A request the sandbox's agent failed; `op` names the tool for the hints.
+    pub fn agent(op: Op, sandbox_id: &str, error: &ClientError) -> Self {
+        let text = error_chain(error);
+        let hint = match error.wire_kind() {
+            Some(ErrorKind::NotFound) => match op {
+                Op::Process => {
+                    "Call ps to list tracked processes; exited ones are forgotten 5 minutes \
+                     after they exit."
+                }
+                Op::File => "Check the path with list_dir.",
+                Op::Command => "Check the command and cwd (cwd must exist).",
+                Op::Other => "",
+            },
+            Some(ErrorKind::TooLarge) => {
+                "read_file returns at most 1 MiB: read parts with exec (head -c, tail -c, \
+                 sed -n, grep)."
+            }
+            Some(ErrorKind::WrongType) => {
+                "read_file reads regular files: use list_dir for a directory, and exec for \
+                 devices or pipes."
+            }
+            Some(ErrorKind::PermissionDenied) => "The sandbox user may not do this.",
+            Some(ErrorKind::BadRequest) => "Check the arguments (paths must be absolute).",
+            Some(ErrorKind::Busy) => "The sandbox is at a limit; wait or stop processes with kill.",
+            Some(_) => "",
+            None => {
+                "The sandbox's agent is unreachable (the VM may have crashed or been \
+                 destroyed): release it and call create_sandbox for a new one."
+            }
+        };
+        let message = if hint.is_empty() {
+            format!("{} failed in sandbox {sandbox_id}: {text}", op.name())
+        } else {
+            format!(
+                "{} failed in sandbox {sandbox_id}: {text}. {hint}",
+                op.name()
+            )
+        };
+        Self::new(message)
+    }
+}
+
+/// What kind of request failed, for hints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// exec, spawn.
+    Command,
+    /// logs, kill.
+    Process,
+    /// read_file, write_file, list_dir.
+    File,
+    /// Anything else.
+    Other,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Command => "The command",
+            Self::Process => "The process request",
+            Self::File => "The file request",
+            Self::Other => "The request",
+        }
+    }
+}
+
+impl IntoCallToolResult for ToolError {
+    fn into_call_tool_result(self) -> Result<CallToolResponse, rmcp::ErrorData> {
+        Ok(self.into_result().into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_protocol::WireError;
+
+    #[test]
+    fn a_second_release_is_reported_as_unknown_with_what_to_do() {
+        let error = ToolError::lookup("sbx-1", &Lookup::Gone(Gone::Released), &[]);
+        assert!(error.message.starts_with("Unknown sandbox_id \"sbx-1\""));
+        assert!(error.message.contains("create_sandbox"));
+        let error = ToolError::lookup("x", &Lookup::Unknown, &["a".into(), "b".into()]);
+        assert!(error.message.contains("Live sandboxes: a, b"));
+    }
+
+    #[test]
+    fn agent_errors_carry_a_hint_for_their_kind() {
+        let error = ClientError::Agent(WireError::new(ErrorKind::TooLarge, "/big is 2 MiB"));
+        let tool = ToolError::agent(Op::File, "s", &error);
+        assert!(tool.message.contains("/big is 2 MiB"), "{}", tool.message);
+        assert!(tool.message.contains("head -c"), "{}", tool.message);
+        let lost = ClientError::ConnectionLost {
+            reason: "reset".into(),
+        };
+        let tool = ToolError::agent(Op::Command, "s", &lost);
+        assert!(tool.message.contains("release it"), "{}", tool.message);
+    }
+}

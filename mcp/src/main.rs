@@ -1,0 +1,77 @@
+//! `sandbox-mcp`: parse arguments, set up logging to stderr, run the server until
+//! the client disconnects or SIGTERM/SIGINT arrives, and turn the result into an exit
+//! code. Everything else lives in the library.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use sandbox_mcp::{Args, Config};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// How long runtime shutdown waits for blocking work (a stdin read that cannot be
+/// cancelled) after every sandbox is gone.
+const RUNTIME_SHUTDOWN_MS: u64 = 200;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging();
+    let config = match Config::from_args(args, |name| std::env::var_os(name)) {
+        Ok(config) => config,
+        Err(error) => return fail(&error),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(&error),
+    };
+    let result = runtime.block_on(async {
+        let shutdown = match shutdown_signal() {
+            Ok(shutdown) => shutdown,
+            Err(error) => return Err(anyhow::Error::new(error)),
+        };
+        sandbox_mcp::run(config, shutdown)
+            .await
+            .map_err(anyhow::Error::new)
+    });
+    runtime.shutdown_timeout(Duration::from_millis(RUNTIME_SHUTDOWN_MS));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(error.as_ref()),
+    }
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
+/// Logs go to stderr: stdout carries the protocol. `RUST_LOG` filters (default info).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+fn fail(error: &(dyn std::error::Error + 'static)) -> ExitCode {
+    eprintln!("sandbox-mcp: {error}");
+    let mut source = error.source();
+    while let Some(cause) = source {
+        eprintln!("  caused by: {cause}");
+        source = cause.source();
+    }
+    ExitCode::FAILURE
+}

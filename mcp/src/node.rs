@@ -1,0 +1,389 @@
+//! The node the tools talk to: where sandboxes come from (the pool, or the one
+//! attached agent), the session's [`Registry`], and the policies of
+//! `create_sandbox`, `release` and `node_info`.
+//!
+//! # Attach mode
+//! The attached agent is registered as the sandbox [`ATTACHED_ID`] at start, with no
+//! deadline. `release` forgets it without touching the agent (it is not ours: its
+//! processes keep running). `create_sandbox` claims it again when it was released,
+//! and otherwise says it is the only sandbox there is.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sandbox_vmm::client::{Client, ConnectOptions};
+use sandbox_vmm::launcher::template::TEMPLATE_FILE;
+use sandbox_vmm::launcher::{Launcher, Size, TemplateRef};
+
+use crate::config::{AttachConfig, Config, Mode, ATTACHED_ID};
+use crate::error::ToolError;
+use crate::params::{CreateSandboxParams, Net};
+use crate::pool::{millis, Pool};
+use crate::registry::{Lookup, Registry};
+use crate::render::{
+    rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo, ReleaseResult,
+    TemplateInfo,
+};
+use crate::sandbox::{Backing, Deadline, OwnedVm, Sandbox, SandboxId};
+
+/// The TTL `ttl_seconds: 0` means.
+pub const DEFAULT_TTL_SECS: u64 = 60 * 60;
+
+/// The longest TTL a claim may ask for.
+pub const MAX_TTL_SECS: u64 = 24 * 60 * 60;
+
+/// Where sandboxes come from.
+#[derive(Debug)]
+enum Source {
+    Attach(AttachConfig),
+    Launch(Arc<Pool>),
+}
+
+/// The sandboxes and where they come from.
+#[derive(Debug)]
+pub struct Node {
+    registry: Arc<Registry>,
+    source: Source,
+}
+
+impl Node {
+    /// Sets up the node: in attach mode registers the attached agent; in launch mode
+    /// starts the warm pool. Never fails: a missing template or an unreachable agent
+    /// is reported by the tools that need them.
+    pub async fn start(config: Config) -> Arc<Self> {
+        let registry = Registry::new();
+        let source = match config.mode {
+            Mode::Attach(attach) => Source::Attach(attach),
+            Mode::Launch(launch) => {
+                let launcher = Arc::new(Launcher::new(launch.launcher));
+                let size = match launcher.template(&launch.template) {
+                    Ok(template) => template.default_size.unwrap_or_default(),
+                    Err(error) => {
+                        tracing::error!(
+                            template = %launch.template,
+                            error = %crate::render::error_chain(&error),
+                            "the default template cannot be loaded; claims will fail until it exists"
+                        );
+                        Size::default()
+                    }
+                };
+                let pool = Pool::new(
+                    launcher,
+                    launch.template,
+                    size,
+                    launch.pool,
+                    launch.max_sandboxes,
+                    launch.boot_timeout,
+                );
+                pool.start();
+                Source::Launch(pool)
+            }
+        };
+        let node = Arc::new(Self { registry, source });
+        if let Source::Attach(attach) = &node.source {
+            match node.insert_attached(None, Duration::ZERO).await {
+                // Connect in the background: the client is kept for the first call, and
+                // an unreachable agent is logged now rather than on first use.
+                Ok(sandbox) => {
+                    let url = attach.url.clone();
+                    tokio::spawn(async move {
+                        match sandbox.client().await {
+                            Ok(_) => tracing::info!(%url, "attached agent reachable"),
+                            Err(error) => tracing::warn!(
+                                %url,
+                                error = %crate::render::error_chain(&error),
+                                "the attached agent is not reachable yet; calls will retry"
+                            ),
+                        }
+                    });
+                }
+                Err(error) => tracing::error!(%error, "cannot register the attached agent"),
+            }
+        }
+        node
+    }
+
+    /// The live sandbox `id`, or an error that lists the live ones.
+    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ToolError> {
+        self.registry
+            .get(id)
+            .map_err(|why| ToolError::lookup(id, &why, &self.registry.ids()))
+    }
+
+    /// `create_sandbox`
+    pub async fn create(
+        &self,
+        params: CreateSandboxParams,
+    ) -> Result<CreateSandboxResult, ToolError> {
+        if params.net == Net::Egress {
+            return Err(ToolError::new(
+                "net \"egress\" is not available yet: sandboxes have no network access. Call \
+                 create_sandbox without net (or with net \"none\"); to get files in, use \
+                 write_file.",
+            ));
+        }
+        let ttl_secs = match params.ttl_seconds {
+            0 => DEFAULT_TTL_SECS,
+            secs if secs > MAX_TTL_SECS => {
+                return Err(ToolError::new(format!(
+                    "ttl_seconds may be at most {MAX_TTL_SECS} (24 hours); got {secs}. Pass a \
+                     smaller value, or 0 for one hour."
+                )))
+            }
+            secs => secs,
+        };
+        match &self.source {
+            Source::Attach(_) => self.claim_attached().await,
+            Source::Launch(pool) => self.claim_vm(pool, params, ttl_secs).await,
+        }
+    }
+
+    async fn claim_vm(
+        &self,
+        pool: &Pool,
+        params: CreateSandboxParams,
+        ttl_secs: u64,
+    ) -> Result<CreateSandboxResult, ToolError> {
+        let started = Instant::now();
+        let template = match params.template.as_deref().map(str::trim) {
+            None | Some("") => pool.default_template().clone(),
+            Some(name) => TemplateRef::parse(name),
+        };
+        let size = match params.size {
+            Some(name) => Size::preset(name.as_str()).unwrap_or_default(),
+            None if template == *pool.default_template() => pool.default_size(),
+            None => match pool.launcher().template(&template) {
+                Ok(loaded) => loaded.default_size.unwrap_or_default(),
+                Err(error) => {
+                    return Err(ToolError::new(format!(
+                        "Template {template} cannot be used: {}. Templates available: {}.",
+                        crate::render::error_chain(&error),
+                        self.template_names().join(", ")
+                    )))
+                }
+            },
+        };
+        let (ready, warm) = pool
+            .claim(&template, size)
+            .await
+            .map_err(|error| ToolError::claim(&template.to_string(), &error))?;
+        let ttl = Duration::from_secs(ttl_secs);
+        let deadline = Deadline::after(ttl);
+        let id = SandboxId::new(format!("sbx-{}", ready.vm.vm.id()));
+        let claim_duration = started.elapsed();
+        let OwnedVm { vm, slot } = ready.vm;
+        let sandbox = Sandbox::new(
+            id,
+            template.to_string(),
+            Some(size),
+            Some(deadline),
+            warm,
+            claim_duration,
+            (ready.url, ConnectOptions::default(), Some(ready.client)),
+            Backing::Vm(Box::new(std::sync::Mutex::new(Some(OwnedVm { vm, slot })))),
+        );
+        let sandbox = self
+            .registry
+            .insert(sandbox)
+            .await
+            .map_err(|why| ToolError::lookup("", &why, &[]))?;
+        tracing::info!(sandbox = %sandbox.id, warm, claim_ms = millis(claim_duration), ttl_secs, "claimed");
+        Ok(CreateSandboxResult {
+            sandbox_id: sandbox.id.to_string(),
+            deadline: Some(rfc3339(deadline.wall)),
+            ttl_seconds: Some(ttl_secs),
+            template: sandbox.template.clone(),
+            size: Some(size.to_string()),
+            vcpus: Some(size.vcpus),
+            memory_mib: Some(size.memory_mib),
+            warm,
+            claim_ms: millis(claim_duration),
+            note: None,
+        })
+    }
+
+    async fn claim_attached(&self) -> Result<CreateSandboxResult, ToolError> {
+        if self.registry.get(ATTACHED_ID).is_ok() {
+            return Err(ToolError::new(format!(
+                "This server is attached to one existing agent, exposed as sandbox_id \
+                 {ATTACHED_ID:?}, and it is already yours: pass sandbox_id {ATTACHED_ID:?} to \
+                 the other tools. No other sandbox can be created in attach mode."
+            )));
+        }
+        let started = Instant::now();
+        let sandbox = self.insert_attached(None, started.elapsed()).await?;
+        Ok(CreateSandboxResult {
+            sandbox_id: sandbox.id.to_string(),
+            deadline: None,
+            ttl_seconds: None,
+            template: ATTACHED_ID.to_owned(),
+            size: None,
+            vcpus: None,
+            memory_mib: None,
+            warm: true,
+            claim_ms: millis(started.elapsed()),
+            note: Some(
+                "Attach mode: this is the one existing agent the server was started with. It \
+                 has no deadline; template, size and ttl_seconds do not apply."
+                    .to_owned(),
+            ),
+        })
+    }
+
+    async fn insert_attached(
+        &self,
+        client: Option<Client>,
+        claim_duration: Duration,
+    ) -> Result<Arc<Sandbox>, ToolError> {
+        let Source::Attach(attach) = &self.source else {
+            return Err(ToolError::new("Not in attach mode"));
+        };
+        let options = ConnectOptions {
+            token: attach.token.clone(),
+            ..ConnectOptions::default()
+        };
+        let sandbox = Sandbox::new(
+            SandboxId::new(ATTACHED_ID),
+            ATTACHED_ID.to_owned(),
+            None,
+            None,
+            true,
+            claim_duration,
+            (attach.url.clone(), options, client),
+            Backing::Attached,
+        );
+        self.registry
+            .insert(sandbox)
+            .await
+            .map_err(|why| ToolError::lookup(ATTACHED_ID, &why, &[]))
+    }
+
+    /// `release`
+    pub async fn release(&self, id: &str) -> Result<ReleaseResult, ToolError> {
+        let sandbox = self
+            .registry
+            .release(id)
+            .await
+            .map_err(|why| self.lookup_error(id, &why))?;
+        let outcome = if sandbox.is_attached() {
+            "forgotten by this session; the attached agent and its processes keep running \
+             (create_sandbox claims it again)"
+        } else {
+            "the VM and everything in it was destroyed"
+        };
+        Ok(ReleaseResult {
+            sandbox_id: sandbox.id.to_string(),
+            outcome: outcome.to_owned(),
+        })
+    }
+
+    fn lookup_error(&self, id: &str, why: &Lookup) -> ToolError {
+        ToolError::lookup(id, why, &self.registry.ids())
+    }
+
+    /// `node_info`
+    pub fn info(&self) -> NodeInfoResult {
+        let sandboxes = self.registry.list();
+        let claims: Vec<ClaimInfo> = sandboxes
+            .iter()
+            .map(|sandbox| ClaimInfo {
+                sandbox_id: sandbox.id.to_string(),
+                template: sandbox.template.clone(),
+                size: sandbox.size.map(|size| size.to_string()),
+                claimed_at: rfc3339(sandbox.claimed_at),
+                deadline: sandbox.deadline.map(|deadline| rfc3339(deadline.wall)),
+            })
+            .collect();
+        match &self.source {
+            Source::Attach(_) => NodeInfoResult {
+                mode: "attach".to_owned(),
+                default_template: ATTACHED_ID.to_owned(),
+                pool: None,
+                templates: Vec::new(),
+                capacity: CapacityInfo {
+                    max_sandboxes: 1,
+                    vms: 0,
+                    live_claims: claims.len(),
+                    claimable: 1 - claims.len().min(1),
+                },
+                claims,
+            },
+            Source::Launch(pool) => {
+                let status = pool.status();
+                let capacity = pool.capacity();
+                let vm_claims = sandboxes.len();
+                NodeInfoResult {
+                    mode: "launch".to_owned(),
+                    default_template: pool.default_template().to_string(),
+                    pool: Some(PoolInfo {
+                        template: status.template,
+                        size: status.size.to_string(),
+                        target: status.target,
+                        warm: status.warm,
+                        booting: status.booting,
+                        last_error: status.last_error,
+                    }),
+                    templates: self.templates(pool),
+                    capacity: CapacityInfo {
+                        max_sandboxes: capacity.max(),
+                        vms: capacity.used(),
+                        live_claims: vm_claims,
+                        claimable: capacity.max().saturating_sub(vm_claims),
+                    },
+                    claims,
+                }
+            }
+        }
+    }
+
+    fn templates(&self, pool: &Pool) -> Vec<TemplateInfo> {
+        let default = pool.default_template().to_string();
+        let mut names = self.template_names();
+        if !names.contains(&default) && matches!(pool.default_template(), TemplateRef::Path(_)) {
+            names.push(default.clone());
+        }
+        names
+            .into_iter()
+            .map(|name| {
+                let reference = TemplateRef::parse(&name);
+                let default_size = pool
+                    .launcher()
+                    .template(&reference)
+                    .ok()
+                    .and_then(|t| t.default_size)
+                    .map(|size| size.to_string());
+                TemplateInfo {
+                    default: name == default,
+                    name,
+                    default_size,
+                }
+            })
+            .collect()
+    }
+
+    /// Names of the folders under the templates root that hold a template.
+    fn template_names(&self) -> Vec<String> {
+        let Source::Launch(pool) = &self.source else {
+            return Vec::new();
+        };
+        let root = pool.launcher().config().templates_root();
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.path().join(TEMPLATE_FILE).is_file())
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Destroys every sandbox and warm VM; further calls are refused.
+    pub async fn shutdown(&self) {
+        self.registry.shutdown().await;
+        if let Source::Launch(pool) = &self.source {
+            pool.shutdown().await;
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Tool inputs: one type per tool, with the JSON schema (via schemars) and the
+//! field descriptions a model reads before calling. Unknown fields are rejected so a
+//! misspelt argument fails loudly instead of being ignored.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+/// Network access for a new sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Net {
+    /// No network interface beyond loopback (the default).
+    #[default]
+    None,
+    /// Outbound internet access (not available yet).
+    Egress,
+}
+
+/// A VM size preset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+pub enum SizeName {
+    /// 1 vCPU, 512 MiB.
+    #[serde(rename = "small")]
+    Small,
+    /// 2 vCPUs, 1 GiB.
+    #[serde(rename = "medium")]
+    Medium,
+    /// 2 vCPUs, 2 GiB.
+    #[serde(rename = "large")]
+    Large,
+    /// 4 vCPUs, 4 GiB.
+    #[serde(rename = "xlarge")]
+    Xlarge,
+    /// 8 vCPUs, 8 GiB.
+    #[serde(rename = "2xlarge")]
+    Xxlarge,
+}
+
+impl SizeName {
+    /// The launcher's preset name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Small => "small",
+            Self::Medium => "medium",
+            Self::Large => "large",
+            Self::Xlarge => "xlarge",
+            Self::Xxlarge => "2xlarge",
+        }
+    }
+}
+
+/// `create_sandbox`
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxParams {
+    /// Template to boot (see node_info for the list). Omit for the server's default
+    /// template, which is kept warm and claims in milliseconds.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// Network access: "none" (default). "egress" is not available yet.
+    #[serde(default)]
+    pub net: Net,
+    /// VM size: small (default: 1 vCPU, 512 MiB), medium, large, xlarge or 2xlarge.
+    /// Sizes other than the template's default boot a fresh VM (a few seconds).
+    #[serde(default)]
+    pub size: Option<SizeName>,
+    /// Lifetime in seconds; 0 or omitted means one hour, at most 86400. Nothing
+    /// renews it: at the deadline the VM and everything in it is destroyed.
+    #[serde(default)]
+    pub ttl_seconds: u64,
+}
+
+/// `exec`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Shell command line, run with `/bin/sh -c` (pipes, &&, redirections work).
+    pub command: String,
+    /// Working directory (absolute); defaults to the user's home, else /.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables, applied over a clean default environment.
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Seconds before the command's process group is killed; default and maximum
+    /// 300. For longer jobs use spawn and poll with logs.
+    #[serde(default, alias = "timeout")]
+    pub timeout_seconds: Option<u64>,
+    /// Text written to the command's standard input, which is then closed.
+    #[serde(default)]
+    pub stdin: Option<String>,
+}
+
+/// `spawn`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Shell command line, run detached with `/bin/sh -c`.
+    pub command: String,
+    /// Working directory (absolute); defaults to the user's home, else /.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables, applied over a clean default environment.
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+}
+
+/// Tools that need only a sandbox: `ps`, `release`.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+}
+
+/// `logs`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LogsParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// The process, as returned by spawn or listed by ps.
+    pub pid: i32,
+    /// Return only output after this byte offset: pass the previous call's
+    /// next_cursor to poll for new output. Omit for everything still held (the
+    /// newest 256 KiB).
+    #[serde(default)]
+    pub cursor: Option<u64>,
+}
+
+/// `kill`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// The process, as returned by spawn or listed by ps; its whole process group is
+    /// signalled.
+    pub pid: i32,
+    /// Signal number: 15 (SIGTERM, the default), 2 (SIGINT), 9 or 0 (SIGKILL).
+    #[serde(default)]
+    pub signal: Option<i32>,
+}
+
+/// `write_file`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Absolute path; the parent directory must exist (create it with exec
+    /// `mkdir -p`). An existing file is replaced atomically.
+    pub path: String,
+    /// The whole new content, as text.
+    pub content: String,
+    /// Permission bits in octal, like "755"; default keeps an existing file's, or
+    /// 644 for a new one.
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+/// `read_file` and `list_dir`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PathParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Absolute path in the sandbox.
+    pub path: String,
+}
+
+/// Parses an octal mode like `"755"`, `"0755"` or `"0o755"`.
+pub fn parse_mode(mode: &str) -> Option<u32> {
+    let digits = mode.trim();
+    let digits = digits.strip_prefix("0o").unwrap_or(digits);
+    if digits.is_empty() || digits.len() > 5 {
+        return None;
+    }
+    u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|mode| *mode <= 0o7777)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_are_octal_and_bounded() {
+        assert_eq!(parse_mode("755"), Some(0o755));
+        assert_eq!(parse_mode("0644"), Some(0o644));
+        assert_eq!(parse_mode("0o600"), Some(0o600));
+        assert_eq!(parse_mode("4755"), Some(0o4755));
+        assert_eq!(parse_mode("888"), None);
+        assert_eq!(parse_mode("17777"), None);
+        assert_eq!(parse_mode(""), None);
+        assert_eq!(parse_mode("rwx"), None);
+    }
+
+    #[test]
+    fn create_defaults_to_no_network_and_an_hour() {
+        let params: CreateSandboxParams = serde_json::from_str("{}").unwrap();
+        assert_eq!(params.net, Net::None);
+        assert_eq!(params.ttl_seconds, 0);
+        assert!(params.size.is_none());
+        let params: CreateSandboxParams =
+            serde_json::from_str(r#"{"size":"2xlarge","net":"egress"}"#).unwrap();
+        assert_eq!(params.size, Some(SizeName::Xxlarge));
+        assert_eq!(params.net, Net::Egress);
+    }
+
+    #[test]
+    fn misspelt_arguments_are_rejected() {
+        let err = serde_json::from_str::<ExecParams>(r#"{"sandbox_id":"a","cmd":"ls"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cmd"), "{err}");
+        let params: ExecParams =
+            serde_json::from_str(r#"{"sandbox_id":"a","command":"ls","timeout":3}"#).unwrap();
+        assert_eq!(params.timeout_seconds, Some(3));
+    }
+}

@@ -1,0 +1,586 @@
+//! Tool outputs: one serializable type per tool (its JSON schema is the tool's
+//! `outputSchema`), its text rendering, and the `CallToolResult` that carries both.
+//!
+//! Successful results put the JSON in `structuredContent` and a rendering meant for
+//! a model's eyes in the text content. Failures are `isError` results with text
+//! only (see [`crate::error`]); the one exception is a cut-off `exec`, whose
+//! structured result keeps the output collected so far next to its `error` field.
+
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rmcp::model::{CallToolResult, ContentBlock};
+use schemars::JsonSchema;
+use serde::Serialize;
+
+/// A tool result with a text rendering.
+pub trait Render: Serialize {
+    /// The text a model reads.
+    fn render(&self) -> String;
+}
+
+/// A successful result: structured JSON plus its rendering.
+pub fn success<T: Render>(value: &T) -> CallToolResult {
+    with_text(value, false, value.render())
+}
+
+/// A failed result that still carries structured JSON (a cut-off exec).
+pub fn failure_with<T: Render>(value: &T, message: &str) -> CallToolResult {
+    let text = format!("{}\nerror: {message}", value.render());
+    with_text(value, true, text)
+}
+
+fn with_text<T: Serialize>(value: &T, is_error: bool, text: String) -> CallToolResult {
+    match serde_json::to_value(value) {
+        Ok(json) => {
+            let mut result = if is_error {
+                CallToolResult::structured_error(json)
+            } else {
+                CallToolResult::structured(json)
+            };
+            result.content = vec![ContentBlock::text(text)];
+            result
+        }
+        Err(error) => CallToolResult::error(vec![ContentBlock::text(format!(
+            "{text}\n(the structured result could not be encoded: {error})"
+        ))]),
+    }
+}
+
+/// `create_sandbox`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CreateSandboxResult {
+    /// Pass this to every other tool.
+    pub sandbox_id: String,
+    /// When the sandbox is destroyed (RFC 3339, UTC); null when it never expires.
+    pub deadline: Option<String>,
+    /// Seconds from the claim to the deadline; null when it never expires.
+    pub ttl_seconds: Option<u64>,
+    /// The template it runs.
+    pub template: String,
+    /// The size preset (or VCPUSxMIB); null when unknown.
+    pub size: Option<String>,
+    /// Virtual CPUs; null when unknown.
+    pub vcpus: Option<u16>,
+    /// Memory in MiB; null when unknown.
+    pub memory_mib: Option<u32>,
+    /// Whether it came booted from the warm pool.
+    pub warm: bool,
+    /// How long the claim took, in milliseconds.
+    pub claim_ms: u64,
+    /// Anything else worth knowing.
+    pub note: Option<String>,
+}
+
+impl Render for CreateSandboxResult {
+    fn render(&self) -> String {
+        let mut out = format!("sandbox_id: {}\n", self.sandbox_id);
+        match &self.deadline {
+            Some(deadline) => {
+                let _ = writeln!(out, "deadline: {deadline} (destroyed then; not renewable)");
+            }
+            None => out.push_str("deadline: none\n"),
+        }
+        let _ = write!(out, "template: {}", self.template);
+        if let (Some(size), Some(vcpus), Some(mib)) = (&self.size, self.vcpus, self.memory_mib) {
+            let _ = write!(out, ", size: {size} ({vcpus} vCPU, {mib} MiB)");
+        }
+        let origin = if self.warm { "warm pool" } else { "fresh boot" };
+        let _ = write!(out, "\nclaimed in {} ms ({origin})", self.claim_ms);
+        if let Some(note) = &self.note {
+            let _ = write!(out, "\nnote: {note}");
+        }
+        out
+    }
+}
+
+/// `exec`
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct ExecResult {
+    /// Standard output (invalid UTF-8 replaced), at most its first 1 MiB.
+    pub stdout: String,
+    /// Standard error (invalid UTF-8 replaced), at most its first 1 MiB.
+    pub stderr: String,
+    /// The exit code (128+N when killed by signal N); null if it never ended.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// A stream went past 1 MiB; the rest was read and dropped.
+    pub truncated: bool,
+    /// The timeout passed and the process group was killed.
+    pub timed_out: bool,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+    /// Set when the run was cut off (timeout, lost connection): the output above is
+    /// what was collected until then.
+    pub error: Option<String>,
+}
+
+impl Render for ExecResult {
+    fn render(&self) -> String {
+        let mut out = match (self.exit_code, self.signal) {
+            (_, Some(signal)) => format!("killed by signal {signal}"),
+            (Some(code), None) => format!("exit_code: {code}"),
+            (None, None) => "exit_code: none (did not finish)".to_owned(),
+        };
+        if self.truncated {
+            out.push_str(" (output truncated at 1 MiB per stream)");
+        }
+        for (name, text) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            if !text.is_empty() {
+                let _ = write!(out, "\n--- {name} ---\n{text}");
+                if !text.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+        }
+        if self.stdout.is_empty() && self.stderr.is_empty() {
+            out.push_str("\n(no output)");
+        }
+        out
+    }
+}
+
+/// `spawn`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct SpawnResult {
+    /// The process id, for logs, kill and ps.
+    pub pid: i32,
+}
+
+impl Render for SpawnResult {
+    fn render(&self) -> String {
+        format!(
+            "started pid {} (read its output with logs, stop it with kill)",
+            self.pid
+        )
+    }
+}
+
+/// One tracked process.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ProcessRow {
+    /// Process id (also its process group).
+    pub pid: i32,
+    /// How it was started: exec, spawn or pty.
+    pub kind: String,
+    /// What it runs.
+    pub command: String,
+    /// "running" or "exited".
+    pub state: String,
+    /// Exit code once exited (128+N when killed by signal N).
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// Start time (RFC 3339, UTC).
+    pub started_at: String,
+    /// End time (RFC 3339, UTC), once exited.
+    pub ended_at: Option<String>,
+}
+
+/// `ps`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct PsResult {
+    /// Tracked processes; exited ones are forgotten 5 minutes after exit.
+    pub processes: Vec<ProcessRow>,
+}
+
+impl Render for PsResult {
+    fn render(&self) -> String {
+        if self.processes.is_empty() {
+            return "no tracked processes".to_owned();
+        }
+        let mut out = String::from("PID\tKIND\tSTATE\tSTARTED\tCOMMAND");
+        for p in &self.processes {
+            let state = match (p.state.as_str(), p.exit_code) {
+                ("exited", Some(code)) => format!("exited({code})"),
+                (state, _) => state.to_owned(),
+            };
+            let _ = write!(
+                out,
+                "\n{}\t{}\t{}\t{}\t{}",
+                p.pid, p.kind, state, p.started_at, p.command
+            );
+        }
+        out
+    }
+}
+
+/// `logs`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct LogsResult {
+    /// The process.
+    pub pid: i32,
+    /// Its standard output from the cursor (or a terminal's output).
+    pub stdout: String,
+    /// Its standard error from the cursor.
+    pub stderr: String,
+    /// Whether it still runs.
+    pub running: bool,
+    /// Exit code once exited (128+N when killed by signal N).
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// Bytes between the cursor and the oldest byte held that the 256 KiB ring lost.
+    pub dropped_bytes: u64,
+    /// Pass as cursor next time to get only newer output.
+    pub next_cursor: u64,
+}
+
+impl Render for LogsResult {
+    fn render(&self) -> String {
+        let mut out = match (self.running, self.exit_code) {
+            (true, _) => format!("pid {} running", self.pid),
+            (false, Some(code)) => format!("pid {} exited with code {code}", self.pid),
+            (false, None) => format!("pid {} ended", self.pid),
+        };
+        let _ = write!(out, "; next_cursor: {}", self.next_cursor);
+        if self.dropped_bytes > 0 {
+            let _ = write!(
+                out,
+                " ({} older bytes were dropped from the 256 KiB ring)",
+                self.dropped_bytes
+            );
+        }
+        for (name, text) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            if !text.is_empty() {
+                let _ = write!(out, "\n--- {name} ---\n{text}");
+            }
+        }
+        if self.stdout.is_empty() && self.stderr.is_empty() {
+            out.push_str("\n(no new output)");
+        }
+        out
+    }
+}
+
+/// `kill`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct KillResult {
+    /// The process.
+    pub pid: i32,
+    /// The signal sent (9 when 0 was asked); nothing is sent to an exited process.
+    pub signal: i32,
+}
+
+impl Render for KillResult {
+    fn render(&self) -> String {
+        format!(
+            "signal {} sent to process group {} (a no-op if it had already exited)",
+            self.signal, self.pid
+        )
+    }
+}
+
+/// `write_file`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct WriteFileResult {
+    /// The file.
+    pub path: String,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+impl Render for WriteFileResult {
+    fn render(&self) -> String {
+        format!("wrote {} bytes to {}", self.bytes, self.path)
+    }
+}
+
+/// `read_file`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ReadFileResult {
+    /// The file.
+    pub path: String,
+    /// Its content as text; invalid UTF-8 sequences are replaced with U+FFFD.
+    pub content: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Whether any invalid UTF-8 was replaced.
+    pub lossy: bool,
+}
+
+impl Render for ReadFileResult {
+    fn render(&self) -> String {
+        if self.lossy {
+            format!(
+                "{} ({} bytes; invalid UTF-8 replaced with U+FFFD):\n{}",
+                self.path, self.bytes, self.content
+            )
+        } else {
+            self.content.clone()
+        }
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct DirEntryRow {
+    /// The name (invalid UTF-8 replaced).
+    pub name: String,
+    /// file, dir, symlink or other.
+    pub kind: String,
+    /// Size in bytes (of the link itself for symlinks).
+    pub size: u64,
+}
+
+/// `list_dir`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ListDirResult {
+    /// The directory.
+    pub path: String,
+    /// Its entries, sorted by name (one level, symlinks not followed).
+    pub entries: Vec<DirEntryRow>,
+}
+
+impl Render for ListDirResult {
+    fn render(&self) -> String {
+        if self.entries.is_empty() {
+            return format!("{} is empty", self.path);
+        }
+        let mut out = String::new();
+        for entry in &self.entries {
+            let name = match entry.kind.as_str() {
+                "dir" => format!("{}/", entry.name),
+                _ => entry.name.clone(),
+            };
+            let _ = writeln!(out, "{}\t{}\t{}", entry.kind, entry.size, name);
+        }
+        out.pop();
+        out
+    }
+}
+
+/// `release`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ReleaseResult {
+    /// The sandbox released; its id is now unknown.
+    pub sandbox_id: String,
+    /// What happened to it.
+    pub outcome: String,
+}
+
+impl Render for ReleaseResult {
+    fn render(&self) -> String {
+        format!("released {}: {}", self.sandbox_id, self.outcome)
+    }
+}
+
+/// The warm pool, in `node_info`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct PoolInfo {
+    /// Template kept warm.
+    pub template: String,
+    /// Size kept warm.
+    pub size: String,
+    /// VMs the pool aims to keep booted.
+    pub target: usize,
+    /// VMs booted and ready to claim.
+    pub warm: usize,
+    /// VMs booting for the pool.
+    pub booting: usize,
+    /// Why the last pool boot failed, if it did.
+    pub last_error: Option<String>,
+}
+
+/// A template, in `node_info`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct TemplateInfo {
+    /// Pass as create_sandbox's template.
+    pub name: String,
+    /// Its default size.
+    pub default_size: Option<String>,
+    /// Whether it is the server's default.
+    pub default: bool,
+}
+
+/// A live claim, in `node_info`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ClaimInfo {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// Its template.
+    pub template: String,
+    /// Its size, when known.
+    pub size: Option<String>,
+    /// When it was claimed (RFC 3339, UTC).
+    pub claimed_at: String,
+    /// When it is destroyed (RFC 3339, UTC); null when never.
+    pub deadline: Option<String>,
+}
+
+/// Capacity, in `node_info`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CapacityInfo {
+    /// Most VMs at once (claimed, warm and booting), from --max-sandboxes.
+    pub max_sandboxes: usize,
+    /// VMs running or booting now.
+    pub vms: usize,
+    /// Sandboxes claimed by this session.
+    pub live_claims: usize,
+    /// Sandboxes that can still be claimed (warm VMs are given up for a claim).
+    pub claimable: usize,
+}
+
+/// `node_info`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct NodeInfoResult {
+    /// "launch" (this server boots microVMs) or "attach" (one existing agent).
+    pub mode: String,
+    /// The template create_sandbox uses when none is given.
+    pub default_template: String,
+    /// The warm pool; null in attach mode.
+    pub pool: Option<PoolInfo>,
+    /// Templates that can be booted.
+    pub templates: Vec<TemplateInfo>,
+    /// Sandboxes this session holds.
+    pub claims: Vec<ClaimInfo>,
+    /// Limits and usage.
+    pub capacity: CapacityInfo,
+}
+
+impl Render for NodeInfoResult {
+    fn render(&self) -> String {
+        let mut out = format!(
+            "mode: {}\ndefault template: {}\ncapacity: {} claimed, {} VMs of {} max, {} claimable",
+            self.mode,
+            self.default_template,
+            self.capacity.live_claims,
+            self.capacity.vms,
+            self.capacity.max_sandboxes,
+            self.capacity.claimable
+        );
+        if let Some(pool) = &self.pool {
+            let _ = write!(
+                out,
+                "\nwarm pool: {}/{} ready ({} booting) of {} {}",
+                pool.warm, pool.target, pool.booting, pool.template, pool.size
+            );
+            if let Some(error) = &pool.last_error {
+                let _ = write!(out, "\nlast pool boot failed: {error}");
+            }
+        }
+        let names: Vec<&str> = self.templates.iter().map(|t| t.name.as_str()).collect();
+        let _ = write!(out, "\ntemplates: {}", names.join(", "));
+        if self.claims.is_empty() {
+            out.push_str("\nclaims: none");
+        }
+        for claim in &self.claims {
+            let _ = write!(
+                out,
+                "\nclaim {}: {} {}, deadline {}",
+                claim.sandbox_id,
+                claim.template,
+                claim.size.as_deref().unwrap_or("-"),
+                claim.deadline.as_deref().unwrap_or("none")
+            );
+        }
+        out
+    }
+}
+
+/// An error and its causes, joined with ": ".
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // Transparent wrappers repeat their source's message.
+        if !text.ends_with(&cause_text) {
+            let _ = write!(text, ": {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// RFC 3339 in UTC with second precision (`2026-11-29T09:45:39Z`).
+pub fn rfc3339(time: SystemTime) -> String {
+    let secs = match time.duration_since(UNIX_EPOCH) {
+        Ok(since) => i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_secs()).unwrap_or(i64::MAX),
+    };
+    rfc3339_from_unix(secs)
+}
+
+/// RFC 3339 in UTC for milliseconds since the epoch.
+pub fn rfc3339_ms(unix_ms: u64) -> String {
+    rfc3339_from_unix(i64::try_from(unix_ms / 1000).unwrap_or(i64::MAX))
+}
+
+fn rfc3339_from_unix(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let of_day = secs.rem_euclid(86_400);
+    let (year, month, day) = civil_from_days(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
+/// `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    // Shift the epoch to 0000-03-01 so leap days end each 400-year era.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    // Months counted from March.
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(951_782_400); // leap day 2000
+        assert_eq!(rfc3339(t), "2000-02-29T00:00:00Z");
+        let t = UNIX_EPOCH + Duration::from_secs(1_795_945_539);
+        assert_eq!(rfc3339(t), "2026-11-29T09:45:39Z");
+        assert_eq!(rfc3339_ms(1_795_945_539_999), "2026-11-29T09:45:39Z");
+        assert_eq!(rfc3339_from_unix(-1), "1969-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn exec_rendering_shows_code_and_non_empty_streams() {
+        let result = ExecResult {
+            stdout: "hi".into(),
+            exit_code: Some(3),
+            ..ExecResult::default()
+        };
+        assert_eq!(result.render(), "exit_code: 3\n--- stdout ---\nhi\n");
+        let silent = ExecResult {
+            exit_code: Some(0),
+            ..ExecResult::default()
+        };
+        assert_eq!(silent.render(), "exit_code: 0\n(no output)");
+    }
+
+    #[test]
+    fn a_cut_off_exec_is_an_error_that_keeps_its_output() {
+        let partial = ExecResult {
+            stdout: "partial".into(),
+            timed_out: true,
+            error: Some("Timed out".into()),
+            ..ExecResult::default()
+        };
+        let result = failure_with(&partial, "Timed out");
+        assert_eq!(result.is_error, Some(true));
+        let json = result.structured_content.unwrap();
+        assert_eq!(json["stdout"], "partial");
+        assert_eq!(json["error"], "Timed out");
+    }
+}

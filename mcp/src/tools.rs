@@ -1,0 +1,529 @@
+//! The MCP server: one method per tool, each turning its parameters into client
+//! calls and the answers into [`crate::render`] results. `call_tool` wraps every call
+//! in the per-call cap and the client's cancellation.
+//!
+//! Tools, as the README's table lists them: `create_sandbox`, `exec`, `spawn`, `ps`,
+//! `logs`, `kill`, `write_file`, `read_file`, `list_dir`, `release`, `node_info`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::{schema_for_output, ToolCallContext};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_router, ErrorData, RoleServer, ServerHandler};
+use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS};
+use sandbox_protocol::{Command, ExecRequest, FileKind, Pid, ProcessSpec, ProcessState, Stream};
+use tokio::time::Instant;
+
+use crate::error::{Op, ToolError};
+use crate::exec::{self, End};
+use crate::node::Node;
+use crate::params::{
+    parse_mode, CreateSandboxParams, ExecParams, KillParams, LogsParams, PathParams, SandboxParams,
+    SpawnParams, WriteFileParams,
+};
+use crate::pool::millis;
+use crate::render::{
+    failure_with, rfc3339_ms, success, CreateSandboxResult, DirEntryRow, ExecResult, KillResult,
+    ListDirResult, LogsResult, NodeInfoResult, ProcessRow, PsResult, ReadFileResult, ReleaseResult,
+    SpawnResult, WriteFileResult,
+};
+use crate::sandbox::Sandbox;
+
+/// The cap on one tool call: five minutes, plus the grace an exec that hits it gets
+/// to return what it collected.
+pub const TOOL_CALL_CAP_SECS: u64 = EXEC_DEADLINE_SECS + EXEC_DEADLINE_GRACE_SECS + 2;
+
+/// SIGTERM, the default signal of `kill`.
+const DEFAULT_SIGNAL: i32 = 15;
+
+/// Highest signal number Linux has.
+const MAX_SIGNAL: i32 = 64;
+
+/// What the server tells the model at initialization.
+const INSTRUCTIONS: &str = "Sandboxes are disposable Linux microVMs for running untrusted \
+code. Call create_sandbox, pass its sandbox_id to exec (shell commands), spawn/logs/kill \
+(background processes), write_file/read_file/list_dir (files), and release it when done. \
+Each sandbox is destroyed at its deadline (default one hour, never renewed) and when this \
+session ends; sandboxes have no network access.";
+
+/// The MCP server.
+#[derive(Debug, Clone)]
+pub struct SandboxServer {
+    node: Arc<Node>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router]
+impl SandboxServer {
+    /// A server over `node`.
+    pub fn new(node: Arc<Node>) -> Self {
+        Self {
+            node,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(
+        description = "Claim a fresh Linux microVM sandbox and return its sandbox_id and \
+        deadline. Optional: template (default: the server's; see node_info), size (small \
+        default, medium, large, xlarge, 2xlarge), net (\"none\" default; \"egress\" is not \
+        available yet), ttl_seconds (0 or omitted = one hour, max 86400). Default template \
+        and size come from a warm pool in milliseconds; others boot in seconds. Nothing \
+        renews the deadline: at it the VM and its files are destroyed. Release it when done.",
+        output_schema = schema_for_output::<CreateSandboxResult>()
+    )]
+    async fn create_sandbox(
+        &self,
+        Parameters(params): Parameters<CreateSandboxParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        Ok(success(&self.node.create(params).await?))
+    }
+
+    #[tool(
+        description = "Run a shell command (/bin/sh -c) in a sandbox to completion and return \
+        stdout, stderr, exit_code and truncated. Optional: cwd, env, stdin, timeout_seconds \
+        (default and max 300). Each stream keeps its first 1 MiB (truncated is set past \
+        that). A non-zero exit_code is a normal result. A run cut off by its timeout or a \
+        lost connection is an error result that still carries the output collected so far. \
+        For servers or jobs longer than 5 minutes use spawn.",
+        output_schema = schema_for_output::<ExecResult>()
+    )]
+    async fn exec(
+        &self,
+        Parameters(params): Parameters<ExecParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let timeout_secs = match params.timeout_seconds {
+            None | Some(0) => EXEC_DEADLINE_SECS,
+            Some(secs) if secs > EXEC_DEADLINE_SECS => {
+                return Err(ToolError::new(format!(
+                    "timeout_seconds may be at most {EXEC_DEADLINE_SECS}; got {secs}. For longer \
+                     jobs, start the command with spawn and poll its output with logs."
+                )))
+            }
+            Some(secs) => secs,
+        };
+        let client = client(&sandbox, Op::Command).await?;
+        let request = ExecRequest {
+            spec: process_spec(params.command, params.cwd, params.env),
+            stdin: params.stdin.unwrap_or_default().into_bytes(),
+            timeout_ms: None,
+            stream: true,
+        };
+        let timeout = Duration::from_secs(timeout_secs);
+        let collected = exec::run(&client, request, timeout).await;
+        if let End::Failed(error) = &collected.end {
+            if !collected.started {
+                return Err(ToolError::agent(Op::Command, sandbox.id.as_str(), error));
+            }
+        }
+        let result = collected.to_result(timeout);
+        Ok(match &result.error {
+            Some(message) => failure_with(&result, message),
+            None => success(&result),
+        })
+    }
+
+    #[tool(
+        description = "Start a shell command (/bin/sh -c) detached in a sandbox and return its \
+        pid at once. Its stdout and stderr go to a 256 KiB ring that logs replays; use it for \
+        servers and long jobs. Optional: cwd, env. The process runs until it exits, is \
+        killed, or the sandbox is destroyed.",
+        output_schema = schema_for_output::<SpawnResult>()
+    )]
+    async fn spawn(
+        &self,
+        Parameters(params): Parameters<SpawnParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let client = client(&sandbox, Op::Command).await?;
+        let spec = process_spec(params.command, params.cwd, params.env);
+        let pid = client
+            .spawn(spec)
+            .await
+            .map_err(|error| ToolError::agent(Op::Command, sandbox.id.as_str(), &error))?;
+        Ok(success(&SpawnResult { pid: pid.0 }))
+    }
+
+    #[tool(
+        description = "List the processes a sandbox tracks (from exec, spawn and terminals) \
+        with pid, state (running or exited), exit code and start time. Exited processes are \
+        forgotten 5 minutes after they exit.",
+        output_schema = schema_for_output::<PsResult>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn ps(
+        &self,
+        Parameters(params): Parameters<SandboxParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let client = client(&sandbox, Op::Other).await?;
+        let list = client
+            .ps()
+            .await
+            .map_err(|error| ToolError::agent(Op::Other, sandbox.id.as_str(), &error))?;
+        let processes = list
+            .into_iter()
+            .map(|info| {
+                let (state, exit) = match info.state {
+                    ProcessState::Running => ("running", None),
+                    ProcessState::Exited(status) => ("exited", Some(status)),
+                };
+                ProcessRow {
+                    pid: info.pid.0,
+                    kind: info.kind.as_str().to_owned(),
+                    command: command_line(&info.argv),
+                    state: state.to_owned(),
+                    exit_code: exit.map(|status| status.shell_code()),
+                    signal: exit.and_then(|status| status.signal),
+                    started_at: rfc3339_ms(info.started_at_ms),
+                    ended_at: info.ended_at_ms.map(rfc3339_ms),
+                }
+            })
+            .collect();
+        Ok(success(&PsResult { processes }))
+    }
+
+    #[tool(
+        description = "Return a tracked process's output: the newest 256 KiB of its stdout and \
+        stderr, whether it still runs, and its exit code once ended. Pass the returned \
+        next_cursor as cursor on the next call to get only new output (poll a spawned job).",
+        output_schema = schema_for_output::<LogsResult>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn logs(
+        &self,
+        Parameters(params): Parameters<LogsParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let client = client(&sandbox, Op::Process).await?;
+        let reply = client
+            .logs(Pid(params.pid), params.cursor)
+            .await
+            .map_err(|error| ToolError::agent(Op::Process, sandbox.id.as_str(), &error))?;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        for chunk in reply.batch.chunks {
+            match chunk.stream {
+                Stream::Stdout | Stream::Pty => stdout.extend_from_slice(&chunk.data),
+                Stream::Stderr => stderr.extend_from_slice(&chunk.data),
+            }
+        }
+        Ok(success(&LogsResult {
+            pid: params.pid,
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            running: reply.exit.is_none(),
+            exit_code: reply.exit.map(|status| status.shell_code()),
+            signal: reply.exit.and_then(|status| status.signal),
+            dropped_bytes: reply.batch.dropped,
+            next_cursor: reply.batch.end,
+        }))
+    }
+
+    #[tool(
+        description = "Send a signal to a tracked process's whole process group. signal: 15 \
+        (SIGTERM, default), 2 (SIGINT), 9 or 0 (SIGKILL). Killing a process that already \
+        exited is a successful no-op.",
+        output_schema = schema_for_output::<KillResult>(),
+        annotations(destructive_hint = true)
+    )]
+    async fn kill(
+        &self,
+        Parameters(params): Parameters<KillParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let signal = params.signal.unwrap_or(DEFAULT_SIGNAL);
+        if !(0..=MAX_SIGNAL).contains(&signal) {
+            return Err(ToolError::new(format!(
+                "signal must be between 0 and {MAX_SIGNAL}; got {signal}. Use 15 (SIGTERM) or 0 \
+                 (SIGKILL)."
+            )));
+        }
+        let client = client(&sandbox, Op::Process).await?;
+        client
+            .kill(Pid(params.pid), signal)
+            .await
+            .map_err(|error| ToolError::agent(Op::Process, sandbox.id.as_str(), &error))?;
+        let sent = if signal == 0 { 9 } else { signal };
+        Ok(success(&KillResult {
+            pid: params.pid,
+            signal: sent,
+        }))
+    }
+
+    #[tool(
+        description = "Write a whole text file in a sandbox, replacing it atomically. path \
+        must be absolute and its parent directory must exist (mkdir -p with exec first). \
+        Optional mode in octal, like \"755\".",
+        output_schema = schema_for_output::<WriteFileResult>()
+    )]
+    async fn write_file(
+        &self,
+        Parameters(params): Parameters<WriteFileParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        absolute(&params.path)?;
+        let mode = match params.mode.as_deref() {
+            None => None,
+            Some(text) => Some(parse_mode(text).ok_or_else(|| {
+                ToolError::new(format!(
+                    "mode {text:?} is not octal permission bits; pass something like \"644\" \
+                     or \"755\", or omit it."
+                ))
+            })?),
+        };
+        let client = client(&sandbox, Op::File).await?;
+        let bytes = params.content.len() as u64;
+        client
+            .write_file(&params.path, params.content.into_bytes(), mode)
+            .await
+            .map_err(|error| ToolError::agent(Op::File, sandbox.id.as_str(), &error))?;
+        Ok(success(&WriteFileResult {
+            path: params.path,
+            bytes,
+        }))
+    }
+
+    #[tool(
+        description = "Read a whole regular file (at most 1 MiB) from a sandbox as text; \
+        invalid UTF-8 is replaced with U+FFFD. A larger file, a directory, a device and a \
+        missing path are errors: use exec (head, tail, grep) for parts of big files and \
+        list_dir for directories.",
+        output_schema = schema_for_output::<ReadFileResult>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn read_file(
+        &self,
+        Parameters(params): Parameters<PathParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        absolute(&params.path)?;
+        let client = client(&sandbox, Op::File).await?;
+        let data = client
+            .read_file(&params.path)
+            .await
+            .map_err(|error| ToolError::agent(Op::File, sandbox.id.as_str(), &error))?;
+        let content = String::from_utf8_lossy(&data);
+        let lossy = matches!(content, std::borrow::Cow::Owned(_));
+        Ok(success(&ReadFileResult {
+            content: content.into_owned(),
+            path: params.path,
+            bytes: data.len() as u64,
+            lossy,
+        }))
+    }
+
+    #[tool(
+        description = "List one level of a directory in a sandbox: name, kind (file, dir, \
+        symlink, other) and size of each entry, sorted by name.",
+        output_schema = schema_for_output::<ListDirResult>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn list_dir(
+        &self,
+        Parameters(params): Parameters<PathParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        absolute(&params.path)?;
+        let client = client(&sandbox, Op::File).await?;
+        let entries = client
+            .list_dir(&params.path)
+            .await
+            .map_err(|error| ToolError::agent(Op::File, sandbox.id.as_str(), &error))?;
+        let entries = entries
+            .into_iter()
+            .map(|entry| DirEntryRow {
+                name: String::from_utf8_lossy(&entry.name).into_owned(),
+                kind: kind_name(entry.kind).to_owned(),
+                size: entry.size,
+            })
+            .collect();
+        Ok(success(&ListDirResult {
+            path: params.path,
+            entries,
+        }))
+    }
+
+    #[tool(
+        description = "Destroy a sandbox and everything in it, now. Its sandbox_id becomes \
+        unknown: releasing it again is an error. (In attach mode the agent is only forgotten, \
+        not stopped.)",
+        output_schema = schema_for_output::<ReleaseResult>(),
+        annotations(destructive_hint = true)
+    )]
+    async fn release(
+        &self,
+        Parameters(params): Parameters<SandboxParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        Ok(success(&self.node.release(&params.sandbox_id).await?))
+    }
+
+    #[tool(
+        description = "Describe this sandbox host: mode, the warm pool (ready and booting VMs), \
+        templates that create_sandbox accepts, this session's live claims with their \
+        deadlines, and capacity (how many more sandboxes can be claimed).",
+        output_schema = schema_for_output::<NodeInfoResult>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn node_info(&self) -> Result<CallToolResult, ToolError> {
+        Ok(success(&self.node.info()))
+    }
+}
+
+impl ServerHandler for SandboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                env!("CARGO_PKG_NAME"),
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tool_router.list_all()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tool_router.get(name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let name = request.name.to_string();
+        let cancelled = context.ct.clone();
+        let started = Instant::now();
+        let call = self
+            .tool_router
+            .call(ToolCallContext::new(self, request, context));
+        let cap = Duration::from_secs(TOOL_CALL_CAP_SECS);
+        let response = tokio::select! {
+            response = tokio::time::timeout(cap, call) => match response {
+                Ok(response) => response,
+                Err(_) => Ok(ToolError::new(format!(
+                    "{name} did not finish within the 5-minute cap on a tool call and was \
+                     abandoned. Split the work into shorter calls, or use spawn and logs."
+                ))
+                .into_result()
+                .into()),
+            },
+            () = cancelled.cancelled() => {
+                tracing::info!(tool = %name, "call cancelled by the client");
+                return Err(ErrorData::internal_error("cancelled by the client", None));
+            }
+        };
+        let is_error = match &response {
+            Ok(CallToolResponse::Complete(result)) => result.is_error.unwrap_or(false),
+            Ok(_) => false,
+            Err(_) => true,
+        };
+        tracing::info!(tool = %name, ms = millis(started.elapsed()), is_error, "tool call");
+        response
+    }
+}
+
+/// The sandbox's agent connection, or an error saying how to recover.
+async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolError> {
+    sandbox
+        .client()
+        .await
+        .map_err(|error| ToolError::agent(op, sandbox.id.as_str(), &error))
+}
+
+fn process_spec(
+    command: String,
+    cwd: Option<String>,
+    env: Option<BTreeMap<String, String>>,
+) -> ProcessSpec {
+    let mut spec = ProcessSpec::new(Command::Shell(command));
+    spec.cwd = cwd.filter(|cwd| !cwd.is_empty());
+    spec.env = env.unwrap_or_default().into_iter().collect();
+    spec
+}
+
+fn absolute(path: &str) -> Result<(), ToolError> {
+    if path.starts_with('/') {
+        Ok(())
+    } else {
+        Err(ToolError::new(format!(
+            "path {path:?} is relative; pass an absolute path such as /root/{path}"
+        )))
+    }
+}
+
+/// A process's command as one line: the shell line for `sh -c LINE`, else the argv.
+fn command_line(argv: &[String]) -> String {
+    match argv {
+        [sh, flag, line] if sh.ends_with("sh") && flag == "-c" => line.clone(),
+        _ => argv.join(" "),
+    }
+}
+
+fn kind_name(kind: FileKind) -> &'static str {
+    kind.as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shell_commands_show_their_line() {
+        let argv = ["/bin/sh", "-c", "sleep 1"].map(String::from);
+        assert_eq!(command_line(&argv), "sleep 1");
+        let argv = ["python3", "-m", "http.server"].map(String::from);
+        assert_eq!(command_line(&argv), "python3 -m http.server");
+    }
+
+    #[test]
+    fn the_tool_table_is_exactly_the_documented_one() {
+        let names: Vec<String> = SandboxServer::tool_router()
+            .list_all()
+            .into_iter()
+            .map(|tool| tool.name.to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "create_sandbox",
+                "exec",
+                "kill",
+                "list_dir",
+                "logs",
+                "node_info",
+                "ps",
+                "read_file",
+                "release",
+                "spawn",
+                "write_file"
+            ]
+        );
+        for tool in SandboxServer::tool_router().list_all() {
+            assert!(
+                tool.output_schema.is_some(),
+                "{} has no output schema",
+                tool.name
+            );
+            assert!(
+                tool.description.as_ref().is_some_and(|d| d.len() > 80),
+                "{} needs a description a model can act on",
+                tool.name
+            );
+        }
+    }
+}
