@@ -2,13 +2,14 @@
 # Installs what a fresh Debian 12 machine lacks to build, boot and test sandboxes.
 # Idempotent and cached: a second run does nothing that is already done.
 #
-#   - apt: QEMU (TCG is enough), kmod (depmod), lz4 (vmlinux carving), cpio,
-#          busybox-static (default template base), e2fsprogs (mkfs.ext4 -d), python3-venv
+#   - apt: QEMU (TCG is enough) and qemu-img, kmod (depmod), lz4, cpio, file,
+#          busybox-static (default template base), e2fsprogs (mkfs.ext4 -d); and
+#          package lists that know Debian's cloud kernel, which templates are built from
 #   - rustup: the x86_64-unknown-linux-musl target for the static agent
 #   - cargo: vhost-device-vsock, the vhost-user vsock backend QEMU talks to
 set -euo pipefail
 
-APT_PACKAGES=(qemu-system-x86 kmod lz4 cpio busybox-static e2fsprogs python3-venv file)
+APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -18,6 +19,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+if ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
+  echo "setup: refreshing the package lists"
+  apt-get update -q
 fi
 
 if ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then

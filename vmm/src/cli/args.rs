@@ -27,6 +27,9 @@ pub struct Cli {
     /// Keep retrying the connection for up to this many seconds (a booting VM).
     #[arg(long, global = true, value_name = "SECS")]
     pub wait: Option<f64>,
+    /// Talk to the agent of a VM started with `vm start` (instead of --agent).
+    #[arg(long, global = true, value_name = "ID", conflicts_with = "agent")]
+    pub vm: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -75,6 +78,71 @@ pub enum Command {
     Resume(ResumeArgs),
     /// Stop every process in the guest and power it off (or reboot it).
     Shutdown(ShutdownArgs),
+    /// Boot, list and stop microVMs.
+    #[command(subcommand)]
+    Vm(VmCommand),
+    /// Report what is present or missing to boot microVMs here.
+    Doctor,
+}
+
+/// `vm …`
+#[derive(Debug, Subcommand)]
+pub enum VmCommand {
+    /// Boot a VM, run one command in it (output streamed), shut it down, and exit
+    /// with the command's code.
+    Run(VmRunArgs),
+    /// Boot a VM that outlives this command; prints its id and agent URL.
+    Start(VmBootArgs),
+    /// List VMs and their state.
+    Ls(VmLsArgs),
+    /// Shut a VM down (the guest first, then QEMU) and remove its run folder.
+    Stop(VmStopArgs),
+}
+
+/// What to boot.
+#[derive(Debug, Args)]
+pub struct VmBootArgs {
+    /// Template name (under SANDBOX_HOME/templates) or folder.
+    #[arg(long, short = 't', default_value = "default")]
+    pub template: String,
+    /// small, medium, large, xlarge or 2xlarge (default: the template's).
+    #[arg(long, short = 's')]
+    pub size: Option<String>,
+    /// Give up if the agent is not ready within this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120.0)]
+    pub boot_timeout: f64,
+}
+
+/// `vm run`
+#[derive(Debug, Args)]
+pub struct VmRunArgs {
+    #[command(flatten)]
+    pub boot: VmBootArgs,
+    #[command(flatten)]
+    pub process: ProcessArgs,
+    #[command(flatten)]
+    pub run: RunArgs,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `vm ls`
+#[derive(Debug, Args)]
+pub struct VmLsArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `vm stop`
+#[derive(Debug, Args)]
+pub struct VmStopArgs {
+    /// The VM's id.
+    pub id: String,
+    /// Seconds the guest gets to power off before QEMU is killed.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub grace: f64,
 }
 
 /// `put LOCAL REMOTE`
@@ -183,7 +251,7 @@ fn parse_mode(arg: &str) -> Result<u32, String> {
 }
 
 /// How a process starts (shared by exec, sh, spawn and shell).
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ProcessArgs {
     /// Working directory.
     #[arg(long, value_name = "DIR")]

@@ -6,7 +6,8 @@
 //!   (building a `ProcessSpec`, writing output chunks).
 //! - `exec`: `exec`, `sh`, `spawn`. `procs`: `ps`, `kill`. `logs`: `logs`.
 //!   `files`: `put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`, and the
-//!   guest-wide `resume` and `shutdown`.
+//!   guest-wide `resume` and `shutdown`. `vm`: `vm run|start|ls|stop` and `--vm ID`.
+//!   `doctor`: what is present or missing to boot microVMs.
 //!   `shell`: `shell`, `attach`. `terminal`: raw mode, window size, stdin pump.
 //!   `info`: `info`. `json`: the JSON views of protocol types.
 //!
@@ -15,6 +16,7 @@
 //! itself fails (bad URL, agent unreachable, agent error), reported by the binary.
 
 pub mod args;
+mod doctor;
 mod exec;
 mod files;
 mod info;
@@ -23,6 +25,7 @@ mod logs;
 mod procs;
 mod shell;
 mod terminal;
+mod vm;
 
 use std::io::Write;
 use std::time::Duration;
@@ -50,6 +53,12 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    // These manage VMs rather than talk to one agent.
+    match &cli.command {
+        Command::Vm(command) => return vm::run(command, cli.token.clone()).await,
+        Command::Doctor => return doctor::doctor().await,
+        _ => {}
+    }
     let client = connect(&cli).await?;
     match cli.command {
         Command::Exec(args) => {
@@ -86,12 +95,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Mkdir(args) => files::mkdir(&client, &args).await,
         Command::Resume(args) => files::resume(&client, args.new_identity).await,
         Command::Shutdown(args) => files::shutdown(&client, args.reboot).await,
+        // Handled before connecting.
+        Command::Vm(_) | Command::Doctor => Ok(0),
     }
 }
 
 async fn connect(cli: &Cli) -> anyhow::Result<Client> {
-    let Some(url) = &cli.agent else {
-        bail!("No agent given: pass --agent URL or set SANDBOX_AGENT");
+    let vm_url = match &cli.vm {
+        Some(id) => Some(vm::agent_url(id)?),
+        None => None,
+    };
+    let Some(url) = vm_url.as_ref().or(cli.agent.as_ref()) else {
+        bail!("No agent given: pass --agent URL, --vm ID, or set SANDBOX_AGENT");
     };
     let url: AgentUrl = url
         .parse()

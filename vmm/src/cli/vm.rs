@@ -1,0 +1,252 @@
+//! `vm run|start|ls|stop`, and resolving `--vm ID` to the VM's agent URL.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Serialize;
+
+use super::args::{VmBootArgs, VmCommand, VmLsArgs, VmRunArgs, VmStopArgs};
+use super::json::print_line;
+use super::{exec, process_spec, seconds};
+use crate::client::{AgentUrl, Client, ConnectOptions};
+use crate::launcher::{
+    BootSpec, Launcher, LauncherConfig, Size, StopOutcome, TemplateRef, Vm, VmId, VmStatus,
+};
+use sandbox_protocol::Command as Cmd;
+
+/// How long the guest gets to power off after a shutdown request.
+const GUEST_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long connecting to a freshly booted agent may take.
+const CONNECT_AFTER_READY: Duration = Duration::from_secs(30);
+
+pub(super) async fn run(command: &VmCommand, token: Option<String>) -> anyhow::Result<u8> {
+    let launcher = launcher()?;
+    match command {
+        VmCommand::Run(args) => vm_run(&launcher, args, token).await,
+        VmCommand::Start(args) => vm_start(&launcher, args).await,
+        VmCommand::Ls(args) => vm_ls(&launcher, args),
+        VmCommand::Stop(args) => vm_stop(&launcher, args, token).await,
+    }
+}
+
+fn launcher() -> anyhow::Result<Launcher> {
+    Ok(Launcher::new(
+        LauncherConfig::from_env().context("Cannot configure the launcher")?,
+    ))
+}
+
+/// The agent URL of VM `id`, from its run folder.
+pub(super) fn agent_url(id: &str) -> anyhow::Result<String> {
+    let launcher = launcher()?;
+    let entry = launcher
+        .list()?
+        .into_iter()
+        .find(|entry| entry.name == id)
+        .with_context(|| format!("No VM with id {id}; `sandboxctl vm ls` lists them"))?;
+    let record = entry
+        .record
+        .with_context(|| format!("VM {id} has no readable vm.json"))?;
+    Ok(record.agent_url)
+}
+
+fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
+    let size = match &args.size {
+        Some(name) => Some(Size::preset(name).with_context(|| {
+            format!("Unknown size {name:?}: use small, medium, large, xlarge or 2xlarge")
+        })?),
+        None => None,
+    };
+    Ok(BootSpec {
+        size,
+        ready_timeout: seconds("--boot-timeout", args.boot_timeout)?,
+        detached,
+        ..BootSpec::new(TemplateRef::parse(&args.template))
+    })
+}
+
+async fn connect(vm: &Vm, token: Option<String>) -> anyhow::Result<Client> {
+    let url: AgentUrl = vm
+        .agent_url()
+        .parse()
+        .context("The VM's agent URL is invalid")?;
+    let opts = ConnectOptions {
+        token,
+        ..ConnectOptions::default()
+    };
+    let deadline = tokio::time::Instant::now() + CONNECT_AFTER_READY;
+    Client::connect_with_retry(&url, &opts, deadline)
+        .await
+        .with_context(|| format!("Cannot reach the agent of VM {}", vm.id()))
+}
+
+async fn vm_run(
+    launcher: &Launcher,
+    args: &VmRunArgs,
+    token: Option<String>,
+) -> anyhow::Result<u8> {
+    let spec = boot_spec(&args.boot, false)?;
+    // Ctrl-C while booting drops the boot, which stops everything it started.
+    let vm = tokio::select! {
+        vm = launcher.boot(spec) => vm.context("Cannot boot the VM")?,
+        _ = tokio::signal::ctrl_c() => bail!("Interrupted while booting"),
+    };
+    tracing::info!(id = %vm.id(), boot = ?vm.boot_duration(), "VM ready");
+    let result = match connect(&vm, token).await {
+        Ok(client) => {
+            let spec = process_spec(Cmd::Argv(args.command.clone()), args.process.clone());
+            let code = exec::exec(&client, spec, &args.run).await;
+            let shutdown = async {
+                if let Err(error) = client.shutdown(false).await {
+                    tracing::warn!(%error, "the guest did not accept the shutdown");
+                }
+            };
+            if let Err(error) = vm.shutdown_with(GUEST_SHUTDOWN_GRACE, shutdown).await {
+                eprintln!("sandboxctl: stopping the VM: {error:#}");
+            }
+            code
+        }
+        Err(error) => {
+            let _ = vm.shutdown(Duration::from_secs(1)).await;
+            Err(error)
+        }
+    };
+    result
+}
+
+async fn vm_start(launcher: &Launcher, args: &VmBootArgs) -> anyhow::Result<u8> {
+    let vm = tokio::select! {
+        vm = launcher.boot(boot_spec(args, true)?) => vm.context("Cannot boot the VM")?,
+        _ = tokio::signal::ctrl_c() => bail!("Interrupted while booting"),
+    };
+    let boot = vm.boot_duration();
+    let record = match vm.detach() {
+        Ok(record) => record,
+        Err(_) => bail!("The VM could not be detached"),
+    };
+    println!("{}\t{}", record.id, record.agent_url);
+    eprintln!(
+        "booted in {:.2}s ({:?}); use --vm {} with other commands, `sandboxctl vm stop {}` to end it",
+        boot.as_secs_f64(),
+        record.accel,
+        record.id,
+        record.id
+    );
+    Ok(0)
+}
+
+#[derive(Serialize)]
+struct VmView {
+    id: String,
+    status: VmStatus,
+    template: Option<String>,
+    agent_url: Option<String>,
+    vcpus: Option<u16>,
+    memory_mib: Option<u32>,
+    created_at_unix_ms: Option<u64>,
+}
+
+fn vm_ls(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
+    let views: Vec<VmView> = launcher
+        .list()?
+        .into_iter()
+        .map(|entry| VmView {
+            id: entry.name,
+            status: entry.status,
+            template: entry.record.as_ref().map(|r| r.template.clone()),
+            agent_url: entry.record.as_ref().map(|r| r.agent_url.clone()),
+            vcpus: entry.record.as_ref().map(|r| r.size.vcpus),
+            memory_mib: entry.record.as_ref().map(|r| r.size.memory_mib),
+            created_at_unix_ms: entry.record.as_ref().map(|r| r.created_at_unix_ms),
+        })
+        .collect();
+    if args.json {
+        print_line(&views)?;
+        return Ok(0);
+    }
+    println!(
+        "{:<14}{:<9}{:<12}{:<6}{:<8}AGENT",
+        "ID", "STATUS", "TEMPLATE", "CPUS", "MEMORY"
+    );
+    for view in views {
+        println!(
+            "{:<14}{:<9}{:<12}{:<6}{:<8}{}",
+            view.id,
+            serde_json::to_value(view.status)?.as_str().unwrap_or("?"),
+            view.template.as_deref().unwrap_or("-"),
+            view.vcpus.map_or("-".into(), |v| v.to_string()),
+            view.memory_mib.map_or("-".into(), |m| format!("{m}M")),
+            view.agent_url.as_deref().unwrap_or("-"),
+        );
+    }
+    Ok(0)
+}
+
+async fn vm_stop(
+    launcher: &Launcher,
+    args: &VmStopArgs,
+    token: Option<String>,
+) -> anyhow::Result<u8> {
+    let id: VmId = args
+        .id
+        .parse()
+        .with_context(|| format!("Invalid VM id {:?}", args.id))?;
+    let grace = seconds("--grace", args.grace)?;
+    // Ask the guest to power off first, so its processes get SIGTERM, and give QEMU
+    // the grace period to exit by itself; the launcher then stops what is left.
+    let started = tokio::time::Instant::now();
+    let powered_off = match ask_guest_to_power_off(id.as_str(), token).await {
+        true => wait_until_not_running(launcher, &id, started + grace).await,
+        false => false,
+    };
+    let outcome = launcher
+        .stop(
+            &id,
+            grace
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_secs(1)),
+        )
+        .await
+        .with_context(|| format!("Cannot stop VM {id}"))?;
+    match (powered_off, outcome) {
+        (true, _) => eprintln!("VM {id} powered off"),
+        (false, StopOutcome::Exited(status)) => eprintln!("VM {id} powered off ({status})"),
+        (false, other) => eprintln!("VM {id} stopped: {other:?}"),
+    }
+    Ok(0)
+}
+
+/// True when the guest's agent accepted a shutdown request.
+async fn ask_guest_to_power_off(id: &str, token: Option<String>) -> bool {
+    let Ok(url) = agent_url(id).and_then(|url| Ok(url.parse::<AgentUrl>()?)) else {
+        return false;
+    };
+    let opts = ConnectOptions {
+        token,
+        connect_timeout: Duration::from_secs(2),
+    };
+    match Client::connect(&url, &opts).await {
+        Ok(client) => client.shutdown(false).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// Polls until VM `id`'s QEMU is no longer running, or the deadline.
+async fn wait_until_not_running(
+    launcher: &Launcher,
+    id: &VmId,
+    deadline: tokio::time::Instant,
+) -> bool {
+    while tokio::time::Instant::now() < deadline {
+        let running = launcher.list().is_ok_and(|entries| {
+            entries
+                .iter()
+                .any(|e| e.name == id.as_str() && e.status == VmStatus::Running)
+        });
+        if !running {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
