@@ -35,7 +35,6 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 pub use cmdline::{BootParams, CmdlineWarning};
-pub use oom::reset_oom_score_adj_in_child;
 pub use shutdown::{power_off, PowerAction};
 
 /// A failed init step, named after the operation.

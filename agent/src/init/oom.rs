@@ -1,11 +1,10 @@
 //! The OOM killer's view of init: never PID 1, and the workload first.
 //!
 //! The agent sets its own `oom_score_adj` to the minimum. The value is inherited
-//! across `fork`, so every child resets it to 0 before `exec` with
-//! [`reset_oom_score_adj_in_child`].
+//! across `fork`, so the process layer gives every child the default back right
+//! after starting it (`crate::sys::reset_oom_score_adj`).
 
 use std::fs;
-use std::io;
 
 use super::InitError;
 
@@ -23,32 +22,4 @@ pub fn protect_self() -> Result<(), InitError> {
             error,
         }
     })
-}
-
-/// Resets the calling process's `oom_score_adj` to 0, for children between `fork`
-/// and `exec` (`CommandExt::pre_exec`).
-///
-/// Async-signal-safe: only `open`, `write` and `close` on static data, no allocation,
-/// no locks. Raising the value always works; when the agent is not PID 1 and its own
-/// value was above 0, lowering to 0 is refused (`EACCES`), so callers outside a VM
-/// should ignore the error.
-pub fn reset_oom_score_adj_in_child() -> io::Result<()> {
-    const PATH: &std::ffi::CStr = c"/proc/self/oom_score_adj";
-    const ZERO: &[u8] = b"0";
-    // SAFETY: PATH is a valid NUL-terminated string with static lifetime; open has no
-    // other preconditions.
-    let fd = unsafe { libc::open(PATH.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd was just opened by this function; ZERO is valid for ZERO.len() bytes.
-    let written = unsafe { libc::write(fd, ZERO.as_ptr().cast(), ZERO.len()) };
-    let result = if written < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    };
-    // SAFETY: fd is owned by this function and closed exactly once.
-    unsafe { libc::close(fd) };
-    result
 }
