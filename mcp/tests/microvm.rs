@@ -1,7 +1,7 @@
 //! `sandbox-mcp` booting real QEMU microVMs, driven by rmcp's MCP client: a warm
 //! claim, `uname -a`, files, two sandboxes at once, TTL expiry, release twice, and
 //! that after the client disconnects no QEMU, `vhost-device-vsock` or run folder is
-//! left. Also prints the claim latency and the exec round trip.
+//! left. Claim latency and the exec round trip are measured by `benches/mcp.rs`.
 //!
 //! Needs QEMU, `vhost-device-vsock` and the `default` template (built by
 //! `sandbox-rootfs`). A missing prerequisite fails the test with what to install;
@@ -12,64 +12,24 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig};
 use serde_json::{json, Value};
-use support::{eventually, median_ms, McpServer};
-
-/// Round trips measured per figure.
-const SAMPLES: usize = 20;
+use support::{eventually, McpServer};
 
 /// How long the first warm VM may take (TCG on a busy 2-core host is slow).
 const WARM_WITHIN: Duration = Duration::from_secs(180);
 
-/// The VM tests' prerequisites, or `None` when explicitly skipped.
-fn prerequisites() -> Option<LauncherConfig> {
+/// A short private run folder for the server's VMs once the prerequisites are
+/// checked, or `None` when the microVM tests are explicitly skipped.
+fn prerequisites(tag: &str) -> Option<PathBuf> {
     if std::env::var("SANDBOX_SKIP_VM_TESTS").as_deref() == Ok("1") {
         eprintln!("SANDBOX_SKIP_VM_TESTS=1: skipping the microVM test");
         return None;
     }
-    let config = LauncherConfig::from_env().expect("cannot find the sandbox home");
-    let mut missing = Vec::new();
-    for program in [&config.qemu_path, &config.qemu_img_path, &config.vhost_path] {
-        if !on_path(program) {
-            missing.push(format!("{} (run scripts/setup.sh)", program.display()));
-        }
-    }
-    let template = config
-        .templates_root()
-        .join("default")
-        .join("template.json");
-    if !template.is_file() {
-        missing.push(format!(
-            "{} (build the default template with sandbox-rootfs)",
-            template.display()
-        ));
-    }
-    assert!(
-        missing.is_empty(),
-        "the microVM tests need: {}; set SANDBOX_SKIP_VM_TESTS=1 to skip them explicitly",
-        missing.join(", ")
-    );
-    Some(config)
-}
-
-fn on_path(program: &Path) -> bool {
-    if program.components().count() > 1 {
-        return program.is_file();
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
-}
-
-/// A short private run folder (its sockets must fit in 108 bytes).
-fn run_dir(tag: &str) -> PathBuf {
-    let dir = PathBuf::from(format!("/tmp/sbx-mcp-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    support::require_microvms();
+    Some(support::run_dir(tag))
 }
 
 /// Pids of live processes whose arguments mention `needle`.
@@ -96,10 +56,9 @@ fn str_of(value: &Value) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn microvm_session_from_claim_to_disconnect() {
-    let Some(_config) = prerequisites() else {
+    let Some(run) = prerequisites("vm") else {
         return;
     };
-    let run = run_dir("vm");
     let run_text = run.display().to_string();
     let log = PathBuf::from(format!("{run_text}.log"));
     let server = McpServer::start(
@@ -121,10 +80,7 @@ async fn microvm_session_from_claim_to_disconnect() {
         .iter()
         .any(|t| t["name"] == "default"));
 
-    // A warm claim, timed from the client's side.
-    let started = Instant::now();
     let first = server.ok("create_sandbox", json!({})).await;
-    let claim_wall = started.elapsed();
     assert_eq!(first["warm"], true, "{first}");
     assert_eq!(first["ttl_seconds"], 3600);
     assert!(first["deadline"].as_str().unwrap().ends_with('Z'));
@@ -174,16 +130,6 @@ async fn microvm_session_from_claim_to_disconnect() {
     server
         .ok("kill", json!({"sandbox_id": id, "pid": pid, "signal": 0}))
         .await;
-
-    // The exec tool's round trip with `true`.
-    let mut round_trips = Vec::new();
-    for _ in 0..SAMPLES {
-        let started = Instant::now();
-        server
-            .ok("exec", json!({"sandbox_id": id, "command": "true"}))
-            .await;
-        round_trips.push(started.elapsed());
-    }
 
     // A second sandbox with a short TTL, used side by side with the first.
     let second = server.ok("create_sandbox", json!({"ttl_seconds": 8})).await;
@@ -257,12 +203,6 @@ async fn microvm_session_from_claim_to_disconnect() {
         "run folders outlived the server: {folders:?}"
     );
 
-    eprintln!(
-        "MEASURE mcp: warm claim {claim_wall:?} wall from the client ({} ms inside the server); \
-         exec `true` round trip median {:.2} ms over {SAMPLES}",
-        first["claim_ms"],
-        median_ms(round_trips)
-    );
     let teardown: Vec<String> = std::fs::read_to_string(&log)
         .unwrap_or_default()
         .lines()
@@ -274,72 +214,13 @@ async fn microvm_session_from_claim_to_disconnect() {
     let _ = std::fs::remove_file(&log);
 }
 
-/// The same operations without MCP: a cold boot through the launcher (what a claim
-/// costs without the pool), `true` through the client, and through `sandboxctl`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement: run with --ignored --nocapture"]
-async fn baseline_without_mcp() {
-    let Some(mut config) = prerequisites() else {
-        return;
-    };
-    let run = run_dir("base");
-    config.run_root = run.clone();
-    let launcher = Launcher::new(config);
-    let started = Instant::now();
-    let vm = launcher.boot(BootSpec::default()).await.unwrap();
-    let boot = started.elapsed();
-    let url = vm.agent_url();
-    let client = sandbox_vmm::Client::connect(
-        &url.parse().unwrap(),
-        &sandbox_vmm::ConnectOptions::default(),
-    )
-    .await
-    .unwrap();
-    let mut direct = Vec::new();
-    for _ in 0..SAMPLES {
-        let started = Instant::now();
-        let request = sandbox_protocol_exec("true");
-        client.exec(request).await.unwrap();
-        direct.push(started.elapsed());
-    }
-    let sandboxctl = sandbox_tests::binaries().sandboxctl.clone();
-    let mut cli = Vec::new();
-    for _ in 0..SAMPLES {
-        let started = Instant::now();
-        let status = std::process::Command::new(&sandboxctl)
-            .args(["--agent", &url, "sh", "true"])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        cli.push(started.elapsed());
-    }
-    vm.shutdown(Duration::from_millis(500)).await.unwrap();
-    eprintln!(
-        "MEASURE direct: cold boot to ready {boot:?}; client exec `true` median {:.2} ms; \
-         sandboxctl sh true median {:.2} ms (process start + connect + exec)",
-        median_ms(direct),
-        median_ms(cli)
-    );
-    let _ = std::fs::remove_dir_all(&run);
-}
-
-fn sandbox_protocol_exec(line: &str) -> sandbox_protocol::ExecRequest {
-    sandbox_protocol::ExecRequest {
-        spec: sandbox_protocol::ProcessSpec::new(sandbox_protocol::Command::Shell(line.into())),
-        stdin: Vec::new(),
-        timeout_ms: None,
-        stream: false,
-    }
-}
-
 /// With room for one VM, a claim of another size takes the warm VM's place, and a
 /// claim past the limit is refused with what to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_sandboxes_counts_warm_vms_and_claims_evict_them() {
-    let Some(_config) = prerequisites() else {
+    let Some(run) = prerequisites("cap") else {
         return;
     };
-    let run = run_dir("cap");
     let run_text = run.display().to_string();
     let log = PathBuf::from(format!("{run_text}.log"));
     let server = McpServer::start(

@@ -100,29 +100,8 @@ pub fn now_rfc3339() -> String {
 
 /// Seconds since the epoch as RFC 3339 UTC.
 pub fn rfc3339(unix_secs: u64) -> String {
-    let days = unix_secs / 86_400;
-    let rem = unix_secs % 86_400;
-    let (year, month, day) = civil_from_days(days);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + u64::from(month <= 2);
-    (year, month, day)
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + std::time::Duration::from_secs(unix_secs))
+        .to_string()
 }
 
 #[cfg(test)]

@@ -31,6 +31,8 @@ use sandbox_protocol::{
 };
 use sandbox_vmm::client::{Client, ConnectOptions, LogsEvent};
 
+pub mod vm;
+
 /// How long the agent gets to start listening.
 const AGENT_START_SECS: u64 = 20;
 

@@ -9,8 +9,7 @@
 //! boots cover readiness, the agent port, shutdown, drop, two VMs at once, detach and
 //! stop from another launcher, and a boot that fails.
 //!
-//! Boot-to-ready figures: `cargo test -p sandbox-vmm --test launcher_boot -- --ignored
-//! --nocapture` (`SANDBOX_BOOT_SAMPLES`, default 10).
+//! Boot-to-ready figures: `cargo bench -p sandbox-vmm --bench microvm`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -226,33 +225,5 @@ async fn a_guest_that_dies_fails_the_boot_with_its_console() {
         "unexpected error: {text}"
     );
     assert!(text.contains("Kernel panic"), "no console tail in: {text}");
-    assert_run_root_empty(&launcher);
-}
-
-/// Boot-to-ready (QEMU start to `Ready`) over several sequential boots.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement: run with --ignored --nocapture"]
-async fn boot_to_ready_median() {
-    let Some((launcher, template)) = setup("bench") else {
-        return;
-    };
-    let samples: usize = std::env::var("SANDBOX_BOOT_SAMPLES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    let mut times = Vec::new();
-    for _ in 0..samples {
-        let vm = boot(&launcher, spec(&template)).await;
-        times.push(vm.boot_duration());
-        vm.shutdown(GRACE).await.unwrap();
-    }
-    times.sort();
-    let ms: Vec<u128> = times.iter().map(Duration::as_millis).collect();
-    eprintln!(
-        "boot-to-ready over {samples} boots: median {} ms, min {} ms, max {} ms; all: {ms:?}",
-        ms[ms.len() / 2],
-        ms[0],
-        ms[ms.len() - 1]
-    );
     assert_run_root_empty(&launcher);
 }

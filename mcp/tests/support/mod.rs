@@ -1,6 +1,7 @@
 //! Test harness: the real `sandbox-mcp` binary as a child process, driven by rmcp's
 //! own MCP client over its stdin and stdout. The server's stderr goes to a log file
-//! that is printed when a test fails.
+//! that is printed when a test fails. Also the microVM prerequisites, checked with
+//! what to install or build. Shared by `tests/` and `benches/`.
 
 // Each test crate uses a different part of this harness.
 #![allow(dead_code)]
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
+use sandbox_vmm::launcher::LauncherConfig;
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
@@ -196,8 +198,49 @@ where
     }
 }
 
-/// Median of some durations, in milliseconds.
-pub fn median_ms(mut samples: Vec<Duration>) -> f64 {
-    samples.sort();
-    samples[samples.len() / 2].as_secs_f64() * 1000.0
+/// The launcher configuration from the environment, once QEMU, `qemu-img`,
+/// `vhost-device-vsock` and the `default` template are known to be there; panics
+/// naming what is missing and how to get it.
+pub fn require_microvms() -> LauncherConfig {
+    let config = LauncherConfig::from_env().expect("cannot find the sandbox home");
+    let mut missing = Vec::new();
+    for program in [&config.qemu_path, &config.qemu_img_path, &config.vhost_path] {
+        if !on_path(program) {
+            missing.push(format!("{} (run scripts/setup.sh)", program.display()));
+        }
+    }
+    let template = config
+        .templates_root()
+        .join("default")
+        .join("template.json");
+    if !template.is_file() {
+        missing.push(format!(
+            "{} (build the default template with sandbox-rootfs)",
+            template.display()
+        ));
+    }
+    assert!(
+        missing.is_empty(),
+        "microVMs need: {}; set SANDBOX_SKIP_VM_TESTS=1 to skip the tests explicitly \
+         (benchmarks cannot be skipped)",
+        missing.join(", ")
+    );
+    config
+}
+
+fn on_path(program: &Path) -> bool {
+    if program.components().count() > 1 {
+        return program.is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+/// A fresh, short private run folder for a server's VMs (their sockets must fit in
+/// 108 bytes).
+pub fn run_dir(tag: &str) -> PathBuf {
+    let dir = PathBuf::from(format!("/tmp/sbx-mcp-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("cannot create the run folder");
+    dir
 }

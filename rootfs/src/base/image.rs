@@ -429,9 +429,16 @@ fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
                 warn!(path = %rel.display(), "entry refused by the unpacker");
                 skipped += 1;
             }
+            // A half-applied entry (data written, mode or owner not) would make a
+            // template that fails at run time in confusing ways: fail the build here.
             Err(error) => {
-                warn!(path = %rel.display(), %error, "entry not unpacked");
-                skipped += 1;
+                return Err(io::Error::new(
+                    error.kind(),
+                    match std::error::Error::source(&error) {
+                        Some(cause) => format!("cannot unpack {}: {error}: {cause}", rel.display()),
+                        None => format!("cannot unpack {}: {error}", rel.display()),
+                    },
+                ))
             }
         }
     }
@@ -459,6 +466,9 @@ mod tests {
                     header.set_entry_type(tar::EntryType::Regular);
                     header.set_size(data.len() as u64);
                     header.set_mode(0o644);
+                    header.set_uid(0);
+                    header.set_gid(0);
+                    header.set_mtime(0);
                     header.set_cksum();
                     builder.append_data(&mut header, path, *data).unwrap();
                 }
@@ -466,6 +476,9 @@ mod tests {
                     header.set_entry_type(tar::EntryType::Directory);
                     header.set_size(0);
                     header.set_mode(0o755);
+                    header.set_uid(0);
+                    header.set_gid(0);
+                    header.set_mtime(0);
                     header.set_cksum();
                     builder.append_data(&mut header, path, io::empty()).unwrap();
                 }
@@ -523,6 +536,31 @@ mod tests {
         assert_eq!(read("replaced").as_deref(), Some("v2"));
         assert!(!staging.join("etc/.wh.gone").exists());
         assert!(!staging.join("opq/.wh..wh..opq").exists());
+    }
+
+    #[test]
+    fn an_entry_that_cannot_be_applied_fails_the_build() {
+        // A header whose uid field is not a number: as root the unpacker cannot set the
+        // owner, and a half-applied file must not end up in a template.
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(1);
+        header.set_mode(0o755);
+        header.as_gnu_mut().unwrap().uid = *b"bogus!!\0";
+        header.set_cksum();
+        builder
+            .append_data(&mut header, "bin/tool", &b"x"[..])
+            .unwrap();
+        let layer = builder.into_inner().unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let result = unpack_files(Box::new(io::Cursor::new(layer)), staging.path());
+        if nix_is_root() {
+            let error = result.unwrap_err().to_string();
+            assert!(error.contains("bin/tool"), "{error}");
+        } else {
+            // Without root, owners are not applied, so the entry applies whole.
+            assert_eq!(result.unwrap(), 0);
+        }
     }
 
     #[test]

@@ -1,0 +1,677 @@
+//! Real microVMs for the end-to-end tests: boot a template with the launcher, talk to
+//! its agent over hybrid vsock, power it off, leave nothing behind.
+//!
+//! # Use
+//! ```no_run
+//! # async fn example() {
+//! use sandbox_tests::vm::VmHost;
+//! let Some(host) = VmHost::get("my_test") else { return }; // SANDBOX_SKIP_VM_TESTS=1
+//! let vm = host.boot_default().await;
+//! let info = vm.client().info().await.unwrap();
+//! vm.shutdown().await; // a `shutdown` request; QEMU must exit by itself
+//! # let _ = info;
+//! # }
+//! ```
+//!
+//! - [`VmHost::get`] checks the prerequisites (QEMU, `vhost-device-vsock`) and fails
+//!   loudly, saying what to install, unless `SANDBOX_SKIP_VM_TESTS=1`, in which case
+//!   it prints that the test is skipped and returns `None`.
+//! - [`VmHost::boot`] boots a template (the default: `SANDBOX_TEST_TEMPLATE`, else the
+//!   `default` template under `SANDBOX_HOME`) and connects a client with retry. A
+//!   missing template fails with the command that builds it.
+//! - [`TestVm`] holds the VM and its client. [`TestVm::power_off`] waits for QEMU to
+//!   exit by itself after a trigger and checks the console; dropping a `TestVm` asks
+//!   the agent to power off (blocking, so it works from `Drop`), then reaps QEMU and
+//!   its daemon and removes the run folder. A failing test also gets the console's
+//!   tail printed.
+//! - [`Sections`] runs the parts of a test that share one VM, each as its own task,
+//!   so one failing part does not hide the others.
+//! - [`build_template`] runs `sandbox-rootfs build` into a folder of the test's own.
+//! - [`RawConnection`] speaks to the agent through the VM's hybrid vsock socket
+//!   without a client, to send it malformed frames.
+//!
+//! Every VM of a test process runs under one private run root in the temp dir (not
+//! the user's), removed when the last VM is gone, so
+//! [`VmHost::assert_no_run_folders`] can check that nothing was left behind.
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::frame::{encode, Decoded, FrameDecoder};
+use sandbox_protocol::limits::MAX_FRAME_BYTES;
+use sandbox_protocol::transport::FrameReader;
+use sandbox_protocol::{
+    AgentFrame, AgentMsg, ClientFrame, ClientMsg, Hello, Reply, Request, RequestId,
+    ShutdownRequest, WireError,
+};
+use sandbox_vmm::client::{hvsock, AgentUrl, Client, ConnectOptions};
+use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::UnixStream;
+
+use crate::{error_chain, within};
+
+/// Set to `1` to skip every microVM test (each says so on stderr).
+pub const SKIP_ENV: &str = "SANDBOX_SKIP_VM_TESTS";
+
+/// A template folder to boot instead of the `default` template.
+pub const TEMPLATE_ENV: &str = "SANDBOX_TEST_TEMPLATE";
+
+/// How long a boot may take to `Ready`. Generous: a TCG boot takes about 2.3 s on an
+/// idle machine and many times that on a loaded one.
+pub const READY_TIMEOUT_SECS: u64 = 120;
+
+/// How long connecting the first client may take after `Ready`.
+pub const CONNECT_SECS: u64 = 60;
+
+/// How long QEMU gets to exit by itself once the guest was told to power off. The
+/// agent gives processes 3 s between `SIGTERM` and `SIGKILL`.
+pub const POWER_OFF_SECS: u64 = 30;
+
+/// How long one of [`Sections`] may take before it fails as hung.
+pub const SECTION_SECS: u64 = 180;
+
+/// How much of the console a failing test prints.
+const CONSOLE_TAIL_BYTES: usize = 8 * 1024;
+
+/// What the guest kernel prints when it powers off.
+pub const POWER_DOWN_LINE: &str = "reboot: Power down";
+
+/// Proof that microVM tests run in this process: the shared launcher, its
+/// prerequisites checked.
+#[derive(Debug, Clone, Copy)]
+pub struct VmHost {
+    launcher: &'static Launcher,
+}
+
+impl VmHost {
+    /// The host, or `None` (after printing a notice naming `test`) when
+    /// `SANDBOX_SKIP_VM_TESTS=1`. Panics with what to install when QEMU or
+    /// `vhost-device-vsock` is missing.
+    pub fn get(test: &str) -> Option<Self> {
+        if std::env::var_os(SKIP_ENV).is_some_and(|v| v == "1") {
+            eprintln!("SKIPPED {test}: {SKIP_ENV}=1 (no microVM was booted)");
+            return None;
+        }
+        Some(Self {
+            launcher: launcher(),
+        })
+    }
+
+    /// The launcher every VM of this process boots with.
+    pub fn launcher(&self) -> &'static Launcher {
+        self.launcher
+    }
+
+    /// The template the tests boot by default.
+    pub fn default_template() -> TemplateRef {
+        match std::env::var_os(TEMPLATE_ENV) {
+            Some(dir) => TemplateRef::Path(PathBuf::from(dir)),
+            None => TemplateRef::default(),
+        }
+    }
+
+    /// Boots the default template.
+    pub async fn boot_default(&self) -> TestVm {
+        self.boot(Self::default_template()).await
+    }
+
+    /// Boots `template` and connects a client; panics with the console tail when the
+    /// boot fails.
+    pub async fn boot(&self, template: TemplateRef) -> TestVm {
+        let loaded = match self.launcher.template(&template) {
+            Ok(loaded) => loaded,
+            Err(error) => panic!(
+                "no template to boot: {}\nbuild the default template with \
+                 `cargo build -p sandbox-rootfs && target/debug/sandbox-rootfs build`, \
+                 point {TEMPLATE_ENV} at a template folder, or set {SKIP_ENV}=1 to skip \
+                 the microVM tests",
+                error_chain(&error)
+            ),
+        };
+        if loaded.disk.is_some() {
+            require_program(&self.launcher.config().qemu_img_path, "qemu-utils");
+        }
+        let lease = Lease::take(self.launcher);
+        let mut spec = BootSpec::new(template.clone());
+        spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+        let vm = match self.launcher.boot(spec).await {
+            Ok(vm) => vm,
+            Err(error) => panic!("booting {template} failed: {}", error_chain(&error)),
+        };
+        let client = connect(&vm).await;
+        TestVm {
+            client: Some(client),
+            vm: Some(vm),
+            _lease: lease,
+        }
+    }
+
+    /// Panics unless every VM of this process is gone with its run folder (call it
+    /// only where no other test of the process may have a VM).
+    pub fn assert_no_run_folders(&self) {
+        let left = self.launcher.list().expect("cannot list the run folders");
+        assert!(left.is_empty(), "run folders left behind: {left:?}");
+    }
+}
+
+/// The process-wide launcher, with a private run root under the temp dir (short, as
+/// the sockets in it must fit `sun_path`).
+fn launcher() -> &'static Launcher {
+    static LAUNCHER: OnceLock<Launcher> = OnceLock::new();
+    LAUNCHER.get_or_init(|| {
+        let mut config = LauncherConfig::from_env()
+            .unwrap_or_else(|e| panic!("launcher configuration: {}", error_chain(&e)));
+        config.run_root = std::env::temp_dir().join(format!("sbx-vm-{}", std::process::id()));
+        require_program(&config.qemu_path, "qemu-system-x86");
+        require_program(&config.vhost_path, "vhost-device-vsock (cargo install)");
+        Launcher::new(config)
+    })
+}
+
+/// VMs of this process that are booting or running; guarded so that the last one
+/// out can remove the (then empty) run root without racing a new boot.
+static LIVE_VMS: Mutex<usize> = Mutex::new(0);
+
+/// One VM's share of the run root: the last lease dropped removes the folder.
+#[derive(Debug)]
+struct Lease {
+    run_root: PathBuf,
+}
+
+impl Lease {
+    fn take(launcher: &Launcher) -> Self {
+        *LIVE_VMS.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        Self {
+            run_root: launcher.config().run_root.clone(),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut live = LIVE_VMS.lock().unwrap_or_else(PoisonError::into_inner);
+        *live -= 1;
+        if *live == 0 {
+            // Only succeeds when empty: a VM left behind keeps its folder for the
+            // assertions (and the launcher's sweep) to find.
+            let _ = std::fs::remove_dir(&self.run_root);
+        }
+    }
+}
+
+fn require_program(program: &Path, package: &str) {
+    let found = if program.components().count() > 1 {
+        program.is_file()
+    } else {
+        std::env::var_os("PATH")
+            .iter()
+            .flat_map(std::env::split_paths)
+            .any(|dir| dir.join(program).is_file())
+    };
+    assert!(
+        found,
+        "{} not found: the microVM tests need it (install {package}, e.g. with \
+         scripts/setup.sh), or set {SKIP_ENV}=1 to skip them",
+        program.display()
+    );
+}
+
+/// A client for `vm`'s agent, retried until the agent answers.
+async fn connect(vm: &Vm) -> Client {
+    let url: AgentUrl = vm.agent_url().parse().expect("the launcher gave a bad URL");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(CONNECT_SECS);
+    match Client::connect_with_retry(&url, &ConnectOptions::default(), deadline).await {
+        Ok(client) => client,
+        Err(error) => panic!(
+            "cannot connect to the agent at {url}: {}\nconsole:\n{}",
+            error_chain(&error),
+            read_console(vm)
+        ),
+    }
+}
+
+fn read_console(vm: &Vm) -> String {
+    std::fs::read(vm.console_log_path())
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_else(|e| format!("(no console log: {e})"))
+}
+
+/// A booted microVM and a client connected to its agent.
+#[derive(Debug)]
+pub struct TestVm {
+    client: Option<Client>,
+    vm: Option<Vm>,
+    // Dropped after the VM (fields drop after `Drop::drop`).
+    _lease: Lease,
+}
+
+impl TestVm {
+    /// The client connected at boot.
+    pub fn client(&self) -> &Client {
+        self.client.as_ref().expect("the VM was powered off")
+    }
+
+    /// The launcher's handle.
+    pub fn vm(&self) -> &Vm {
+        self.vm.as_ref().expect("the VM was powered off")
+    }
+
+    /// A new, separate connection to the agent.
+    pub async fn connect(&self) -> Client {
+        connect(self.vm()).await
+    }
+
+    /// The serial console so far.
+    pub fn console(&self) -> String {
+        read_console(self.vm())
+    }
+
+    /// Runs `trigger` (which should make the guest power off), then waits up to
+    /// [`POWER_OFF_SECS`] for QEMU to exit by itself and checks that the console says
+    /// the guest powered down. Cleans up and returns the console and how long QEMU
+    /// took to exit after the trigger returned.
+    pub async fn power_off<F: Future<Output = ()>>(mut self, trigger: F) -> (String, Duration) {
+        trigger.await;
+        let started = Instant::now();
+        let mut vm = self.vm.take().expect("the VM was powered off");
+        let run_dir = vm.run_dir().to_owned();
+        let waited =
+            tokio::time::timeout(Duration::from_secs(POWER_OFF_SECS), vm.wait_exit()).await;
+        let took = started.elapsed();
+        let console = read_console(&vm);
+        match waited {
+            Ok(Ok(status)) => assert!(status.success(), "QEMU exited with {status}"),
+            Ok(Err(error)) => panic!("cannot wait for QEMU: {}", error_chain(&error)),
+            Err(_) => panic!(
+                "QEMU still runs {POWER_OFF_SECS}s after the guest was told to power off; \
+                 console:\n{console}"
+            ),
+        }
+        assert!(
+            console.contains(POWER_DOWN_LINE),
+            "QEMU exited but the console lacks {POWER_DOWN_LINE:?}:\n{console}"
+        );
+        drop(self.client.take());
+        drop(vm);
+        assert!(!run_dir.exists(), "run folder {run_dir:?} left behind");
+        (console, took)
+    }
+
+    /// Powers the guest off with a `shutdown` request and checks it went down.
+    pub async fn shutdown(self) -> Duration {
+        let client = self.client().clone();
+        let (_, took) = self
+            .power_off(async move {
+                // The reply may be lost to the power-off itself; QEMU exiting is the test.
+                let _ = tokio::time::timeout(Duration::from_secs(10), client.shutdown(false)).await;
+            })
+            .await;
+        took
+    }
+}
+
+impl Drop for TestVm {
+    fn drop(&mut self) {
+        drop(self.client.take());
+        let Some(vm) = self.vm.take() else {
+            return;
+        };
+        if std::thread::panicking() {
+            let console = std::fs::read(vm.console_log_path()).unwrap_or_default();
+            let tail = &console[console.len().saturating_sub(CONSOLE_TAIL_BYTES)..];
+            eprintln!(
+                "---- console of VM {} (end) ----\n{}\n---- end ----",
+                vm.id(),
+                String::from_utf8_lossy(tail)
+            );
+        }
+        // Ask the guest to power off; then dropping the handle reaps QEMU (killing it
+        // if it still runs), stops the daemon and removes the run folder.
+        if let Err(error) = request_power_off(&vm.agent_socket(), vm.agent_port()) {
+            eprintln!(
+                "VM {}: shutdown request failed ({error}); killing it",
+                vm.id()
+            );
+        } else if let Some(pid) = vm.qemu_pid() {
+            wait_exited(pid, Duration::from_secs(10));
+        }
+        drop(vm);
+    }
+}
+
+/// Sends `shutdown` over a blocking hybrid-vsock connection, so it works in `Drop`
+/// whatever the state of the test's runtime.
+fn request_power_off(socket: &Path, port: u32) -> std::io::Result<()> {
+    let mut stream = StdUnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while stream.read(&mut byte)? == 1 && byte[0] != b'\n' && line.len() < 256 {
+        line.push(byte[0]);
+    }
+    if !line.starts_with(b"OK ") {
+        return Err(std::io::Error::other(format!(
+            "CONNECT answered {:?}",
+            String::from_utf8_lossy(&line)
+        )));
+    }
+    let frames = [
+        (RequestId::CONNECTION, ClientMsg::Hello(Hello::new(None))),
+        (
+            RequestId(1),
+            ClientMsg::Request(Request::Shutdown(ShutdownRequest { reboot: false })),
+        ),
+    ];
+    let mut decoder = FrameDecoder::new(MAX_FRAME_BYTES);
+    let mut buf = Vec::new();
+    for (id, msg) in frames {
+        let wanted = id;
+        let bytes =
+            encode(&ClientFrame { id, msg }, MAX_FRAME_BYTES).map_err(std::io::Error::other)?;
+        stream.write_all(&bytes)?;
+        // Wait for the answer under this id before sending the next frame.
+        loop {
+            let (used, item) = decoder.decode::<AgentFrame>(&buf);
+            buf.drain(..used);
+            match item {
+                Some(Decoded::Frame(frame)) if frame.id == wanted => {
+                    if let AgentMsg::Error(error) = frame.msg {
+                        return Err(std::io::Error::other(error.to_string()));
+                    }
+                    break;
+                }
+                Some(_) => continue,
+                None if used > 0 => continue,
+                None => {}
+            }
+            let mut chunk = [0u8; 4096];
+            let n = stream.read(&mut chunk)?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+    Ok(())
+}
+
+/// Waits until `pid` (an unreaped child) has exited: it is a zombie or gone.
+fn wait_exited(pid: u32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the parenthesized command name.
+            Ok(stat)
+                if stat
+                    .rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z')) =>
+            {
+                return
+            }
+            Ok(_) => std::thread::sleep(Duration::from_millis(50)),
+            Err(_) => return,
+        }
+    }
+}
+
+/// The parts of a test that share one VM: each runs as its own task, so a failing
+/// part is reported without hiding the others; [`Sections::finish`] fails the test
+/// if any part did. [`Sections::run`] runs one part to its end; [`Sections::start`]
+/// runs one in the background (for parts that mostly wait, like a power-off).
+#[derive(Debug, Default)]
+pub struct Sections {
+    failed: Vec<String>,
+    background: Vec<(String, Instant, tokio::task::JoinHandle<Duration>)>,
+}
+
+impl Sections {
+    /// No sections run yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs one section to completion (or failure), printing its wall time.
+    pub async fn run<F>(&mut self, name: &str, section: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let started = Instant::now();
+        let outcome = tokio::spawn(bounded(section, started)).await;
+        self.record(name, started, outcome);
+    }
+
+    /// Starts one section in the background; [`Self::finish`] waits for it.
+    pub fn start<F>(&mut self, name: &str, section: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let started = Instant::now();
+        let task = tokio::spawn(bounded(section, started));
+        self.background.push((name.to_owned(), started, task));
+    }
+
+    fn record(
+        &mut self,
+        name: &str,
+        started: Instant,
+        outcome: Result<Duration, tokio::task::JoinError>,
+    ) {
+        let took = started.elapsed();
+        match outcome {
+            Ok(took) => eprintln!("section {name}: ok in {took:.2?}"),
+            Err(error) => {
+                let why = match error.try_into_panic() {
+                    Ok(panic) => panic_text(panic.as_ref()),
+                    Err(error) => error.to_string(),
+                };
+                eprintln!("section {name}: FAILED after {took:.2?}: {why}");
+                self.failed.push(format!("{name}: {why}"));
+            }
+        }
+    }
+
+    /// Waits for the background sections, then panics listing every section that
+    /// failed.
+    pub async fn finish(mut self) {
+        for (name, started, task) in std::mem::take(&mut self.background) {
+            let outcome = task.await;
+            self.record(&name, started, outcome);
+        }
+        assert!(
+            self.failed.is_empty(),
+            "{} section(s) failed:\n{}",
+            self.failed.len(),
+            self.failed.join("\n")
+        );
+    }
+}
+
+/// Runs `section`, failing it after [`SECTION_SECS`]; returns its wall time.
+async fn bounded<F: Future<Output = ()>>(section: F, started: Instant) -> Duration {
+    let limit = Duration::from_secs(SECTION_SECS);
+    if tokio::time::timeout(limit, section).await.is_err() {
+        panic!("did not finish within {SECTION_SECS}s");
+    }
+    started.elapsed()
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_owned()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "(a panic without a message)".to_owned()
+    }
+}
+
+/// `sandbox-rootfs`, built once per test process with the tests' cargo, profile and
+/// target directory.
+pub fn rootfs_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let exe = std::env::current_exe().expect("cannot find the test executable");
+        // target/<profile>/deps/<test>-<hash>
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test executable is not in target/<profile>/deps")
+            .to_path_buf();
+        let target_dir = profile_dir.parent().expect("no target dir").to_path_buf();
+        let cargo = std::env::var_os("CARGO").expect("CARGO is not set: run under `cargo test`");
+        let mut build = Command::new(&cargo);
+        build
+            .args(["build", "-p", "sandbox-rootfs", "--bins", "--target-dir"])
+            .arg(&target_dir)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if profile_dir.ends_with("release") {
+            build.arg("--release");
+        }
+        let output = build.output().expect("cannot run cargo");
+        assert!(
+            output.status.success(),
+            "building sandbox-rootfs failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let binary = profile_dir.join("sandbox-rootfs");
+        assert!(
+            binary.is_file(),
+            "{} missing after the build",
+            binary.display()
+        );
+        binary
+    })
+}
+
+/// A template `sandbox-rootfs` built.
+#[derive(Debug)]
+pub struct BuiltTemplate {
+    /// The template folder.
+    pub dir: PathBuf,
+    /// What the builder printed (stdout, then stderr).
+    pub log: String,
+}
+
+/// Runs `sandbox-rootfs build --name NAME --base BASE --output OUTPUT`; panics with
+/// the builder's output when it fails.
+pub fn build_template(name: &str, base: &str, output: &Path) -> BuiltTemplate {
+    let started = Instant::now();
+    let result = Command::new(rootfs_binary())
+        .args(["build", "--name", name, "--base", base, "--output"])
+        .arg(output)
+        .env("NO_COLOR", "1")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cannot run sandbox-rootfs");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&result.stdout),
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert!(
+        result.status.success(),
+        "sandbox-rootfs build --base {base} failed ({}):\n{log}",
+        result.status
+    );
+    assert!(
+        output.join("template.json").is_file(),
+        "no template.json in {}:\n{log}",
+        output.display()
+    );
+    eprintln!(
+        "built template {name} from {base} in {:.2?}",
+        started.elapsed()
+    );
+    BuiltTemplate {
+        dir: output.to_owned(),
+        log,
+    }
+}
+
+/// A connection to a VM's agent through its hybrid vsock socket, with no client in
+/// between: frames are built and read by hand, to test what the agent does with
+/// malformed input.
+#[derive(Debug)]
+pub struct RawConnection {
+    reader: FrameReader<ReadHalf<UnixStream>>,
+    writer: WriteHalf<UnixStream>,
+}
+
+impl RawConnection {
+    /// Connects to the guest's `port` (`CONNECT`/`OK`); sends nothing else.
+    pub async fn connect(socket: &Path, port: u32) -> Self {
+        let mut stream = UnixStream::connect(socket)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", socket.display()));
+        within(10, hvsock::handshake(&mut stream, port))
+            .await
+            .unwrap_or_else(|e| panic!("CONNECT {port} failed: {}", error_chain(&e)));
+        let (read, writer) = tokio::io::split(stream);
+        Self {
+            reader: FrameReader::new(read, MAX_FRAME_BYTES),
+            writer,
+        }
+    }
+
+    /// Connects and completes a valid handshake.
+    pub async fn hello(socket: &Path, port: u32) -> Self {
+        let mut raw = Self::connect(socket, port).await;
+        raw.send(0, ClientMsg::Hello(Hello::new(None))).await;
+        let reply = raw.read().await.expect("no hello reply");
+        assert!(matches!(reply.msg, AgentMsg::Hello(_)), "{reply:?}");
+        raw
+    }
+
+    /// Sends one well-formed frame.
+    pub async fn send(&mut self, id: u64, msg: ClientMsg) {
+        let frame = ClientFrame {
+            id: RequestId(id),
+            msg,
+        };
+        let bytes = encode(&frame, MAX_FRAME_BYTES).expect("cannot encode a frame");
+        self.write(&bytes).await;
+    }
+
+    /// Sends raw bytes.
+    pub async fn write(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).await.expect("write failed");
+        self.writer.flush().await.expect("flush failed");
+    }
+
+    /// The next frame, or `None` once the agent closed the connection (a reset
+    /// counts as closed).
+    pub async fn read(&mut self) -> Option<AgentFrame> {
+        match within(20, self.reader.read::<AgentFrame>()).await {
+            Ok(Some(Decoded::Frame(frame))) => Some(frame),
+            Ok(Some(Decoded::Rejected { error, .. })) => panic!("agent sent a bad frame: {error}"),
+            Ok(None) | Err(_) => None,
+        }
+    }
+
+    /// The next frame, which must be an error; returns it with its id.
+    pub async fn expect_error(&mut self) -> (RequestId, WireError) {
+        let frame = self.read().await.expect("closed instead of an error");
+        match frame.msg {
+            AgentMsg::Error(error) => (frame.id, error),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    /// Sends `ps` under `id` and asserts the connection still serves it.
+    pub async fn assert_serves(&mut self, id: u64) {
+        self.send(id, ClientMsg::Request(Request::Ps)).await;
+        let frame = self.read().await.expect("connection closed");
+        assert_eq!(frame.id, RequestId(id));
+        assert!(
+            matches!(frame.msg, AgentMsg::Reply(Reply::Ps(_))),
+            "{frame:?}"
+        );
+    }
+}

@@ -1,0 +1,256 @@
+//! Templates built by `sandbox-rootfs` from other bases, booted in real microVMs: one
+//! from a directory, one from a `docker save` image tarball whose second layer
+//! deletes (whiteout) and replaces files of the first. Each test builds its template
+//! into a folder of its own, boots it once, checks the files through the agent, and
+//! removes the template.
+//!
+//! Needs what `sandbox_tests::vm` needs, plus the host's static busybox (Debian's
+//! `busybox-static`, which the default template uses too); `SANDBOX_SKIP_VM_TESTS=1`
+//! skips, saying so.
+
+// Helpers unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use sandbox_protocol::FileKind;
+use sandbox_tests::vm::{build_template, TestVm, VmHost};
+use sandbox_tests::{exec_sh, TempDir};
+use sandbox_vmm::client::Client;
+use sandbox_vmm::launcher::{Template, TemplateRef};
+
+/// The static busybox every test base is made of.
+const BUSYBOX: &str = "/bin/busybox";
+
+/// The applets the test bases link; nothing else is in their `/bin`.
+const APPLETS: [&str; 2] = ["sh", "cat"];
+
+fn busybox() -> Vec<u8> {
+    std::fs::read(BUSYBOX).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {BUSYBOX} ({e}): install busybox-static (scripts/setup.sh does), \
+             or set SANDBOX_SKIP_VM_TESTS=1 to skip the microVM tests"
+        )
+    })
+}
+
+/// Runs `script` in the guest and returns its stdout, asserting it exited 0.
+async fn sh(client: &Client, script: &str) -> String {
+    let reply = client.exec(exec_sh(script)).await.unwrap();
+    assert_eq!(
+        reply.exit.unwrap().code,
+        Some(0),
+        "{script}: {}",
+        String::from_utf8_lossy(&reply.stderr)
+    );
+    String::from_utf8(reply.stdout).unwrap()
+}
+
+/// Names in a guest directory.
+async fn names(client: &Client, dir: &str) -> BTreeSet<String> {
+    client
+        .list_dir(dir)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .collect()
+}
+
+/// Boots the template at `dir` and checks that it is the one built: its name, and a
+/// `/bin` holding only what the test base put there.
+async fn boot_and_check(host: &VmHost, dir: &Path, name: &str) -> TestVm {
+    let template = Template::load(dir).unwrap();
+    assert_eq!(template.name, name);
+    let vm = host.boot(TemplateRef::Path(dir.to_owned())).await;
+    assert_eq!(vm.vm().record().template, name);
+    let bin = names(vm.client(), "/bin").await;
+    let expected: BTreeSet<String> = std::iter::once("busybox")
+        .chain(APPLETS)
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(bin, expected, "/bin is not the test base's");
+    vm
+}
+
+fn remove_template(dir: PathBuf) {
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(!dir.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_built_from_a_directory_boots_with_its_files() {
+    let Some(host) = VmHost::get("microvm_templates::directory") else {
+        return;
+    };
+    let scratch = TempDir::new("tpl-dir");
+    let base = scratch.path().join("base");
+    std::fs::create_dir_all(base.join("bin")).unwrap();
+    std::fs::create_dir_all(base.join("etc")).unwrap();
+    std::fs::write(base.join("bin/busybox"), busybox()).unwrap();
+    std::fs::set_permissions(
+        base.join("bin/busybox"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    for applet in APPLETS {
+        std::os::unix::fs::symlink("busybox", base.join("bin").join(applet)).unwrap();
+    }
+    let marker = format!("from a directory, test {}\n", std::process::id());
+    std::fs::write(base.join("etc/marker"), &marker).unwrap();
+
+    let name = format!("e2e-dir-{}", std::process::id());
+    let built = build_template(
+        &name,
+        &format!("dir:{}", base.display()),
+        &scratch.path().join("template"),
+    );
+    let dir = built.dir;
+    let vm = boot_and_check(&host, &dir, &name).await;
+    let client = vm.client();
+    assert_eq!(sh(client, "cat /etc/marker").await, marker);
+    assert_eq!(
+        client.read_file("/etc/marker").await.unwrap(),
+        marker.as_bytes()
+    );
+    // What the builder adds on top of any base.
+    let root = names(client, "/").await;
+    for needed in ["dev", "proc", "sys", "tmp", "root", "init"] {
+        assert!(root.contains(needed), "/{needed} missing: {root:?}");
+    }
+    vm.shutdown().await;
+    remove_template(dir);
+}
+
+/// A `docker save` tarball: `manifest.json`, a config, and one `layer.tar` per layer.
+fn docker_save(path: &Path, layers: &[Vec<u8>]) {
+    let mut outer = tar::Builder::new(std::fs::File::create(path).unwrap());
+    let names: Vec<String> = (0..layers.len())
+        .map(|i| format!("{i:064x}/layer.tar"))
+        .collect();
+    let manifest = serde_json::json!([{
+        "Config": "config.json",
+        "RepoTags": ["sandbox-e2e:latest"],
+        "Layers": names,
+    }]);
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Cmd": ["/bin/sh"]},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    });
+    append_file(
+        &mut outer,
+        "config.json",
+        config.to_string().as_bytes(),
+        0o644,
+    );
+    for (name, layer) in names.iter().zip(layers) {
+        append_file(&mut outer, name, layer, 0o644);
+    }
+    append_file(
+        &mut outer,
+        "manifest.json",
+        manifest.to_string().as_bytes(),
+        0o644,
+    );
+    outer.into_inner().unwrap();
+}
+
+/// A header with every numeric field set, as `docker save` writes them (an empty
+/// uid field, say, is not a number and makes unpacking the entry fail).
+fn header(kind: tar::EntryType, size: u64, mode: u32) -> tar::Header {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(kind);
+    header.set_size(size);
+    header.set_mode(mode);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(1_700_000_000);
+    header
+}
+
+fn append_file<W: std::io::Write>(tar: &mut tar::Builder<W>, path: &str, data: &[u8], mode: u32) {
+    let mut header = header(tar::EntryType::Regular, data.len() as u64, mode);
+    tar.append_data(&mut header, path, data).unwrap();
+}
+
+fn append_dir<W: std::io::Write>(tar: &mut tar::Builder<W>, path: &str) {
+    let mut header = header(tar::EntryType::Directory, 0, 0o755);
+    tar.append_data(&mut header, path, std::io::empty())
+        .unwrap();
+}
+
+fn append_symlink<W: std::io::Write>(tar: &mut tar::Builder<W>, path: &str, target: &str) {
+    let mut header = header(tar::EntryType::Symlink, 0, 0o777);
+    tar.append_link(&mut header, path, target).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_built_from_an_image_tarball_honours_whiteouts() {
+    let Some(host) = VmHost::get("microvm_templates::image") else {
+        return;
+    };
+    let scratch = TempDir::new("tpl-img");
+    let marker = format!("from an image, test {}\n", std::process::id());
+
+    // Layer 1: busybox, its links, the marker, and two files layer 2 changes.
+    let mut lower = tar::Builder::new(Vec::new());
+    append_dir(&mut lower, "bin/");
+    append_dir(&mut lower, "etc/");
+    append_file(&mut lower, "bin/busybox", &busybox(), 0o755);
+    for applet in APPLETS {
+        append_symlink(&mut lower, &format!("bin/{applet}"), "busybox");
+    }
+    append_file(&mut lower, "etc/marker", marker.as_bytes(), 0o644);
+    append_file(&mut lower, "etc/doomed", b"deleted by layer 2\n", 0o644);
+    append_file(&mut lower, "etc/replaced", b"layer 1\n", 0o644);
+    // Layer 2: a whiteout for etc/doomed, and a new etc/replaced.
+    let mut upper = tar::Builder::new(Vec::new());
+    append_dir(&mut upper, "etc/");
+    append_file(&mut upper, "etc/.wh.doomed", b"", 0o644);
+    append_file(&mut upper, "etc/replaced", b"layer 2\n", 0o600);
+    let image = scratch.path().join("image.tar");
+    docker_save(
+        &image,
+        &[lower.into_inner().unwrap(), upper.into_inner().unwrap()],
+    );
+
+    let name = format!("e2e-image-{}", std::process::id());
+    let built = build_template(
+        &name,
+        &format!("image:{}", image.display()),
+        &scratch.path().join("template"),
+    );
+    // The builder carries on past an entry it cannot unpack; this image has none.
+    let skipped: Vec<&str> = built
+        .log
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("entry"))
+        .collect();
+    assert!(skipped.is_empty(), "image entries skipped: {skipped:#?}");
+    let dir = built.dir;
+    let vm = boot_and_check(&host, &dir, &name).await;
+    let client = vm.client();
+    assert_eq!(sh(client, "cat /etc/marker").await, marker);
+    let etc = names(client, "/etc").await;
+    assert!(!etc.contains("doomed"), "the whiteout was ignored: {etc:?}");
+    assert!(
+        !etc.iter().any(|n| n.starts_with(".wh.")),
+        "a whiteout entry reached the guest: {etc:?}"
+    );
+    let probe = "[ -e /etc/doomed ] && echo present || echo gone";
+    assert_eq!(sh(client, probe).await, "gone\n");
+    assert_eq!(
+        client.read_file("/etc/replaced").await.unwrap(),
+        b"layer 2\n"
+    );
+    // Modes come from the layers.
+    let stat = client.stat("/etc/replaced").await.unwrap();
+    assert_eq!((stat.kind, stat.mode), (FileKind::File, 0o600));
+    let stat = client.stat("/bin/busybox").await.unwrap();
+    assert_eq!((stat.kind, stat.mode), (FileKind::File, 0o755));
+    vm.shutdown().await;
+    remove_template(dir);
+}
