@@ -110,8 +110,11 @@ async fn shutdown_signal() {
     }
 }
 
+/// One thread runs everything (blocking file work goes to tokio's blocking pool): a
+/// request then never hops between threads, which in a 1-vCPU guest under TCG cut
+/// the bare request round trip over vsock from about 540 µs to 450 µs.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
+    Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
 }
