@@ -562,10 +562,16 @@ pub struct BuiltTemplate {
 /// Runs `sandbox-rootfs build --name NAME --base BASE --output OUTPUT`; panics with
 /// the builder's output when it fails.
 pub fn build_template(name: &str, base: &str, output: &Path) -> BuiltTemplate {
+    build_template_with(name, base, output, &[])
+}
+
+/// [`build_template`] with extra `sandbox-rootfs build` arguments (e.g. a layout).
+pub fn build_template_with(name: &str, base: &str, output: &Path, extra: &[&str]) -> BuiltTemplate {
     let started = Instant::now();
     let result = Command::new(rootfs_binary())
         .args(["build", "--name", name, "--base", base, "--output"])
         .arg(output)
+        .args(extra)
         .env("NO_COLOR", "1")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()

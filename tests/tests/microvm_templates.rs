@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use sandbox_protocol::FileKind;
-use sandbox_tests::vm::{build_template, TestVm, VmHost};
+use sandbox_tests::vm::{build_template, build_template_with, TestVm, VmHost};
 use sandbox_tests::{exec_sh, TempDir};
 use sandbox_vmm::client::Client;
 use sandbox_vmm::launcher::{Template, TemplateRef};
@@ -80,7 +80,7 @@ fn remove_template(dir: PathBuf) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_template_built_from_a_directory_boots_with_its_files() {
+async fn a_template_built_from_a_directory_on_a_root_disk_boots_with_its_files() {
     let Some(host) = VmHost::get("microvm_templates::directory") else {
         return;
     };
@@ -101,10 +101,13 @@ async fn a_template_built_from_a_directory_boots_with_its_files() {
     std::fs::write(base.join("etc/marker"), &marker).unwrap();
 
     let name = format!("e2e-dir-{}", std::process::id());
-    let built = build_template(
+    // On an ext4 root disk: the initramfs agent loads virtio_blk, mounts the disk and
+    // switches root into it, where the agent on the disk takes over as PID 1.
+    let built = build_template_with(
         &name,
         &format!("dir:{}", base.display()),
         &scratch.path().join("template"),
+        &["--layout", "disk", "--disk-free-mib", "64"],
     );
     let dir = built.dir;
     let vm = boot_and_check(&host, &dir, &name).await;
@@ -113,6 +116,15 @@ async fn a_template_built_from_a_directory_boots_with_its_files() {
     assert_eq!(
         client.read_file("/etc/marker").await.unwrap(),
         marker.as_bytes()
+    );
+    let mounts = sh(client, "cat /proc/mounts").await;
+    assert!(
+        mounts.lines().any(|l| l.starts_with("/dev/vda / ext4 ")),
+        "the root is not the ext4 disk:\n{mounts}"
+    );
+    assert!(
+        client.info().await.unwrap().is_init,
+        "the disk's agent is not init"
     );
     // What the builder adds on top of any base.
     let root = names(client, "/").await;
