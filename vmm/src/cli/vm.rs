@@ -66,16 +66,11 @@ fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
 }
 
 async fn connect(vm: &Vm, token: Option<String>) -> anyhow::Result<Client> {
-    let url: AgentUrl = vm
-        .agent_url()
-        .parse()
-        .context("The VM's agent URL is invalid")?;
     let opts = ConnectOptions {
         token,
-        ..ConnectOptions::default()
+        connect_timeout: CONNECT_AFTER_READY,
     };
-    let deadline = tokio::time::Instant::now() + CONNECT_AFTER_READY;
-    Client::connect_with_retry(&url, &opts, deadline)
+    vm.client(&opts)
         .await
         .with_context(|| format!("Cannot reach the agent of VM {}", vm.id()))
 }

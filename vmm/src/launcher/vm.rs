@@ -63,6 +63,20 @@ impl Vm {
         self.record.agent_url.clone()
     }
 
+    /// A client connected to this VM's agent. The agent already reported ready, so
+    /// this retries only briefly (`connect_timeout` bounds each attempt).
+    pub async fn client(
+        &self,
+        options: &crate::client::ConnectOptions,
+    ) -> Result<crate::client::Client, crate::client::ClientError> {
+        let url = crate::client::AgentUrl::Hvsock {
+            path: self.agent_socket(),
+            port: self.agent_port(),
+        };
+        let deadline = Instant::now() + options.connect_timeout;
+        crate::client::Client::connect_with_retry(&url, options, deadline).await
+    }
+
     /// The hybrid vsock Unix socket (connect, then `CONNECT <port>\n`).
     pub fn agent_socket(&self) -> PathBuf {
         self.run_path.join(VSOCK_SOCKET)
