@@ -12,4 +12,4 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo build --workspace --bins --locked
 # The microVM tests boot the default template: build it from this checkout's agent.
 target/debug/sandbox-rootfs build
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast
