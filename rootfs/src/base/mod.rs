@@ -25,12 +25,10 @@ pub enum Base {
     Dir(PathBuf),
     /// An image tarball (`image:PATH`).
     Image(PathBuf),
-    /// Debian via mmdebstrap (`debian` or `debian:SUITE`).
-    Debian(String),
+    /// Debian via mmdebstrap (`debian:SUITE`, or `debian` for the host's own release,
+    /// whose mirrors the host can evidently reach; `stable` on a host that is not Debian).
+    Debian(Option<String>),
 }
-
-/// The default Debian suite for [`Base::Debian`].
-pub const DEFAULT_DEBIAN_SUITE: &str = "stable";
 
 impl FromStr for Base {
     type Err = String;
@@ -38,10 +36,12 @@ impl FromStr for Base {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text.split_once(':') {
             None if text == "busybox" => Ok(Self::Busybox),
-            None if text == "debian" => Ok(Self::Debian(DEFAULT_DEBIAN_SUITE.to_owned())),
+            None if text == "debian" => Ok(Self::Debian(None)),
             Some(("dir", path)) if !path.is_empty() => Ok(Self::Dir(path.into())),
             Some(("image", path)) if !path.is_empty() => Ok(Self::Image(path.into())),
-            Some(("debian", suite)) if !suite.is_empty() => Ok(Self::Debian(suite.to_owned())),
+            Some(("debian", suite)) if !suite.is_empty() => {
+                Ok(Self::Debian(Some(suite.to_owned())))
+            }
             _ => Err(format!(
                 "unknown base {text:?}: expected busybox, dir:PATH, image:PATH.tar or debian[:SUITE]"
             )),
@@ -98,7 +98,7 @@ pub fn populate(base: &Base, tools: &BaseTools, staging: &Path) -> Result<(), Ba
         Base::Busybox => busybox::install(&tools.busybox, staging),
         Base::Dir(path) => dir::install(path, staging),
         Base::Image(path) => Ok(image::apply(path, staging)?),
-        Base::Debian(suite) => debian::install(suite, staging),
+        Base::Debian(suite) => debian::install(suite.as_deref(), staging),
     }
 }
 
@@ -114,7 +114,11 @@ mod tests {
             "image:a.tar".parse::<Base>(),
             Ok(Base::Image("a.tar".into()))
         );
-        assert_eq!("debian".parse::<Base>(), Ok(Base::Debian("stable".into())));
+        assert_eq!("debian".parse::<Base>(), Ok(Base::Debian(None)));
+        assert_eq!(
+            "debian:bookworm".parse::<Base>(),
+            Ok(Base::Debian(Some("bookworm".into())))
+        );
         assert!("dir:".parse::<Base>().is_err());
         assert!("alpine".parse::<Base>().is_err());
     }
