@@ -307,3 +307,35 @@ async fn hello_reply_describes_the_agent() {
     let again = agent.client().await;
     assert_eq!(again.hello().boot_id, hello.boot_id);
 }
+
+/// Regression: an error about a frame that reuses a running request's id used to be
+/// sent under that id, giving the request two final frames.
+#[tokio::test]
+async fn errors_about_a_running_requests_id_go_under_id_zero() {
+    let agent = TestAgent::start();
+    let mut raw = Raw::hello(&agent).await;
+    let exec = Request::Exec(sandbox_protocol::ExecRequest {
+        spec: sandbox_protocol::ProcessSpec::new(sandbox_protocol::Command::Shell(
+            "sleep 0.5; echo done".into(),
+        )),
+        stdin: Vec::new(),
+        timeout_ms: None,
+        stream: false,
+    });
+    raw.send(7, ClientMsg::Request(exec.clone())).await;
+    // The same id again while the first is running, then a late Hello under it.
+    raw.send(7, ClientMsg::Request(exec)).await;
+    raw.send(7, ClientMsg::Hello(Hello::new(None))).await;
+    for _ in 0..2 {
+        let (id, error) = raw.expect_error().await;
+        assert_eq!(id, RequestId::CONNECTION, "{error}");
+        assert!(error.message.contains("request 7"), "{error}");
+    }
+    // The running request still gets its one reply.
+    let frame = raw.read().await.expect("no reply");
+    assert_eq!(frame.id, RequestId(7));
+    match frame.msg {
+        AgentMsg::Reply(Reply::Exec(reply)) => assert_eq!(reply.stdout, b"done\n"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -174,15 +174,18 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
         };
         let reject = match decoded {
-            Decoded::Rejected { id, error } => {
-                Some((id.unwrap_or(RequestId::CONNECTION), frame_error(&error)))
-            }
+            // A frame that does not decode breaks the request it was meant for.
+            Decoded::Rejected { id, error } => Some((
+                id.unwrap_or(RequestId::CONNECTION),
+                frame_error(&error),
+                Breaks::Request,
+            )),
             Decoded::Frame(ClientFrame {
                 id,
                 msg: ClientMsg::Request(request),
             }) => start_request(id, request, tx, agent, in_flight)
                 .err()
-                .map(|error| (id, error)),
+                .map(|error| (id, error, Breaks::Nothing)),
             Decoded::Frame(ClientFrame {
                 id,
                 msg: ClientMsg::Cancel,
@@ -220,10 +223,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     ErrorKind::BadRequest,
                     "Hello is only valid as the first frame",
                 ),
+                Breaks::Nothing,
             )),
         };
-        if let Some((id, error)) = reject {
+        if let Some((id, error, breaks)) = reject {
             tracing::debug!(%id, %error, "rejected a frame");
+            let (id, error) = final_frame_target(id, error, breaks, in_flight);
             if tx
                 .send(AgentFrame {
                     id,
@@ -236,6 +241,37 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
         }
     }
+}
+
+/// Whether a rejected frame breaks the running request that has its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Breaks {
+    /// The frame was that request's own data: the request cannot go on.
+    Request,
+    /// The frame was a mistake of its own (a reused id, a late Hello).
+    Nothing,
+}
+
+/// Where an error about a frame goes. Every request gets exactly one final frame,
+/// so an error about a frame whose id belongs to a running request cannot be sent
+/// under that id: it goes under id 0 (connection level) and names the id instead.
+/// The running request is cancelled when the broken frame was meant for it (put
+/// data that did not decode): its watcher then sends its one final frame.
+fn final_frame_target(
+    id: RequestId,
+    error: WireError,
+    breaks: Breaks,
+    in_flight: &InFlight,
+) -> (RequestId, WireError) {
+    let requests = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(running) = requests.get(&id) else {
+        return (id, error);
+    };
+    if breaks == Breaks::Request {
+        running.abort.abort();
+    }
+    let message = format!("frame for running request {id}: {}", error.message);
+    (RequestId::CONNECTION, WireError { message, ..error })
 }
 
 /// Hands put data to its request. Data for an id that is not a running put is
