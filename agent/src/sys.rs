@@ -143,18 +143,29 @@ pub fn child_switch_user(uid: u32, gid: u32, groups: &[libc::gid_t]) -> io::Resu
     Ok(())
 }
 
-/// Gives a new child the default OOM score when the agent shields itself (as init it
-/// runs at -1000, which children would inherit), so the OOM killer prefers the
-/// workload over init. Done from the parent so children can start with posix_spawn;
-/// the child runs shielded for the microseconds until this lands.
-pub fn reset_oom_score_adj(pid: i32) {
-    static AGENT_IS_SHIELDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let shielded = *AGENT_IS_SHIELDED.get_or_init(|| {
+/// Whether the agent shields itself from the OOM killer (as init it runs at -1000),
+/// so children must be given the default score back before they run anything.
+/// Read once: init sets the score before the first child starts.
+pub fn agent_is_oom_shielded() -> bool {
+    static SHIELDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SHIELDED.get_or_init(|| {
         std::fs::read_to_string("/proc/self/oom_score_adj").is_ok_and(|s| s.trim() != "0")
-    });
-    if shielded {
-        // Failure means the child already exited, or there is no /proc: nothing to do.
-        let _ = std::fs::write(format!("/proc/{pid}/oom_score_adj"), "0");
+    })
+}
+
+/// In a forked child: give up the agent's OOM shield, so the OOM killer prefers the
+/// workload (and everything it forks) over init. Async-signal-safe: open, write and
+/// close on static data. Failure (no /proc) is ignored.
+pub fn child_reset_oom_score_adj() {
+    const PATH: &CStr = c"/proc/self/oom_score_adj";
+    // SAFETY: PATH is a static C string and the buffer passed to write is a static
+    // literal; the fd is closed exactly once.
+    unsafe {
+        let fd = libc::open(PATH.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+        }
     }
 }
 

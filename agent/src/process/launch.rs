@@ -310,13 +310,19 @@ pub fn start(
         }
     };
     // Without a pre-exec hook std starts the child with posix_spawn (vfork-like), which
-    // is about 100 µs faster than fork here; only terminals and user switches need one.
-    if terminal || plan.identity.is_some() {
+    // is about 100 µs faster than fork on the host. Terminals, user switches and an
+    // OOM-shielded agent (init) need one: the OOM reset must happen before the child
+    // runs anything, or what it forks at once would keep the shield.
+    let reset_oom = sys::agent_is_oom_shielded();
+    if terminal || plan.identity.is_some() || reset_oom {
         let identity = plan.identity.clone();
         // SAFETY: the closure runs in the forked child and only makes async-signal-safe
         // calls (see `crate::sys`): no allocation, no locks; `identity` was built before fork.
         unsafe {
             command.pre_exec(move || {
+                if reset_oom {
+                    sys::child_reset_oom_score_adj();
+                }
                 if terminal {
                     sys::child_take_terminal()?;
                 }
@@ -344,7 +350,6 @@ pub fn start(
         (record, child)
     };
     // From here on the child is tracked; failures below only lose its output.
-    sys::reset_oom_score_adj(record.pid.0);
     let pipes = ChildPipes {
         stdin: child
             .stdin
