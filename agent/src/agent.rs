@@ -38,7 +38,7 @@ impl Agent {
     pub fn new(forget_after: Duration, token: Option<String>, is_init: bool) -> Self {
         Self {
             table: Arc::new(ProcessTable::new(forget_after)),
-            boot_id: random_id(),
+            boot_id: crate::sys::random_hex(16),
             is_init,
             token,
             started: Instant::now(),
@@ -88,21 +88,6 @@ impl Agent {
     }
 }
 
-/// 128 random bits as 32 hex digits, from the kernel's generator. `GRND_INSECURE`:
-/// early in a VM's boot the pool may not be initialized yet, and an id needs
-/// uniqueness, not secrecy, so it must not wait for it.
-fn random_id() -> String {
-    let mut bytes = [0u8; 16];
-    // SAFETY: getrandom writes at most `bytes.len()` bytes into the live buffer.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_INSECURE) };
-    if usize::try_from(n).ok() != Some(bytes.len()) {
-        // Without entropy, time and pid still tell two agents apart.
-        let seed = Instant::now().elapsed().as_nanos() ^ u128::from(std::process::id());
-        bytes = seed.to_le_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn load_average() -> Option<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     let mut fields = text.split_whitespace().map(str::parse::<f64>);
@@ -139,6 +124,6 @@ mod tests {
 
     #[test]
     fn boot_ids_differ() {
-        assert_ne!(random_id(), random_id());
+        assert_ne!(crate::sys::random_hex(16), crate::sys::random_hex(16));
     }
 }

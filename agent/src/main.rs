@@ -3,6 +3,7 @@
 //! As PID 1 the process must never exit: every way out of [`run_as_init`] ends in an
 //! orderly power-off, and a panic on the main thread is caught and does the same.
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -18,7 +19,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 fn main() -> ExitCode {
     if init::is_pid1() {
         let action = std::panic::catch_unwind(run_as_init).unwrap_or_else(|panic| {
-            eprintln!("sandbox-agent: fatal panic as init: {panic:?}; powering off");
+            // Not eprintln!: it panics when the console is gone, and this is outside
+            // catch_unwind, where a panic would end PID 1 and the guest kernel.
+            let _ = writeln!(
+                std::io::stderr(),
+                "sandbox-agent: fatal panic as init: {panic:?}; powering off"
+            );
             PowerAction::PowerOff
         });
         init::power_off(SHUTDOWN_GRACE, action)

@@ -169,6 +169,35 @@ pub fn child_reset_oom_score_adj() {
     }
 }
 
+/// `len` random bytes as hex, for ids and temp names: from the kernel's generator
+/// without waiting for it to be seeded (`GRND_INSECURE`: uniqueness, not secrecy, is
+/// needed). Should that fail, the kernel's per-boot id, the wall clock and a
+/// process-wide counter still make every value distinct.
+pub fn random_hex(len: usize) -> String {
+    let mut bytes = vec![0u8; len];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the live buffer.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_INSECURE) };
+    if usize::try_from(n).ok() != Some(len) {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let boot_id =
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mixed = format!("{boot_id}{nanos}{count}{}", std::process::id());
+        // FNV-1a over the mix, spread across the requested length.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            for b in mixed.bytes().chain(i.to_le_bytes()) {
+                hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+            *byte = hash.to_le_bytes()[i % 8];
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_time_ms() -> u64 {
     SystemTime::now()

@@ -201,3 +201,41 @@ async fn input_to_an_unknown_terminal_is_not_found() {
         "{err}"
     );
 }
+
+/// Regression: input requests in flight at once used to be written by separate
+/// tasks, so their bytes could interleave on the terminal.
+#[tokio::test]
+async fn pipelined_input_reaches_the_terminal_in_order() {
+    let agent = TestAgent::start();
+    let client = agent.client().await;
+    // Raw mode and no echo: the terminal's output is exactly what cat read.
+    let pid = open(&client, shell("stty raw -echo; echo READY; cat"), 24, 80).await;
+    let screen = Screen::follow(&client, pid);
+    screen.wait_for("READY").await;
+    // 4 KiB per request, 160 KiB in all: the terminal's buffer fills, so requests
+    // need several writes each and have to wait for one another.
+    let chunks: Vec<String> = (0..40)
+        .map(|i| format!("<{i:02}{}>", "x".repeat(4090)))
+        .collect();
+    let sends: Vec<_> = chunks
+        .iter()
+        .map(|chunk| {
+            let client = client.clone();
+            let data = chunk.clone().into_bytes();
+            tokio::spawn(async move { client.pty_input(pid, data).await })
+        })
+        .collect();
+    for send in sends {
+        send.await.unwrap().unwrap();
+    }
+    screen.wait_for("<39").await;
+    let expected = chunks.concat();
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        while !screen.contents().contains(&expected) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(found.is_ok(), "input arrived out of order or torn");
+    client.kill(pid, 0).await.unwrap();
+}

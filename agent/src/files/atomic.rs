@@ -58,16 +58,7 @@ impl AtomicFile {
             .unwrap_or(DEFAULT_FILE_MODE);
         let owner = old.as_ref().map(|m| (m.uid(), m.gid()));
 
-        let mut suffix = [0u8; 6];
-        // SAFETY: getrandom writes at most `suffix.len()` bytes into the live buffer.
-        unsafe {
-            libc::getrandom(
-                suffix.as_mut_ptr().cast(),
-                suffix.len(),
-                libc::GRND_INSECURE,
-            )
-        };
-        let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+        let suffix = crate::sys::random_hex(6);
         let mut temp_name = std::ffi::OsString::from(".");
         temp_name.push(name);
         temp_name.push(format!(".{suffix}.tmp"));

@@ -43,8 +43,15 @@ pub fn open(table: &ProcessTable, request: &PtyOpenRequest) -> Result<Pid, Proce
 pub async fn input(table: &ProcessTable, pid: Pid, data: &[u8]) -> Result<(), ProcessError> {
     let (record, master) = terminal_of(table, pid)?;
     let io_error = |error| ProcessError::PtyIo { pid, error };
+    // Requests are started in arrival order and the lock is fair, so input is
+    // written in the order it was sent.
+    let _in_order = record.input_order.lock().await;
     let mut rest = data;
     while !rest.is_empty() {
+        // A terminal whose process is gone drains no more: do not wait on it.
+        if record.progress().exit.is_some() {
+            return Err(ProcessError::Exited { pid });
+        }
         let mut guard = master.writable().await.map_err(io_error)?;
         let written = guard.try_io(|inner| {
             // SAFETY: `rest` is valid for reads of `rest.len()` bytes; the fd is open
@@ -60,9 +67,6 @@ pub async fn input(table: &ProcessTable, pid: Pid, data: &[u8]) -> Result<(), Pr
             Err(_would_block) => continue,
             Ok(Ok(n)) => rest = &rest[n..],
             Ok(Err(error)) => return Err(io_error(error)),
-        }
-        if record.progress().exit.is_some() {
-            return Err(ProcessError::Exited { pid });
         }
     }
     Ok(())

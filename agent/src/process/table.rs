@@ -96,6 +96,9 @@ pub struct ProcessRecord {
     pub started_at_ms: u64,
     /// The terminal's master end, for pty processes.
     pub pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    /// Held while input is written to the terminal, so the bytes of two input
+    /// requests in flight at once never interleave.
+    pub input_order: tokio::sync::Mutex<()>,
     state: Mutex<RecordState>,
     progress: watch::Sender<Progress>,
 }
@@ -121,6 +124,7 @@ impl ProcessRecord {
             argv,
             started_at_ms: unix_time_ms(),
             pty,
+            input_order: tokio::sync::Mutex::new(()),
             state: Mutex::new(RecordState {
                 ring: OutputRing::new(RING_BYTES),
                 capture,
