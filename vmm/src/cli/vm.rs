@@ -14,6 +14,33 @@ use crate::launcher::{
 };
 use sandbox_protocol::Command as Cmd;
 
+/// Exit code of `vm run` when SIGTERM or SIGHUP stopped it.
+const EXIT_SIGNALLED: u8 = 143;
+
+/// Resolves with the name of the first of SIGINT, SIGTERM or SIGHUP to arrive, so
+/// the caller can stop what it started instead of dying with the run folder left.
+async fn terminating_signal() -> &'static str {
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        name = termination_request() => name,
+    }
+}
+
+/// Resolves on SIGTERM or SIGHUP (never, if they cannot be watched).
+async fn termination_request() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = hup.recv() => "SIGHUP",
+    }
+}
+
 /// How long the guest gets to power off after a shutdown request.
 const GUEST_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -81,16 +108,25 @@ async fn vm_run(
     token: Option<String>,
 ) -> anyhow::Result<u8> {
     let spec = boot_spec(&args.boot, false)?;
-    // Ctrl-C while booting drops the boot, which stops everything it started.
+    // A signal while booting drops the boot, which stops everything it started.
     let vm = tokio::select! {
         vm = launcher.boot(spec) => vm.context("Cannot boot the VM")?,
-        _ = tokio::signal::ctrl_c() => bail!("Interrupted while booting"),
+        signal = terminating_signal() => bail!("Interrupted by {signal} while booting"),
     };
     tracing::info!(id = %vm.id(), boot = ?vm.boot_duration(), "VM ready");
     let result = match connect(&vm, token).await {
         Ok(client) => {
             let spec = process_spec(Cmd::Argv(args.command.clone()), args.process.clone());
-            let code = exec::exec(&client, spec, &args.run).await;
+            // SIGTERM or SIGHUP ends the command and the VM like the end of the
+            // command would: the VM is shut down and its run folder removed.
+            // (Ctrl-C is the exec's own: it cancels the command, exiting 130.)
+            let code = tokio::select! {
+                code = exec::exec(&client, spec, &args.run) => code,
+                signal = termination_request() => {
+                    eprintln!("sandboxctl: {signal}: stopping the VM");
+                    Ok(EXIT_SIGNALLED)
+                }
+            };
             let shutdown = async {
                 if let Err(error) = client.shutdown(false).await {
                     tracing::warn!(%error, "the guest did not accept the shutdown");
@@ -112,7 +148,7 @@ async fn vm_run(
 async fn vm_start(launcher: &Launcher, args: &VmBootArgs) -> anyhow::Result<u8> {
     let vm = tokio::select! {
         vm = launcher.boot(boot_spec(args, true)?) => vm.context("Cannot boot the VM")?,
-        _ = tokio::signal::ctrl_c() => bail!("Interrupted while booting"),
+        signal = terminating_signal() => bail!("Interrupted by {signal} while booting"),
     };
     let boot = vm.boot_duration();
     let record = match vm.detach() {

@@ -1,0 +1,121 @@
+//! `sandboxctl vm …` on real microVMs: the README's main job (`vm run`), and that a
+//! `vm run` stopped by SIGTERM leaves no QEMU, daemon or run folder behind.
+
+#![allow(clippy::unwrap_used)] // Tests fail by panicking, with the error in the message.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandbox_tests::binaries;
+use sandbox_tests::vm::VmHost;
+
+/// A private run root for one test, so its emptiness proves the cleanup.
+fn run_root(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sbx-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// True while some QEMU runs a VM under `root`.
+fn qemu_running_under(root: &Path) -> bool {
+    let needle = root.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| {
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            cmdline.starts_with("qemu-system") && cmdline.contains(&needle)
+        })
+    })
+}
+
+fn sandboxctl(root: &Path) -> Command {
+    let mut command = Command::new(&binaries().sandboxctl);
+    command
+        .env("SANDBOX_RUN_DIR", root)
+        .env_remove("SANDBOX_AGENT")
+        .stdin(Stdio::null());
+    command
+}
+
+#[test]
+fn vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code() {
+    if VmHost::get("microvm_cli::vm_run").is_none() {
+        return;
+    }
+    let root = run_root("run");
+    let output = sandboxctl(&root)
+        .args(["vm", "run", "--", "sh", "-c", "uname -sr; exit 3"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.starts_with("Linux ") && stdout.contains("cloud-amd64"),
+        "{stdout}"
+    );
+    assert!(
+        entries(&root).is_empty(),
+        "left behind: {:?}",
+        entries(&root)
+    );
+    assert!(!qemu_running_under(&root));
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn vm_run_stopped_by_sigterm_cleans_up_everything() {
+    if VmHost::get("microvm_cli::sigterm").is_none() {
+        return;
+    }
+    let root = run_root("term");
+    let mut child = sandboxctl(&root)
+        .args(["vm", "run", "--", "sh", "-c", "echo started; sleep 600"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the command runs in the guest.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 8];
+    std::io::Read::read_exact(&mut stdout, &mut first).unwrap();
+    assert_eq!(&first, b"started\n");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandboxctl did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(143));
+    assert!(
+        entries(&root).is_empty(),
+        "left behind: {:?}",
+        entries(&root)
+    );
+    assert!(!qemu_running_under(&root), "a QEMU outlived sandboxctl");
+    std::fs::remove_dir_all(&root).unwrap();
+}
