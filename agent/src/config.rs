@@ -31,9 +31,10 @@ pub struct Args {
     /// Accept vsock peers with this CID besides the host's (2) (repeatable).
     #[arg(long, value_name = "CID")]
     pub allow_cid: Vec<u32>,
-    /// Log filter (`tracing` syntax, e.g. `debug` or `sandbox_agent=trace`).
-    #[arg(long, default_value = "info", value_name = "FILTER")]
-    pub log: String,
+    /// Log filter (`tracing` syntax, e.g. `debug` or `sandbox_agent=trace`); default
+    /// `sandbox.log` from the kernel command line as PID 1, else `info`.
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
 }
 
 /// Everything the agent needs to run, validated.
@@ -74,7 +75,10 @@ impl Config {
             forget_after: Duration::from_secs(args.forget_after_secs),
             peers: PeerPolicy { allowed_cids },
             is_init: boot.is_some(),
-            log: boot.map_or(args.log, |b| b.log.clone()),
+            log: args
+                .log
+                .or_else(|| boot.map(|b| b.log.clone()))
+                .unwrap_or_else(|| "info".to_owned()),
         }
     }
 }
@@ -111,13 +115,19 @@ mod tests {
             "unix:///tmp/x.sock",
             "--token",
             "a",
+            "--log",
+            "debug",
         ]);
         let boot = BootParams {
             token: Some("b".into()),
+            log: "warn".into(),
             ..BootParams::default()
         };
         let config = Config::new(args, Some(&boot));
         assert_eq!(config.listen, vec![ListenAddr::Unix("/tmp/x.sock".into())]);
         assert_eq!(config.token.as_deref(), Some("a"));
+        assert_eq!(config.log, "debug");
+        let config = Config::new(Args::parse_from(["sandbox-agent"]), Some(&boot));
+        assert_eq!(config.log, "warn");
     }
 }

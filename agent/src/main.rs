@@ -52,9 +52,15 @@ fn main() -> ExitCode {
 fn run_as_init() -> PowerAction {
     let (boot, early) = init::early();
     // The kernel passes unknown command-line words to init; they must not stop it.
-    let args = Args::try_parse().unwrap_or_else(|_| Args::parse_from(["sandbox-agent"]));
+    let (args, unparsed) = match Args::try_parse() {
+        Ok(args) => (args, None),
+        Err(error) => (Args::parse_from(["sandbox-agent"]), Some(error)),
+    };
     let config = Config::new(args, Some(&boot));
     init_logging(&config.log);
+    if let Some(error) = unparsed {
+        tracing::warn!(%error, "init arguments ignored; using the kernel command line only");
+    }
     if let Err(error) = init::prepare(&boot, early) {
         tracing::error!(error = %init::ErrorChain(&error), "guest preparation failed");
         return PowerAction::PowerOff;
