@@ -81,14 +81,14 @@ impl LauncherConfig {
     /// [`LauncherConfig::from_env`] over any variable lookup (testable).
     pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<Self, ConfigError> {
         let set = |name: &str| var(name).filter(|v| !v.is_empty());
-        // Relative values are ignored (as the XDG spec says for XDG_DATA_HOME), the
-        // same rule the image builder applies, so both find the same folder.
-        let absolute = |name: &str| set(name).map(PathBuf::from).filter(|p| p.is_absolute());
-        let home = absolute("SANDBOX_HOME")
-            .or_else(|| absolute("XDG_DATA_HOME").map(|d| d.join("sandbox")))
-            .or_else(|| absolute("HOME").map(|h| h.join(".local/share/sandbox")))
-            .ok_or(ConfigError::NoHome)?;
-        let mut config = Self::new(home);
+        // The image builder's rule, so both find the same folder.
+        let home = sandbox_rootfs::SandboxHome::resolve(
+            set("SANDBOX_HOME"),
+            set("XDG_DATA_HOME"),
+            set("HOME"),
+        )
+        .map_err(|_| ConfigError::NoHome)?;
+        let mut config = Self::new(home.root());
         if let Some(dir) = set("SANDBOX_RUN_DIR") {
             config.run_root = dir.into();
         }

@@ -8,24 +8,24 @@
 //!   "agent_version": "0.1.0", "default_size": "small", "created_at": "…" }
 //! ```
 //!
-//! Paths are relative to the folder (absolute ones are taken as they are). The loader
-//! is deliberately tolerant, since the builder evolves on its own: unknown fields are
-//! ignored, everything but `kernel` is optional, and `default_size` may be a preset
-//! name, `VCPUSxMIB`, or `{ "vcpus": N, "memory_mib": M }`. Every file it names must
+//! The format is the builder's own type, [`sandbox_rootfs::TemplateManifest`], read
+//! here as written. Paths are relative to the folder (absolute ones are taken as they
+//! are), `default_size` is a preset name or `VCPUSxMIB`, and every file named must
 //! exist. The launcher only reads a template; a disk is used through an overlay.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use sandbox_rootfs::manifest::ManifestError;
+use sandbox_rootfs::TemplateManifest;
 
 use super::size::{Size, SizeError};
 
 /// The description file in every template folder.
-pub const TEMPLATE_FILE: &str = "template.json";
+pub const TEMPLATE_FILE: &str = sandbox_rootfs::MANIFEST_FILE;
 
 /// The template booted when none is named.
-pub const DEFAULT_TEMPLATE: &str = "default";
+pub const DEFAULT_TEMPLATE: &str = sandbox_rootfs::DEFAULT_TEMPLATE;
 
 /// Why a template could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -157,65 +157,30 @@ pub struct Template {
     pub default_size: Option<Size>,
 }
 
-/// `template.json` as written; see the module docs for the tolerance rules.
-#[derive(Debug, Deserialize)]
-struct TemplateFile {
-    #[serde(default)]
-    name: Option<String>,
-    kernel: PathBuf,
-    #[serde(default)]
-    initramfs: Option<PathBuf>,
-    #[serde(default)]
-    disk: Option<PathBuf>,
-    #[serde(default)]
-    cmdline: Option<String>,
-    #[serde(default)]
-    kernel_version: Option<String>,
-    #[serde(default)]
-    agent_version: Option<String>,
-    #[serde(default)]
-    default_size: Option<SizeField>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum SizeField {
-    Text(String),
-    Shape(Size),
-}
-
 impl Template {
     /// Loads the template in `dir`.
     pub fn load(dir: &Path) -> Result<Self, TemplateError> {
         let file = dir.join(TEMPLATE_FILE);
-        let text = match std::fs::read(&file) {
-            Ok(text) => text,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                return Err(TemplateError::NotFound {
-                    dir: dir.to_owned(),
-                })
-            }
-            Err(error) => return Err(TemplateError::Read { path: file, error }),
-        };
-        let raw: TemplateFile =
-            serde_json::from_slice(&text).map_err(|error| TemplateError::Parse {
-                path: file.clone(),
-                error,
-            })?;
+        if !file.is_file() {
+            return Err(TemplateError::NotFound {
+                dir: dir.to_owned(),
+            });
+        }
+        let raw = TemplateManifest::load(dir).map_err(|error| match error {
+            ManifestError::Io { path, error } => TemplateError::Read { path, error },
+            ManifestError::Parse { path, error } => TemplateError::Parse { path, error },
+        })?;
         let dir = dir.canonicalize().map_err(|error| TemplateError::Read {
             path: dir.to_owned(),
             error,
         })?;
-        let default_size = match raw.default_size {
-            None => None,
-            Some(SizeField::Text(text)) => Some(text.parse()),
-            Some(SizeField::Shape(size)) => Some(size.validate().map(|()| size)),
-        }
-        .transpose()
-        .map_err(|error| TemplateError::Size {
-            path: file.clone(),
-            error,
-        })?;
+        let default_size =
+            raw.default_size
+                .parse::<Size>()
+                .map_err(|error| TemplateError::Size {
+                    path: file.clone(),
+                    error,
+                })?;
         let existing = |role: &'static str, rel: &Path| {
             let path = dir.join(rel);
             if path.is_file() {
@@ -229,30 +194,21 @@ impl Template {
             }
         };
         let kernel = existing("kernel", &raw.kernel)?;
-        let initramfs = raw
-            .initramfs
-            .as_deref()
-            .map(|p| existing("initramfs", p))
-            .transpose()?;
+        let initramfs = Some(existing("initramfs", &raw.initramfs)?);
         let disk = raw
             .disk
             .as_deref()
             .map(|p| existing("disk", p))
             .transpose()?;
-        let name = raw.name.unwrap_or_else(|| {
-            dir.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        });
         Ok(Self {
-            name,
+            name: raw.name,
             kernel,
             initramfs,
             disk,
-            cmdline: raw.cmdline.unwrap_or_default(),
-            kernel_version: raw.kernel_version,
-            agent_version: raw.agent_version,
-            default_size,
+            cmdline: raw.cmdline,
+            kernel_version: Some(raw.kernel_version),
+            agent_version: Some(raw.agent_version),
+            default_size: Some(default_size),
             dir,
         })
     }
@@ -277,13 +233,20 @@ mod tests {
         dir
     }
 
+    fn manifest(kernel: &str, initramfs: &str, size: &str) -> String {
+        format!(
+            r#"{{"name":"t","kernel":"{kernel}","initramfs":"{initramfs}","disk":null,
+                "cmdline":"","kernel_version":"k","agent_version":"0","default_size":"{size}",
+                "created_at":"2025-01-01T00:00:00Z"}}"#
+        )
+    }
+
     #[test]
     fn loads_the_builder_format_with_paths_made_absolute() {
         let dir = folder(
             r#"{"name":"default","kernel":"vmlinux","initramfs":"initramfs.cpio",
                 "disk":null,"cmdline":"console=ttyS0 quiet","kernel_version":"6.1.0-56-cloud-amd64",
-                "agent_version":"0.1.0","default_size":"medium","created_at":"2025-01-01T00:00:00Z",
-                "some_future_field":{"x":1}}"#,
+                "agent_version":"0.1.0","default_size":"medium","created_at":"2025-01-01T00:00:00Z"}"#,
             &["vmlinux", "initramfs.cpio"],
         );
         let t = Template::load(&dir).unwrap();
@@ -299,27 +262,8 @@ mod tests {
     }
 
     #[test]
-    fn default_size_may_be_a_shape_and_name_defaults_to_the_folder() {
-        let dir = folder(
-            r#"{"kernel":"k","disk":"rootfs.ext4","default_size":{"vcpus":2,"memory_mib":768},"created_at":12}"#,
-            &["k", "rootfs.ext4"],
-        );
-        let t = Template::load(&dir).unwrap();
-        assert_eq!(t.default_size, Some(Size::new(2, 768).unwrap()));
-        assert!(t.disk.is_some());
-        assert_eq!(
-            t.name,
-            dir.file_name().unwrap().to_string_lossy().into_owned()
-        );
-        fs::remove_dir_all(dir).unwrap();
-    }
-
-    #[test]
     fn a_missing_file_is_named_in_the_error() {
-        let dir = folder(
-            r#"{"kernel":"vmlinux","initramfs":"gone.cpio"}"#,
-            &["vmlinux"],
-        );
+        let dir = folder(&manifest("vmlinux", "gone.cpio", "small"), &["vmlinux"]);
         let err = Template::load(&dir).unwrap_err();
         assert!(
             matches!(
@@ -338,7 +282,7 @@ mod tests {
     fn an_absent_folder_or_bad_size_is_reported() {
         let err = Template::load(Path::new("/nonexistent/sbx-template")).unwrap_err();
         assert!(matches!(err, TemplateError::NotFound { .. }));
-        let dir = folder(r#"{"kernel":"k","default_size":"huge"}"#, &["k"]);
+        let dir = folder(&manifest("k", "i", "huge"), &["k", "i"]);
         assert!(matches!(
             Template::load(&dir).unwrap_err(),
             TemplateError::Size { .. }
