@@ -25,8 +25,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{Command, ExecRequest, ProcessSpec};
-use sandbox_tests::{error_chain, TestAgent};
+use sandbox_tests::TestAgent;
 use sandbox_vmm::client::{Client, ConnectOptions};
+use sandbox_vmm::error_chain;
 use sandbox_vmm::launcher::{Launcher, LauncherConfig};
 use serde_json::{json, Value};
 use support::{eventually, McpServer};

@@ -9,7 +9,8 @@ use sandbox_vmm::client::ClientError;
 
 use crate::pool::ClaimError;
 use crate::registry::{Gone, Lookup};
-use crate::render::{error_chain, rfc3339};
+use crate::render::rfc3339;
+use sandbox_vmm::error_chain;
 
 /// A tool call that failed in an ordinary way.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -79,7 +79,7 @@ impl Collected {
                     "The run was cut off: {}; the output above is what arrived before. The \
                      sandbox's agent may be gone: if ps also fails, release the sandbox and \
                      create a new one.",
-                    crate::render::error_chain(error)
+                    sandbox_vmm::error_chain(error)
                 ));
             }
             End::NoReply => {

@@ -61,7 +61,7 @@ impl Node {
                     Err(error) => {
                         tracing::error!(
                             template = %launch.template,
-                            error = %crate::render::error_chain(&error),
+                            error = %sandbox_vmm::error_chain(&error),
                             "the default template cannot be loaded; claims will fail until it exists"
                         );
                         Size::default()
@@ -91,7 +91,7 @@ impl Node {
                             Ok(_) => tracing::info!(%url, "attached agent reachable"),
                             Err(error) => tracing::warn!(
                                 %url,
-                                error = %crate::render::error_chain(&error),
+                                error = %sandbox_vmm::error_chain(&error),
                                 "the attached agent is not reachable yet; calls will retry"
                             ),
                         }
@@ -157,7 +157,7 @@ impl Node {
                 Err(error) => {
                     return Err(ToolError::new(format!(
                         "Template {template} cannot be used: {}. Templates available: {}.",
-                        crate::render::error_chain(&error),
+                        sandbox_vmm::error_chain(&error),
                         self.template_names().join(", ")
                     )))
                 }

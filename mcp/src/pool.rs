@@ -428,7 +428,7 @@ async fn refill(pool: std::sync::Weak<Pool>) {
                     (false, None)
                 }
                 Err(error) => {
-                    let text = crate::render::error_chain(&error);
+                    let text = sandbox_vmm::error_chain(&error);
                     tracing::error!(error = %text, "pool boot failed");
                     state.last_error = Some(text);
                     (true, None)

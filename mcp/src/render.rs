@@ -479,21 +479,6 @@ impl Render for NodeInfoResult {
     }
 }
 
-/// An error and its causes, joined with ": ".
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        // Transparent wrappers repeat their source's message.
-        if !text.ends_with(&cause_text) {
-            let _ = write!(text, ": {cause_text}");
-        }
-        source = cause.source();
-    }
-    text
-}
-
 /// RFC 3339 in UTC with second precision (`2026-11-29T09:45:39Z`).
 pub fn rfc3339(time: SystemTime) -> String {
     humantime::format_rfc3339_seconds(time).to_string()

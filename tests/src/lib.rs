@@ -294,7 +294,7 @@ impl TestAgent {
             Ok(client) => client,
             Err(error) => panic!(
                 "cannot connect to the test agent: {}\nagent log:\n{}",
-                error_chain(&error),
+                sandbox_vmm::error_chain(&error),
                 self.log()
             ),
         }
@@ -651,18 +651,6 @@ pub async fn within<F: std::future::Future>(secs: u64, future: F) -> F::Output {
         Ok(output) => output,
         Err(_) => panic!("did not finish within {secs}s"),
     }
-}
-
-/// An error and its sources on one line.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// `ProcessInfo` of `pid` from `ps`, if listed.

@@ -54,7 +54,8 @@ use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm}
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::UnixStream;
 
-use crate::{error_chain, within};
+use crate::within;
+use sandbox_vmm::error_chain;
 
 /// Set to `1` to skip every microVM test (each says so on stderr).
 pub const SKIP_ENV: &str = "SANDBOX_SKIP_VM_TESTS";

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_protocol::{Command, ExecRequest, ProcessSpec};
 use sandbox_vmm::client::{Client, ConnectOptions};
+use sandbox_vmm::error_chain;
 use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
 
 /// The template booted.
@@ -119,17 +120,6 @@ fn on_path(program: &Path) -> bool {
     }
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn load_average() -> String {

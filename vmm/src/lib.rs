@@ -20,3 +20,20 @@ pub mod client;
 pub mod launcher;
 
 pub use client::{Client, ClientError, ConnectOptions};
+
+/// An error and its sources on one line, `error: cause: cause`, for logs and
+/// messages that cannot be multi-line. A transparent wrapper's repeat of its source's
+/// message is printed once.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -220,7 +220,7 @@ pub(crate) async fn decide(
         AccelMode::Auto => {}
     }
     if let Err(error) = kvm_preflight(probe.kvm_device) {
-        return Ok(tcg(format!("KVM unusable: {}", error_chain(&error))));
+        return Ok(tcg(format!("KVM unusable: {}", crate::error_chain(&error))));
     }
     let fingerprint = Fingerprint::of(kernel, probe.qemu);
     let key = kernel.to_string_lossy().into_owned();
@@ -403,18 +403,6 @@ impl CacheFile {
     }
 }
 
-/// `error: cause: cause` on one line.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -431,7 +419,7 @@ mod tests {
     fn a_missing_device_fails_the_preflight_with_its_path() {
         let err = kvm_preflight(Path::new("/nonexistent/kvm")).unwrap_err();
         assert!(matches!(err, KvmUnavailable::Open { .. }), "{err}");
-        assert!(error_chain(&err).contains("/nonexistent/kvm"));
+        assert!(crate::error_chain(&err).contains("/nonexistent/kvm"));
     }
 
     #[tokio::test]
