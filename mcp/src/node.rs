@@ -150,7 +150,12 @@ impl Node {
             Some(name) => TemplateRef::parse(name),
         };
         let size = match params.size {
-            Some(name) => Size::preset(name.as_str()).unwrap_or_default(),
+            Some(name) => Size::preset(name.as_str()).ok_or_else(|| {
+                ToolError::new(format!(
+                    "Size {} is not one the launcher knows; use small, medium, large, xlarge or 2xlarge.",
+                    name.as_str()
+                ))
+            })?,
             None if template == *pool.default_template() => pool.default_size(),
             None => match pool.launcher().template(&template) {
                 Ok(loaded) => loaded.default_size.unwrap_or_default(),

@@ -212,6 +212,19 @@ mod tests {
         let params: CreateSandboxParams =
             serde_json::from_str(r#"{"size":"2xlarge","net":"egress"}"#).unwrap();
         assert_eq!(params.size, Some(SizeName::Xxlarge));
+        // Every size the schema offers is one of the launcher's presets.
+        for size in [
+            SizeName::Small,
+            SizeName::Medium,
+            SizeName::Large,
+            SizeName::Xlarge,
+            SizeName::Xxlarge,
+        ] {
+            assert!(
+                sandbox_vmm::launcher::Size::preset(size.as_str()).is_some(),
+                "{size:?}"
+            );
+        }
         assert_eq!(params.net, Net::Egress);
     }
 
