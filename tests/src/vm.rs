@@ -207,16 +207,8 @@ impl Drop for Lease {
 }
 
 fn require_program(program: &Path, package: &str) {
-    let found = if program.components().count() > 1 {
-        program.is_file()
-    } else {
-        std::env::var_os("PATH")
-            .iter()
-            .flat_map(std::env::split_paths)
-            .any(|dir| dir.join(program).is_file())
-    };
     assert!(
-        found,
+        sandbox_vmm::launcher::accel::find_program(program).is_some(),
         "{} not found: the microVM tests need it (install {package}, e.g. with \
          scripts/setup.sh), or set {SKIP_ENV}=1 to skip them",
         program.display()

@@ -18,7 +18,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // A benchmark fails by panicking.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{Command, ExecRequest, ProcessSpec};
@@ -93,7 +93,7 @@ fn require_microvms() -> LauncherConfig {
         .unwrap_or_else(|error| panic!("no launcher configuration: {}", error_chain(&error)));
     let mut missing = Vec::new();
     for program in [&config.qemu_path, &config.qemu_img_path, &config.vhost_path] {
-        if !on_path(program) {
+        if sandbox_vmm::launcher::accel::find_program(program).is_none() {
             missing.push(format!("{} (run scripts/setup.sh)", program.display()));
         }
     }
@@ -112,14 +112,6 @@ fn require_microvms() -> LauncherConfig {
     // Short: the sockets inside must fit in 108 bytes.
     config.run_root = PathBuf::from(format!("/tmp/sbx-bench-{}", std::process::id()));
     config
-}
-
-fn on_path(program: &Path) -> bool {
-    if program.components().count() > 1 {
-        return program.is_file();
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 fn load_average() -> String {

@@ -23,10 +23,13 @@ fn version_of(program: &Path, arg: &str) -> Option<String> {
 pub(super) async fn doctor() -> anyhow::Result<u8> {
     let config = LauncherConfig::from_env()?;
     let mut checks = Vec::new();
-    let program = |what, path: &Path, arg, remedy: &str| Check {
-        what,
-        ok: version_of(path, arg).is_some(),
-        detail: version_of(path, arg).unwrap_or_else(|| remedy.to_owned()),
+    let program = |what, path: &Path, arg, remedy: &str| {
+        let version = version_of(path, arg);
+        Check {
+            what,
+            ok: version.is_some(),
+            detail: version.unwrap_or_else(|| remedy.to_owned()),
+        }
     };
     checks.push(program(
         "qemu",

@@ -358,15 +358,20 @@ fn mtime_s(meta: &fs::Metadata) -> u64 {
 
 /// `program` as found on `PATH` when it is a bare name.
 pub(crate) fn resolve_program(program: &Path) -> PathBuf {
+    find_program(program).unwrap_or_else(|| program.to_owned())
+}
+
+/// The file `program` names: itself when it has a `/`, else its first match on
+/// `PATH`; `None` when there is no such file (what `doctor` and the tests check).
+pub fn find_program(program: &Path) -> Option<PathBuf> {
     if program.components().count() > 1 {
-        return program.to_owned();
+        return program.is_file().then(|| program.to_owned());
     }
     std::env::var_os("PATH")
         .iter()
         .flat_map(std::env::split_paths)
         .map(|dir| dir.join(program))
         .find(|path| path.is_file())
-        .unwrap_or_else(|| program.to_owned())
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
