@@ -143,28 +143,60 @@ pub fn child_switch_user(uid: u32, gid: u32, groups: &[libc::gid_t]) -> io::Resu
     Ok(())
 }
 
-/// Whether the agent shields itself from the OOM killer (as init it runs at -1000),
-/// so children must be given the default score back before they run anything.
+/// Whether the agent shields itself from the OOM killer (as init it runs at -1000).
 /// Read once: init sets the score before the first child starts.
 pub fn agent_is_oom_shielded() -> bool {
     static SHIELDED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SHIELDED.get_or_init(|| {
-        std::fs::read_to_string("/proc/self/oom_score_adj").is_ok_and(|s| s.trim() != "0")
-    })
+    *SHIELDED.get_or_init(|| own_oom_score_adj().is_some_and(|score| score != "0"))
 }
 
-/// In a forked child: give up the agent's OOM shield, so the OOM killer prefers the
-/// workload (and everything it forks) over init. Async-signal-safe: open, write and
-/// close on static data. Failure (no /proc) is ignored.
-pub fn child_reset_oom_score_adj() {
-    const PATH: &CStr = c"/proc/self/oom_score_adj";
-    // SAFETY: PATH is a static C string and the buffer passed to write is a static
-    // literal; the fd is closed exactly once.
-    unsafe {
-        let fd = libc::open(PATH.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if fd >= 0 {
-            libc::write(fd, b"0".as_ptr().cast(), 1);
-            libc::close(fd);
+fn own_oom_score_adj() -> Option<String> {
+    std::fs::read_to_string(OWN_OOM_SCORE_ADJ)
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+const OWN_OOM_SCORE_ADJ: &str = "/proc/self/oom_score_adj";
+
+/// Lowers the agent's OOM shield while children are started, so they inherit the
+/// default score from their first instruction (and so does whatever they fork at
+/// once); dropping it restores the shield. Resetting the score in the parent after
+/// the start left a window, and resetting it in the child needs fork instead of
+/// posix_spawn, which costs milliseconds per exec in an emulated guest. The agent
+/// is briefly unshielded, which is harmless where shielding happens at all: the
+/// kernel never picks the global init (PID 1) as an OOM victim, whatever its score.
+#[derive(Debug)]
+pub struct OomUnshield {
+    restore: Option<String>,
+}
+
+impl OomUnshield {
+    /// Lowers the shield if the agent has one.
+    pub fn new() -> Self {
+        if !agent_is_oom_shielded() {
+            return Self { restore: None };
+        }
+        let restore = own_oom_score_adj().filter(|score| score != "0");
+        if restore.is_some() {
+            // Raising the score is always allowed.
+            let _ = std::fs::write(OWN_OOM_SCORE_ADJ, "0");
+        }
+        Self { restore }
+    }
+}
+
+impl Default for OomUnshield {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for OomUnshield {
+    fn drop(&mut self) {
+        if let Some(score) = &self.restore {
+            if let Err(error) = std::fs::write(OWN_OOM_SCORE_ADJ, score) {
+                tracing::error!(%error, "cannot restore the agent's OOM shield");
+            }
         }
     }
 }
