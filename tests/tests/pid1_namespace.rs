@@ -38,6 +38,8 @@ impl NamespacedInit {
                 "--map-root-user",
                 "--pid",
                 "--fork",
+                // If the test fails early and kills unshare, the namespace goes too.
+                "--kill-child",
                 "--mount-proc",
                 "--mount",
                 "--uts",
