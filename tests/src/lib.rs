@@ -31,6 +31,7 @@ use sandbox_protocol::{
 };
 use sandbox_vmm::client::{Client, ConnectOptions, LogsEvent};
 
+pub mod screen;
 pub mod vm;
 
 /// How long the agent gets to start listening.
@@ -661,4 +662,21 @@ pub async fn ps_entry(client: &Client, pid: Pid) -> Option<sandbox_protocol::Pro
         .expect("ps failed")
         .into_iter()
         .find(|info| info.pid == pid)
+}
+
+/// Waits until no process `pid` exists in the agent's machine (`kill -0` fails),
+/// polling for up to 5 s; `what` says in the panic what should have ended it.
+pub async fn wait_until_gone(client: &Client, pid: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let probe = client
+            .exec(exec_sh(&format!("kill -0 {pid} 2>/dev/null; echo $?")))
+            .await
+            .expect("probe exec failed");
+        if String::from_utf8_lossy(&probe.stdout).trim() != "0" {
+            return;
+        }
+        assert!(Instant::now() < deadline, "process {pid} {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

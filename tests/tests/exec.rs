@@ -131,23 +131,12 @@ async fn timeout_kills_the_whole_process_group_including_grandchildren() {
         .expect("the shell printed the grandchild's pid first");
     // The grandchild was in the group; once killed it is reaped (the agent is a
     // subreaper), so `kill -0` fails. Poll briefly for the reaping.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let probe = client
-            .exec(exec_sh(&format!(
-                "kill -0 {grandchild} 2>/dev/null; echo $?"
-            )))
-            .await
-            .unwrap();
-        if String::from_utf8_lossy(&probe.stdout).trim() != "0" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "grandchild {grandchild} still alive after the timeout"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sandbox_tests::wait_until_gone(
+        &client,
+        grandchild.into(),
+        "(the grandchild) still alive after the timeout",
+    )
+    .await;
 }
 
 #[tokio::test]

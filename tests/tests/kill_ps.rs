@@ -98,23 +98,12 @@ async fn kill_signals_the_whole_process_group() {
     .await;
     client.kill(pid, 15).await.unwrap();
     wait_exit(&client, pid).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let probe = client
-            .exec(exec_sh(&format!(
-                "kill -0 {grandchild} 2>/dev/null; echo $?"
-            )))
-            .await
-            .unwrap();
-        if String::from_utf8_lossy(&probe.stdout).trim() != "0" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "grandchild {grandchild} survived a kill of its group"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    sandbox_tests::wait_until_gone(
+        &client,
+        grandchild.into(),
+        "(the grandchild) survived a kill of its group",
+    )
+    .await;
 }
 
 #[tokio::test]

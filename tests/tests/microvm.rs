@@ -18,7 +18,6 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sandbox_protocol::limits::{MAX_FRAME_BYTES, READ_FILE_CAP_BYTES, RING_BYTES};
@@ -26,9 +25,10 @@ use sandbox_protocol::{
     AgentMsg, ClientMsg, ErrorKind, ExecReply, ExecRequest, FileKind, Hello, Pid, ProcessKind,
     ProcessState, PtyOpenRequest, Ready, RequestId, Stream, WindowSize, MAGIC, PROTOCOL_VERSION,
 };
+use sandbox_tests::screen::Screen;
 use sandbox_tests::vm::{RawConnection, Sections, VmHost};
 use sandbox_tests::{argv, exec_sh, follow_to_end, ps_entry, shell, wait_exit, within};
-use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions, LogsEvent};
+use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 use sha2::{Digest, Sha256};
 
 const MIB: usize = 1024 * 1024;
@@ -343,54 +343,6 @@ async fn kill_and_ps(client: Client) {
     for pid in [Pid(999_999), Pid(1)] {
         let err = client.kill(pid, 15).await.unwrap_err();
         assert_eq!(err.wire_kind(), Some(ErrorKind::NotFound), "{pid}: {err}");
-    }
-}
-
-/// A terminal's output, collected in the background.
-struct Screen {
-    text: Arc<Mutex<Vec<u8>>>,
-    task: tokio::task::JoinHandle<Option<sandbox_protocol::ExitStatus>>,
-}
-
-impl Screen {
-    fn follow(client: &Client, pid: Pid, cursor: u64) -> Self {
-        let text = Arc::new(Mutex::new(Vec::new()));
-        let mut stream = client.logs_follow(pid, Some(cursor)).unwrap();
-        let sink = text.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let (chunks, exit, done) = match stream.next().await.unwrap() {
-                    LogsEvent::Batch(batch) => (batch.chunks, None, false),
-                    LogsEvent::Finished(reply) => (reply.batch.chunks, reply.exit, true),
-                };
-                for chunk in chunks {
-                    assert_eq!(chunk.stream, Stream::Pty);
-                    sink.lock().unwrap().extend_from_slice(&chunk.data);
-                }
-                if done {
-                    return exit;
-                }
-            }
-        });
-        Self { text, task }
-    }
-
-    fn contents(&self) -> String {
-        String::from_utf8_lossy(&self.text.lock().unwrap()).into_owned()
-    }
-
-    async fn wait_for(&self, needle: &str) {
-        let found = tokio::time::timeout(Duration::from_secs(20), async {
-            while !self.contents().contains(needle) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        assert!(
-            found.is_ok(),
-            "terminal never showed {needle:?}; it shows:\n{}",
-            self.contents()
-        );
     }
 }
 

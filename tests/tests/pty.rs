@@ -3,60 +3,12 @@
 // Helpers outside `#[test]` fns unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sandbox_protocol::{Pid, ProcessKind, ProcessSpec, PtyOpenRequest, Stream, WindowSize};
+use sandbox_protocol::{Pid, ProcessKind, ProcessSpec, PtyOpenRequest, WindowSize};
+use sandbox_tests::screen::Screen;
 use sandbox_tests::{argv, ps_entry, shell, within, TestAgent};
-use sandbox_vmm::client::{Client, LogsEvent};
-
-/// Collects a terminal's output in the background; `wait_for` polls it.
-struct Screen {
-    text: Arc<Mutex<Vec<u8>>>,
-    task: tokio::task::JoinHandle<Option<sandbox_protocol::ExitStatus>>,
-}
-
-impl Screen {
-    fn follow(client: &Client, pid: Pid) -> Self {
-        let text = Arc::new(Mutex::new(Vec::new()));
-        let mut stream = client.logs_follow(pid, Some(0)).unwrap();
-        let sink = text.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let (chunks, exit, done) = match stream.next().await.unwrap() {
-                    LogsEvent::Batch(batch) => (batch.chunks, None, false),
-                    LogsEvent::Finished(reply) => (reply.batch.chunks, reply.exit, true),
-                };
-                for chunk in chunks {
-                    assert_eq!(chunk.stream, Stream::Pty);
-                    sink.lock().unwrap().extend_from_slice(&chunk.data);
-                }
-                if done {
-                    return exit;
-                }
-            }
-        });
-        Self { text, task }
-    }
-
-    fn contents(&self) -> String {
-        String::from_utf8_lossy(&self.text.lock().unwrap()).into_owned()
-    }
-
-    async fn wait_for(&self, needle: &str) {
-        let found = tokio::time::timeout(Duration::from_secs(10), async {
-            while !self.contents().contains(needle) {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await;
-        assert!(
-            found.is_ok(),
-            "terminal never showed {needle:?}; it shows:\n{}",
-            self.contents()
-        );
-    }
-}
+use sandbox_vmm::client::Client;
 
 async fn open(client: &Client, spec: ProcessSpec, rows: u16, cols: u16) -> Pid {
     within(
@@ -75,7 +27,7 @@ async fn input_reaches_the_shell_and_output_comes_back() {
     let agent = TestAgent::start();
     let client = agent.client().await;
     let pid = open(&client, argv(&["sh"]), 24, 80).await;
-    let screen = Screen::follow(&client, pid);
+    let screen = Screen::follow(&client, pid, 0);
     client
         .pty_input(pid, b"echo $((6*7))\n".to_vec())
         .await
@@ -93,7 +45,7 @@ async fn resize_changes_the_size_and_signals_the_child() {
     let agent = TestAgent::start();
     let client = agent.client().await;
     let pid = open(&client, argv(&["sh"]), 24, 80).await;
-    let screen = Screen::follow(&client, pid);
+    let screen = Screen::follow(&client, pid, 0);
     client
         .pty_input(pid, b"stty size\n".to_vec())
         .await
@@ -134,7 +86,7 @@ async fn a_terminal_survives_disconnect_and_replays_on_reattach() {
     let pid = {
         let client = agent.client().await;
         let pid = open(&client, argv(&["sh"]), 24, 80).await;
-        let screen = Screen::follow(&client, pid);
+        let screen = Screen::follow(&client, pid, 0);
         client
             .pty_input(pid, b"echo before-$((6*7))\n".to_vec())
             .await
@@ -157,7 +109,7 @@ async fn a_terminal_survives_disconnect_and_replays_on_reattach() {
     );
     assert_eq!(replay.exit, None, "the shell should still run");
 
-    let screen = Screen::follow(&client, pid);
+    let screen = Screen::follow(&client, pid, 0);
     screen.wait_for("before-42").await;
     client
         .pty_input(pid, b"echo after-$((6*7)); exit 5\n".to_vec())
@@ -178,7 +130,7 @@ async fn a_pty_command_with_env_and_cwd_runs_on_a_terminal() {
         ..shell("echo $GREETING; pwd; test -t 0 && echo is-a-tty")
     };
     let pid = open(&client, spec, 10, 50).await;
-    let screen = Screen::follow(&client, pid);
+    let screen = Screen::follow(&client, pid, 0);
     let exit = within(10, screen.task).await.unwrap();
     assert_eq!(exit.unwrap().code, Some(0));
     let text = String::from_utf8_lossy(&screen.text.lock().unwrap()).into_owned();
@@ -210,7 +162,7 @@ async fn pipelined_input_reaches_the_terminal_in_order() {
     let client = agent.client().await;
     // Raw mode and no echo: the terminal's output is exactly what cat read.
     let pid = open(&client, shell("stty raw -echo; echo READY; cat"), 24, 80).await;
-    let screen = Screen::follow(&client, pid);
+    let screen = Screen::follow(&client, pid, 0);
     screen.wait_for("READY").await;
     // 4 KiB per request, 160 KiB in all: the terminal's buffer fills, so requests
     // need several writes each and have to wait for one another.
