@@ -11,15 +11,22 @@ set -euo pipefail
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file)
 
-missing=()
-for pkg in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  apt-get update -q
+# Two passes: installing one package can remove another that was there before (a
+# newer qemu-utils conflicts with this release's qemu-system-x86 and is removed with
+# it), so check again after installing and put back what went missing.
+for pass in 1 2; do
+  missing=()
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && break
+  echo "setup: installing ${missing[*]} (pass $pass)"
+  [ "$pass" = 1 ] && apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
+done
+for program in qemu-system-x86_64 qemu-img depmod lz4 cpio busybox mkfs.ext4 file; do
+  command -v "$program" >/dev/null 2>&1 || { echo "setup: $program is still missing" >&2; exit 1; }
+done
 
 if ! apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1; then
   echo "setup: refreshing the package lists"

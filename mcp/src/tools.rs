@@ -45,7 +45,10 @@ pub const TOOL_CALL_CAP_SECS: u64 = EXEC_DEADLINE_SECS + EXEC_DEADLINE_GRACE_SEC
 const DEFAULT_SIGNAL: i32 = 15;
 
 /// Highest signal number Linux has.
-const MAX_SIGNAL: i32 = 64;
+const MAX_SIGNAL: i32 = sandbox_protocol::MAX_SIGNAL;
+
+/// What this tool's `signal: 0` stands for.
+const SIGKILL: i32 = 9;
 
 /// What the server tells the model at initialization.
 const INSTRUCTIONS: &str = "Sandboxes are disposable Linux microVMs for running untrusted \
@@ -247,12 +250,13 @@ impl SandboxServer {
                  (SIGKILL)."
             )));
         }
+        // This tool promises "0 means SIGKILL"; the wire carries the explicit signal.
+        let sent = if signal == 0 { SIGKILL } else { signal };
         let client = client(&sandbox, Op::Process).await?;
         client
-            .kill(Pid(params.pid), signal)
+            .kill(Pid(params.pid), sent)
             .await
             .map_err(|error| ToolError::agent(Op::Process, sandbox.id.as_str(), &error))?;
-        let sent = if signal == 0 { 9 } else { signal };
         Ok(success(&KillResult {
             pid: params.pid,
             signal: sent,

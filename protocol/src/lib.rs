@@ -57,7 +57,7 @@ pub use output::{LogsBatch, LogsReply, LogsRequest, OutputChunk, Stream};
 pub use process::{
     Command, ExecReply, ExecRequest, ExitStatus, KillRequest, Pid, ProcessInfo, ProcessKind,
     ProcessSpec, ProcessState, PtyInputRequest, PtyOpenRequest, PtyResizeRequest, SpawnRequest,
-    User, WindowSize,
+    User, WindowSize, MAX_SIGNAL,
 };
 pub use ready::Ready;
 

@@ -170,12 +170,17 @@ pub struct PtyResizeRequest {
     pub size: WindowSize,
 }
 
+/// The largest signal number a [`KillRequest`] may carry (Linux's `SIGRTMAX`).
+pub const MAX_SIGNAL: i32 = 64;
+
 /// Send a signal to a tracked process's whole process group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KillRequest {
     /// The tracked process.
     pub pid: Pid,
-    /// The signal number; 0 means `SIGKILL`.
+    /// The signal number, `1..=MAX_SIGNAL` (`SIGKILL` is 9). 0 and anything out of
+    /// range are refused as a bad request: shorthands such as "0 means kill" belong to
+    /// the tools that promise them (`sandboxctl`, the MCP server), not to the wire.
     pub signal: i32,
 }
 

@@ -54,7 +54,7 @@ async fn a_long_exec_and_a_follow_do_not_block_other_requests() {
     within(2, client.request(Request::Info)).await.unwrap();
     drop(slow);
     drop(follow);
-    client.kill(spawned, 0).await.unwrap();
+    client.kill(spawned, libc::SIGKILL).await.unwrap();
 }
 
 #[tokio::test]

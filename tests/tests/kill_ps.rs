@@ -28,16 +28,29 @@ async fn sigterm_to_a_running_spawn_ends_it_with_signal_15() {
 }
 
 #[tokio::test]
-async fn signal_zero_means_sigkill() {
+async fn the_wire_refuses_signal_zero_and_sigkill_ends_a_term_ignorer() {
     let agent = TestAgent::start();
     let client = agent.client().await;
-    // A shell that ignores TERM still dies: 0 is SIGKILL, not a liveness probe.
     let pid = client
         .spawn(shell("trap '' TERM; sleep 1000"))
         .await
         .unwrap();
+    // The wire carries an explicit signal: 0 (a liveness probe in kill(2)) and numbers
+    // past SIGRTMAX are bad requests, and the process is untouched.
+    for bad in [0, -1, sandbox_protocol::MAX_SIGNAL + 1] {
+        let err = client.kill(pid, bad).await.unwrap_err();
+        assert_eq!(
+            err.wire_kind(),
+            Some(ErrorKind::BadRequest),
+            "signal {bad}: {err}"
+        );
+    }
+    assert!(matches!(
+        ps_entry(&client, pid).await.map(|info| info.state),
+        Some(ProcessState::Running)
+    ));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    client.kill(pid, 0).await.unwrap();
+    client.kill(pid, libc::SIGKILL).await.unwrap();
     let status = wait_exit(&client, pid).await;
     assert_eq!(status.signal, Some(9));
 }
@@ -50,7 +63,7 @@ async fn kill_of_an_exited_process_is_a_no_op_success() {
     let status = wait_exit(&client, pid).await;
     assert_eq!(status.code, Some(4));
     client.kill(pid, 15).await.unwrap();
-    client.kill(pid, 0).await.unwrap();
+    client.kill(pid, libc::SIGKILL).await.unwrap();
     let entry = ps_entry(&client, pid).await.unwrap();
     assert_eq!(
         entry.state,
@@ -181,5 +194,5 @@ async fn running_processes_are_never_forgotten() {
         .await
         .expect("running process forgotten");
     assert_eq!(entry.state, ProcessState::Running);
-    client.kill(pid, 0).await.unwrap();
+    client.kill(pid, libc::SIGKILL).await.unwrap();
 }

@@ -77,7 +77,7 @@ async fn resize_changes_the_size_and_signals_the_child() {
         .unwrap();
     screen.wait_for("40 100").await;
     screen.wait_for("GOT-WINCH").await;
-    client.kill(pid, 0).await.unwrap();
+    client.kill(pid, libc::SIGKILL).await.unwrap();
 }
 
 #[tokio::test]
@@ -189,5 +189,5 @@ async fn pipelined_input_reaches_the_terminal_in_order() {
     })
     .await;
     assert!(found.is_ok(), "input arrived out of order or torn");
-    client.kill(pid, 0).await.unwrap();
+    client.kill(pid, libc::SIGKILL).await.unwrap();
 }

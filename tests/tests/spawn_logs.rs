@@ -30,7 +30,7 @@ async fn spawn_returns_at_once_and_is_listed() {
     assert_eq!(entry.argv, ["/bin/sh", "-c", "sleep 1000"]);
     assert!(entry.started_at_ms > 0);
     assert_eq!(entry.ended_at_ms, None);
-    client.kill(pid, 0).await.unwrap();
+    client.kill(pid, libc::SIGKILL).await.unwrap();
 }
 
 #[tokio::test]

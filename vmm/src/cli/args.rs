@@ -377,13 +377,17 @@ fn parse_env(arg: &str) -> Result<(String, String), String> {
     }
 }
 
-/// A signal by name (`TERM`, `SIGTERM`, `term`) or number (`15`, `0`).
+/// A signal by name (`TERM`, `SIGTERM`, `term`) or number (`15`). `0` is this tool's
+/// shorthand for `SIGKILL` (the wire carries the explicit signal).
 pub fn parse_signal(arg: &str) -> Result<i32, String> {
     if let Ok(number) = arg.parse::<i32>() {
-        return if number >= 0 {
-            Ok(number)
-        } else {
-            Err(format!("signal number {number} is negative"))
+        return match number {
+            0 => Ok(libc::SIGKILL),
+            1..=sandbox_protocol::MAX_SIGNAL => Ok(number),
+            _ => Err(format!(
+                "signal number {number} is out of range (0 for SIGKILL, or 1 to {})",
+                sandbox_protocol::MAX_SIGNAL
+            )),
         };
     }
     let upper = arg.to_ascii_uppercase();
@@ -412,7 +416,8 @@ mod tests {
         assert_eq!(parse_signal("TERM"), Ok(15));
         assert_eq!(parse_signal("SIGKILL"), Ok(9));
         assert_eq!(parse_signal("hup"), Ok(1));
-        assert_eq!(parse_signal("0"), Ok(0));
+        assert_eq!(parse_signal("0"), Ok(9));
+        assert!(parse_signal("65").is_err());
         assert_eq!(parse_signal("10"), Ok(10));
         assert!(parse_signal("-3").is_err());
         assert!(parse_signal("NOPE").is_err());

@@ -216,7 +216,7 @@ impl Client {
         }
     }
 
-    /// Sends `signal` (0 means `SIGKILL`) to a tracked process's group.
+    /// Sends `signal` (`1..=MAX_SIGNAL`; the agent refuses 0) to a tracked process's group.
     pub async fn kill(&self, pid: Pid, signal: i32) -> Result<(), ClientError> {
         let request = Request::Kill(KillRequest { pid, signal });
         self.expect_done("kill", request).await
