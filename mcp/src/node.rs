@@ -57,7 +57,7 @@ impl Node {
             Mode::Launch(launch) => {
                 let launcher = Arc::new(Launcher::new(launch.launcher));
                 let size = match launcher.template(&launch.template) {
-                    Ok(template) => template.default_size.unwrap_or_default(),
+                    Ok(template) => template.default_size,
                     Err(error) => {
                         tracing::error!(
                             template = %launch.template,
@@ -158,7 +158,7 @@ impl Node {
             })?,
             None if template == *pool.default_template() => pool.default_size(),
             None => match pool.launcher().template(&template) {
-                Ok(loaded) => loaded.default_size.unwrap_or_default(),
+                Ok(loaded) => loaded.default_size,
                 Err(error) => {
                     return Err(ToolError::new(format!(
                         "Template {template} cannot be used: {}. Templates available: {}.",
@@ -355,7 +355,7 @@ impl Node {
                     .launcher()
                     .template(&reference)
                     .ok()
-                    .and_then(|t| t.default_size)
+                    .map(|t| t.default_size)
                     .map(|size| size.to_string());
                 TemplateInfo {
                     default: name == default,

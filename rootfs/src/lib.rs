@@ -14,7 +14,8 @@
 //!
 //! # Layout
 //! - [`paths`] resolves `SANDBOX_HOME` and the templates folder (shared with the launcher).
-//! - [`manifest`] reads and writes `template.json`.
+//! - [`manifest`] reads and writes `template.json`; [`size`] is the VM size it records
+//!   (shared with the launcher).
 //! - [`cmd`] runs host tools, with errors that say what to install.
 //! - [`tree`] copies, measures and writes into guest trees without leaving them.
 
@@ -29,8 +30,10 @@ pub mod kernel;
 pub mod manifest;
 pub mod modules;
 pub mod paths;
+pub mod size;
 pub mod tree;
 
 pub use build::{build, BuildError, BuildOptions, KernelSource, Layout};
 pub use manifest::{TemplateManifest, MANIFEST_FILE};
-pub use paths::{templates_dir, SandboxHome, DEFAULT_TEMPLATE};
+pub use paths::{PathsError, SandboxHome, DEFAULT_TEMPLATE};
+pub use size::{Size, SizeError};
