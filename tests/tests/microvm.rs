@@ -665,11 +665,11 @@ async fn malformed_frames(socket: PathBuf, port: u32, url: String, boot_id: Stri
     );
     raw.assert_serves(6).await;
 
-    // A frame one byte over the limit, sent in full: refused, skipped, goes on.
+    // A length prefix one byte over the limit: refused under its id, then the
+    // connection closes (frame sync is lost).
     let len = MAX_FRAME_BYTES + 1;
     let mut bytes = u32::try_from(len).unwrap().to_le_bytes().to_vec();
     bytes.push(11);
-    bytes.resize(4 + len, 0);
     raw.write(&bytes).await;
     let (id, error) = raw.expect_error().await;
     assert_eq!(
@@ -677,9 +677,11 @@ async fn malformed_frames(socket: PathBuf, port: u32, url: String, boot_id: Stri
         (RequestId(11), ErrorKind::TooLarge),
         "{error}"
     );
-    raw.assert_serves(12).await;
+    assert!(raw.read().await.is_none(), "the connection stayed open");
+    drop(raw);
 
     // A huge length prefix, then a hang-up.
+    let mut raw = RawConnection::hello(&socket, port).await;
     raw.write(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3]).await;
     let (_, error) = raw.expect_error().await;
     assert_eq!(error.kind, ErrorKind::TooLarge, "{error}");

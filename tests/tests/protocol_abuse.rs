@@ -13,7 +13,7 @@ use sandbox_protocol::{
     AgentFrame, AgentMsg, ClientFrame, ClientMsg, ErrorKind, Hello, Reply, Request, RequestId,
     WireError, MAGIC, PROTOCOL_VERSION,
 };
-use sandbox_tests::{within, AgentOptions, TestAgent};
+use sandbox_tests::{exec_sh, within, AgentOptions, TestAgent};
 use sandbox_vmm::client::{Client, ClientError};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::UnixStream;
@@ -145,18 +145,61 @@ async fn a_frame_with_trailing_bytes_is_rejected_under_its_id() {
 }
 
 #[tokio::test]
-async fn an_oversize_frame_is_refused_skipped_and_the_connection_goes_on() {
+async fn an_oversize_frame_is_refused_under_its_id_and_the_connection_closes() {
     let mut agent = TestAgent::start();
     let mut raw = Raw::hello(&agent).await;
     let len = MAX_FRAME_BYTES + 1;
     let mut bytes = u32::try_from(len).unwrap().to_le_bytes().to_vec();
     bytes.push(11); // the id, so the agent can say which request was too large
-    bytes.resize(4 + len, 0);
     raw.write(&bytes).await;
     let (id, error) = raw.expect_error().await;
     assert_eq!(id, RequestId(11));
     assert_eq!(error.kind, ErrorKind::TooLarge, "{error}");
-    raw.assert_serves(12).await;
+    // Frame sync is lost: a valid frame after it is never answered, the agent closes.
+    raw.send(12, ClientMsg::Request(Request::Ps)).await;
+    assert!(raw.read().await.is_none(), "the connection stayed open");
+    assert_agent_serves(&mut agent).await;
+}
+
+#[tokio::test]
+async fn before_the_hello_a_frame_over_a_few_kib_is_refused() {
+    let mut agent = TestAgent::start();
+    let mut raw = Raw::connect(&agent).await;
+    let len = sandbox_protocol::limits::HELLO_FRAME_BYTES + 1;
+    raw.write(&u32::try_from(len).unwrap().to_le_bytes()).await;
+    let (_, error) = raw.expect_error().await;
+    assert_eq!(error.kind, ErrorKind::BadRequest, "{error}");
+    assert!(error.message.contains("Hello"), "{error}");
+    assert!(raw.read().await.is_none(), "the connection stayed open");
+    assert_agent_serves(&mut agent).await;
+}
+
+#[tokio::test]
+async fn requests_past_the_in_flight_cap_are_busy_and_the_rest_are_served() {
+    use sandbox_protocol::limits::MAX_REQUESTS_IN_FLIGHT;
+    let mut agent = TestAgent::start();
+    let mut raw = Raw::hello(&agent).await;
+    let cap = u64::try_from(MAX_REQUESTS_IN_FLIGHT).unwrap();
+    // Requests that stay in flight for a while, pipelined past the cap.
+    for id in 1..=cap + 3 {
+        raw.send(id, ClientMsg::Request(Request::Exec(exec_sh("sleep 1"))))
+            .await;
+    }
+    let mut busy = Vec::new();
+    let mut done = Vec::new();
+    while busy.len() + done.len() < usize::try_from(cap + 3).unwrap() {
+        let frame = raw.read().await.expect("connection closed");
+        match frame.msg {
+            AgentMsg::Error(error) if error.kind == ErrorKind::Busy => busy.push(frame.id.0),
+            AgentMsg::Reply(Reply::Exec(_)) => done.push(frame.id.0),
+            other => panic!("{other:?}"),
+        }
+    }
+    busy.sort_unstable();
+    assert_eq!(busy, vec![cap + 1, cap + 2, cap + 3]);
+    assert_eq!(done.len(), MAX_REQUESTS_IN_FLIGHT);
+    // Slots free as requests finish.
+    raw.assert_serves(cap + 4).await;
     assert_agent_serves(&mut agent).await;
 }
 
@@ -167,6 +210,7 @@ async fn a_huge_length_prefix_then_hang_up_leaves_the_agent_alive() {
     raw.write(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3]).await;
     let (_, error) = raw.expect_error().await;
     assert_eq!(error.kind, ErrorKind::TooLarge, "{error}");
+    assert!(raw.read().await.is_none(), "the connection stayed open");
     drop(raw);
     assert_agent_serves(&mut agent).await;
 }

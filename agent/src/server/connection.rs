@@ -6,20 +6,32 @@
 //! handler was cancelled or panicked, so a client never waits forever. When the
 //! connection ends, every request still running is cancelled (an exec's process group
 //! is killed; spawned processes and terminals live on).
+//!
+//! # Bounds
+//! What one connection can make the agent hold is bounded by construction:
+//! - before the `Hello`, frames over [`HELLO_FRAME_BYTES`] are refused and the reader
+//!   grows its buffer only as bytes arrive, so an unauthenticated peer costs a chunk;
+//! - at most [`MAX_REQUESTS_IN_FLIGHT`] requests run at once, each holding its slot
+//!   until its final frame is queued (a reply waiting on a slow reader counts); more
+//!   get `Busy`, while `Cancel` and put data are still read;
+//! - at most [`WRITE_QUEUE_FRAMES`] frames wait for the socket, and every handler
+//!   that produces output waits when they do (backpressure from a slow reader);
+//! - an oversize length prefix loses frame sync: the sender gets `TooLarge` under the
+//!   request id it named, and the connection closes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sandbox_protocol::frame::{Decoded, FrameError};
-use sandbox_protocol::limits::MAX_FRAME_BYTES;
+use sandbox_protocol::limits::{HELLO_FRAME_BYTES, MAX_FRAME_BYTES, MAX_REQUESTS_IN_FLIGHT};
 use sandbox_protocol::transport::{FrameReader, FrameWriter};
 use sandbox_protocol::{
     AgentFrame, AgentMsg, ClientFrame, ClientMsg, ErrorKind, Hello, HelloReply, Request, RequestId,
     WireError, MAGIC, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::AbortHandle;
 
 use super::dispatch;
@@ -31,7 +43,7 @@ use crate::files::stream::{put_channel, PutSender};
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Frames queued for writing before handlers wait (backpressure from a slow client).
-const WRITE_QUEUE_FRAMES: usize = 256;
+const WRITE_QUEUE_FRAMES: usize = 16;
 
 /// Bytes batched into one write before flushing.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
@@ -51,7 +63,7 @@ where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (read_half, write_half) = tokio::io::split(stream);
-    let mut reader = FrameReader::new(read_half, MAX_FRAME_BYTES);
+    let mut reader = FrameReader::new(read_half, HELLO_FRAME_BYTES);
     let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES);
     let writer = tokio::spawn(write_loop(
         FrameWriter::new(write_half, MAX_FRAME_BYTES),
@@ -59,8 +71,10 @@ where
     ));
 
     if handshake(&mut reader, &tx, &agent).await {
+        reader.set_max(MAX_FRAME_BYTES);
         let in_flight: InFlight = Arc::default();
-        read_loop(&mut reader, &tx, &agent, &in_flight).await;
+        let slots = Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
+        read_loop(&mut reader, &tx, &agent, &in_flight, &slots).await;
         let handles: Vec<_> = in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -163,6 +177,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     tx: &mpsc::Sender<AgentFrame>,
     agent: &Arc<Agent>,
     in_flight: &InFlight,
+    slots: &Arc<Semaphore>,
 ) {
     loop {
         let decoded = match reader.read::<ClientFrame>().await {
@@ -183,7 +198,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Decoded::Frame(ClientFrame {
                 id,
                 msg: ClientMsg::Request(request),
-            }) => start_request(id, request, tx, agent, in_flight)
+            }) => start_request(id, request, tx, agent, in_flight, slots)
                 .err()
                 .map(|error| (id, error, Breaks::Nothing)),
             Decoded::Frame(ClientFrame {
@@ -311,6 +326,7 @@ fn start_request(
     tx: &mpsc::Sender<AgentFrame>,
     agent: &Arc<Agent>,
     in_flight: &InFlight,
+    slots: &Arc<Semaphore>,
 ) -> Result<(), WireError> {
     if id == RequestId::CONNECTION {
         return Err(WireError::new(
@@ -325,6 +341,15 @@ fn start_request(
             format!("request id {id} is already in flight"),
         ));
     }
+    let Ok(slot) = slots.clone().try_acquire_owned() else {
+        return Err(WireError::new(
+            ErrorKind::Busy,
+            format!(
+                "{MAX_REQUESTS_IN_FLIGHT} requests are already in flight on this connection; \
+                 send more when one has finished"
+            ),
+        ));
+    };
     let events = Events::new(id, tx.clone());
     let handler_agent = agent.clone();
     let (put, input) = match request {
@@ -369,6 +394,9 @@ fn start_request(
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id);
         let _ = tx.send(AgentFrame { id, msg }).await;
+        // The slot is free only once the reply is queued: a reply waiting on a slow
+        // reader still counts against the connection.
+        drop(slot);
     });
     Ok(())
 }
