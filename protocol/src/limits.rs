@@ -16,6 +16,11 @@ pub const HELLO_FRAME_BYTES: usize = 4 * 1024;
 /// of at most a few MiB this bounds what one connection can make the agent hold.
 pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 
+/// Connections the agent serves at once. A newcomer past it replaces the oldest idle
+/// connection (which is told why), or is refused with `Busy` when every connection
+/// has a request in flight: a pile of idle connections never locks a client out.
+pub const MAX_CONNECTIONS: usize = 128;
+
 /// Output ring kept per spawned process (and per pty, and per exec).
 pub const RING_BYTES: usize = 256 * 1024;
 

@@ -155,8 +155,16 @@ async fn an_oversize_frame_is_refused_under_its_id_and_the_connection_closes() {
     let (id, error) = raw.expect_error().await;
     assert_eq!(id, RequestId(11));
     assert_eq!(error.kind, ErrorKind::TooLarge, "{error}");
-    // Frame sync is lost: a valid frame after it is never answered, the agent closes.
-    raw.send(12, ClientMsg::Request(Request::Ps)).await;
+    // Frame sync is lost: a valid frame after it is never answered, the agent closes
+    // (the write itself may already fail).
+    let ps = ClientFrame {
+        id: RequestId(12),
+        msg: ClientMsg::Request(Request::Ps),
+    };
+    let _ = raw
+        .writer
+        .write_all(&encode(&ps, MAX_FRAME_BYTES).unwrap())
+        .await;
     assert!(raw.read().await.is_none(), "the connection stayed open");
     assert_agent_serves(&mut agent).await;
 }

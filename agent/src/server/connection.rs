@@ -34,6 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::AbortHandle;
 
+use super::admission::{Admission, Full};
 use super::dispatch;
 use crate::agent::{Agent, AGENT_VERSION, CAPABILITIES};
 use crate::events::Events;
@@ -57,8 +58,9 @@ struct Running {
 
 type InFlight = Arc<Mutex<HashMap<RequestId, Running>>>;
 
-/// Serves one connection until the client closes it or breaks the protocol.
-pub async fn serve<S>(stream: S, agent: Arc<Agent>)
+/// Serves one connection until the client closes it, breaks the protocol, or is
+/// evicted to make room (see [`Admission`]).
+pub async fn serve<S>(stream: S, agent: Arc<Agent>, admission: Arc<Admission>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
@@ -69,13 +71,74 @@ where
         FrameWriter::new(write_half, MAX_FRAME_BYTES),
         rx,
     ));
+    let slots = Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
 
-    if handshake(&mut reader, &tx, &agent).await {
+    match admission.admit(slots.clone(), MAX_REQUESTS_IN_FLIGHT) {
+        Err(Full { max }) => {
+            tracing::warn!(max, "refused a connection: every connection is busy");
+            let error = WireError::new(
+                ErrorKind::Busy,
+                format!("the agent serves {max} connections and each has a request in flight; try again later"),
+            );
+            send_connection_error(&tx, error).await;
+        }
+        Ok(ticket) => {
+            let evicted = async {
+                ticket.evicted().await;
+                tracing::info!("closing an idle connection to make room for a new one");
+                let error = WireError::new(
+                    ErrorKind::Busy,
+                    "closed while idle to make room for a new connection (the agent's connection limit was reached)",
+                );
+                send_connection_error(&tx, error).await;
+            };
+            tokio::select! {
+                () = serve_admitted(&mut reader, &tx, &agent, &slots) => {}
+                () = evicted => {}
+            }
+        }
+    }
+    drop(tx);
+    // The writer ends once every request task has sent its last frame.
+    if let Err(error) = writer.await {
+        tracing::error!(%error, "connection writer failed");
+    }
+}
+
+/// Queues an error about the whole connection (id 0).
+async fn send_connection_error(tx: &mpsc::Sender<AgentFrame>, error: WireError) {
+    let _ = tx
+        .send(AgentFrame {
+            id: RequestId::CONNECTION,
+            msg: AgentMsg::Error(error),
+        })
+        .await;
+}
+
+/// The handshake, then requests until the client goes; cancels what is still running.
+async fn serve_admitted<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    tx: &mpsc::Sender<AgentFrame>,
+    agent: &Arc<Agent>,
+    slots: &Arc<Semaphore>,
+) {
+    if handshake(reader, tx, agent).await {
         reader.set_max(MAX_FRAME_BYTES);
         let in_flight: InFlight = Arc::default();
-        let slots = Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
-        read_loop(&mut reader, &tx, &agent, &in_flight, &slots).await;
-        let handles: Vec<_> = in_flight
+        // Cancel whatever is still running however this ends (also when the
+        // connection is evicted and this future dropped).
+        let _cancel_on_exit = CancelOnDrop(in_flight.clone());
+        read_loop(reader, tx, agent, &in_flight, slots).await;
+    }
+}
+
+/// Aborts every request still in flight when dropped.
+struct CancelOnDrop(InFlight);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let handles: Vec<_> = self
+            .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
@@ -83,11 +146,6 @@ where
         for (_, running) in handles {
             running.abort.abort();
         }
-    }
-    drop(tx);
-    // The writer ends once every request task has sent its last frame.
-    if let Err(error) = writer.await {
-        tracing::error!(%error, "connection writer failed");
     }
 }
 
@@ -180,6 +238,10 @@ async fn read_loop<R: AsyncRead + Unpin>(
     slots: &Arc<Semaphore>,
 ) {
     loop {
+        if tx.is_closed() {
+            // The writer failed: nothing more can be answered.
+            return;
+        }
         let decoded = match reader.read::<ClientFrame>().await {
             Ok(Some(decoded)) => decoded,
             Ok(None) => return,
@@ -423,8 +485,9 @@ async fn write_loop<W: AsyncWrite + Send>(
         }
         if let Err(error) = writer.flush().await {
             tracing::debug!(%error, "writing to the client failed");
-            // Keep draining so handlers never block on a dead connection.
-            while rx.recv().await.is_some() {}
+            // Dropping the queue makes every later send fail at once: handlers stop
+            // instead of blocking, and the reader stops taking requests that could
+            // never be answered (the socket may still hold many).
             return;
         }
     }
