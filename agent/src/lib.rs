@@ -17,12 +17,15 @@
 //! - [`agent`]: state shared by all connections, and `info`.
 //! - [`init`]: PID-1 duties (mounts, modules, console, shutdown); [`ready`]: telling
 //!   the host the agent listens.
-//! - [`sys`]: raw system calls, each `unsafe` explained.
+//! - [`sys`]: every raw system call, behind safe functions; the only module where
+//!   the compiler admits `unsafe` (the crate root denies `unsafe_code`).
 //!
 //! # Robustness
 //! As PID 1, the agent must never exit: a panic in a request handler is caught by its
 //! task and answered with an `Internal` error; every bad input becomes a typed error;
 //! the release profile unwinds (never `panic = "abort"`).
+
+#![deny(unsafe_code)]
 
 pub mod agent;
 pub mod config;

@@ -58,16 +58,7 @@ pub fn resume(request: &ResumedRequest) -> Result<(), ResumeError> {
 /// Writes 128 fresh random bits as 32 hex digits and a newline, atomically.
 fn write_machine_id(path: &Path) -> Result<(), FileError> {
     let mut id = [0u8; 16];
-    // SAFETY: getrandom writes at most `id.len()` bytes into the live buffer; the
-    // pool was just reseeded, so this cannot block for long.
-    let n = unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
-    if usize::try_from(n).ok() != Some(id.len()) {
-        return Err(FileError::io(
-            "generate",
-            path,
-            std::io::Error::last_os_error(),
-        ));
-    }
+    sys::random_bytes(&mut id).map_err(|error| FileError::io("generate", path, error))?;
     let mut text: String = id.iter().map(|b| format!("{b:02x}")).collect();
     text.push('\n');
     let mut file = AtomicFile::create(path, Some(0o444))?;
