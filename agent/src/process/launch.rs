@@ -1,8 +1,9 @@
 //! Starting children: from a [`ProcessSpec`] to a running, tracked process.
 //!
 //! Every child gets a clean environment (below), its own process group (exec, spawn)
-//! or its own session with the terminal as controlling tty (pty), the agent's OOM
-//! protection removed, and the requested user. Everything that reads files (the
+//! or its own session with the terminal as controlling tty (pty), the default OOM
+//! score instead of the agent's shield (lowered for the start under the spawn gate,
+//! see [`super::gate`]), and the requested user. Everything that reads files (the
 //! passwd entry, supplementary groups) happens before `fork`; the child only makes
 //! async-signal-safe calls (see [`crate::sys`]).
 //!
@@ -27,7 +28,6 @@ use tokio::net::unix::pipe;
 
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
-use crate::init::oom::OomUnshield;
 use crate::sys::{self, ChildUser, PreExec};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -314,8 +314,9 @@ pub fn start(
     );
 
     let (record, mut child) = {
-        let _gate = table.spawn_gate();
-        let unshield = OomUnshield::new();
+        let mut permit = table.spawn_gate();
+        // Restored when dropped, also when `spawn` fails and `?` returns.
+        let unshield = permit.unshield_oom();
         let child = command.spawn().map_err(start_error)?;
         drop(unshield);
         let pid = Pid(i32::try_from(child.id()).unwrap_or(i32::MAX));
