@@ -13,7 +13,8 @@
 //!   logs and kill handlers.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
-//! - [`system`]: `resumed` (clock, entropy, identity after a restore).
+//! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
+//!   identity after a restore or fork) and `shutdown`.
 //! - [`agent`]: state shared by all connections, and `info`.
 //! - [`init`]: PID-1 duties (mounts, modules, console, shutdown); [`ready`]: telling
 //!   the host the agent listens.
@@ -32,12 +33,12 @@ pub mod config;
 pub mod events;
 pub mod files;
 pub mod init;
+pub mod machine;
 pub mod process;
 pub mod ready;
 pub mod ring;
 pub mod server;
 pub mod sys;
-pub mod system;
 
 use std::future::Future;
 use std::sync::Arc;
