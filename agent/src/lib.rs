@@ -9,8 +9,9 @@
 //! - [`config`]: command-line arguments into a validated [`config::Config`].
 //! - [`server`]: listeners, the accept loop, and per-connection multiplexing
 //!   ([`server::connection`]) that routes requests to handlers ([`server::dispatch`]).
-//! - [`process`]: the process table, the single reaper, and the exec, spawn, pty,
-//!   logs and kill handlers.
+//! - [`process`]: the process table, the single reaper, the spawn gate that
+//!   serialises child starts (and the OOM unshield around each), and the exec, spawn,
+//!   pty, logs and kill handlers.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
