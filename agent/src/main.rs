@@ -3,6 +3,9 @@
 //! As PID 1 the process must never exit: every way out of [`run_as_init`] ends in an
 //! orderly power-off, and a panic on the main thread is caught and does the same.
 
+// System calls belong in the library's `sys` module.
+#![deny(unsafe_code)]
+
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
