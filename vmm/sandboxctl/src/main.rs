@@ -1,9 +1,9 @@
 //! `sandboxctl`: the command line of the sandbox, built on the `sandbox-vmm` client and
 //! launcher. This crate owns everything a front end owns and a library must not:
-//! argument parsing, what goes to stdout and stderr, and exit codes.
+//! argument parsing, what goes to stdout and stderr, exit codes, and logging.
 //!
 //! # How a run goes
-//! `main` parses the arguments ([`args`]) and calls
+//! `main` parses the arguments ([`args`]), sets up logging ([`logging`]) and calls
 //! [`run::run`], which starts a one-thread runtime, connects to the agent (or, for
 //! `vm` and `doctor`, to nothing) and hands the client to one command module. The
 //! command writes through [`output`] and returns the exit code; `main` turns an error
@@ -15,11 +15,16 @@
 //! reader of our output went away; 1 when the tool itself fails (bad URL, agent
 //! unreachable, agent error).
 //!
+//! Logging: `tracing` events (the launcher's and the client's among them) go to
+//! stderr at `warn` and above; `SANDBOX_LOG` takes an `EnvFilter` directive instead
+//! (`SANDBOX_LOG=debug`, `SANDBOX_LOG=sandbox_vmm=trace`).
+//!
 //! # Layout
 //! - [`args`]: the clap types and the parsers clap calls (modes, signals, `K=V`).
 //! - [`run`]: the runtime, connecting (`--agent`, `--vm`, `--wait`), dispatch, and
 //!   what commands share (building a `ProcessSpec`, exit bytes).
 //! - [`output`]: writing to stdout and stderr, and telling a closed pipe from a failure.
+//! - [`logging`]: the `tracing` subscriber on stderr.
 //! - Commands: [`exec`] (`exec`, `sh`, `spawn`), [`procs`] (`ps`, `kill`), [`logs`],
 //!   [`files`] (`put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`), [`system`]
 //!   (the guest-wide `resume` and `shutdown`), [`shell`] (`shell`, `attach`) on
@@ -33,6 +38,7 @@ mod exec;
 mod files;
 mod info;
 mod json;
+mod logging;
 mod logs;
 mod output;
 mod procs;
@@ -48,6 +54,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
+    logging::init();
     match run::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(error) if output::is_closed_output(&error) => ExitCode::SUCCESS,
