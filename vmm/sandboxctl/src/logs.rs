@@ -7,7 +7,7 @@ use sandbox_vmm::client::{Client, LogsEvent};
 
 use crate::args::LogsArgs;
 use crate::json::LogsView;
-use crate::output::{print_json_line, write_chunk};
+use crate::output::{self, print_json_line, write_chunk};
 
 /// Prints output raw (stdout and stderr to ours) or as JSON.
 pub(crate) async fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<u8> {
@@ -23,8 +23,14 @@ pub(crate) async fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<u8>
         return Ok(0);
     }
     let mut stream = client.logs_follow(pid, args.cursor).with_context(failed)?;
+    let stdout_closed = output::stdout_closed();
+    tokio::pin!(stdout_closed);
     loop {
-        match stream.next().await.with_context(failed)? {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            closed = &mut stdout_closed => return Err(closed.into()),
+        };
+        match event.with_context(failed)? {
             LogsEvent::Batch(batch) if args.json => {
                 print_json_line(&LogsView::new(&batch, false, None))?
             }

@@ -9,9 +9,12 @@
 //! error we report, not a silent death.
 
 use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use sandbox_protocol::{OutputChunk, Stream};
 use serde::Serialize;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 /// Writing our output failed.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +76,33 @@ pub fn write_chunk(chunk: &OutputChunk) -> Result<(), OutputError> {
     }
 }
 
+/// Resolves when the reader of our stdout, a pipe, goes away: a follow whose process
+/// prints nothing for a while still ends once `head` has what it wanted, as `tail -f`
+/// does, instead of waiting for its next write to fail. Never resolves for a
+/// terminal or a file, or when stdout cannot be watched.
+pub async fn stdout_closed() -> OutputError {
+    reader_gone(io::stdout().as_fd()).await;
+    OutputError::Stdout(io::ErrorKind::BrokenPipe.into())
+}
+
+/// Resolves once `fd`, the write end of a pipe, has no reader left (Linux reports
+/// EPOLLERR then); pending forever for what epoll cannot watch (a regular file) or
+/// what never errs (a terminal).
+async fn reader_gone(fd: BorrowedFd<'_>) {
+    // A duplicate, so the watch never deregisters or closes the caller's descriptor.
+    let watch = fd.try_clone_to_owned().and_then(|fd| {
+        // SAFETY: `fd` is an open descriptor this `AsyncFd` owns: it stays open, and
+        // `as_raw_fd` returns the same number, until the `AsyncFd` drops it.
+        unsafe { AsyncFd::register_with_interest(fd, Interest::ERROR) }.map_err(io::Error::from)
+    });
+    if let Ok(watch) = watch {
+        if watch.ready(Interest::ERROR).await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 fn write_flushed(out: &mut impl Write, data: &[u8]) -> io::Result<()> {
     out.write_all(data)?;
     out.flush()
@@ -111,6 +141,20 @@ mod tests {
         assert!(!is_closed_output(&anyhow::Error::new(OutputError::Stdout(
             full
         ))));
+    }
+
+    #[tokio::test]
+    async fn a_pipe_without_a_reader_is_seen_before_any_write() {
+        let (reader, writer) = io::pipe().unwrap();
+        let gone = reader_gone(writer.as_fd());
+        tokio::pin!(gone);
+        // Still read: the watch must not fire (a short look, not a wait for an event).
+        let early = tokio::time::timeout(std::time::Duration::from_millis(50), &mut gone).await;
+        assert!(early.is_err(), "fired while the reader was open");
+        drop(reader);
+        tokio::time::timeout(std::time::Duration::from_secs(10), gone)
+            .await
+            .expect("a closed reader was not noticed");
     }
 
     // A broken pipe to the agent (it died mid-request) must still be reported.
