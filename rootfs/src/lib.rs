@@ -24,6 +24,9 @@
 //! - [`cmd`] runs host tools, with errors that say what to install.
 //! - [`tree`] copies, measures and writes into guest trees without leaving them.
 
+// The doc above names the builder's modules, which exist only with `builder`.
+#![cfg_attr(not(feature = "builder"), allow(rustdoc::broken_intra_doc_links))]
+
 // The builder, behind the default `builder` feature: the launcher needs only the
 // modules after it, and without it links no tar or gzip code.
 #[cfg(feature = "builder")]
