@@ -7,8 +7,8 @@
 //! [`run::run`], which starts a one-thread runtime, connects to the agent (or, for
 //! `vm` and `doctor`, to nothing) and hands the client to one command module. The
 //! command writes through [`output`] and returns the exit code; `main` turns an error
-//! into `sandboxctl: …` lines on stderr and exit code 1, except a closed stdout, which
-//! is a normal end (`sandboxctl ps | head`).
+//! into `sandboxctl: …` lines on stderr and exit code 1, except a closed stdout or
+//! stderr, which is a normal end (`sandboxctl ps | head`).
 //!
 //! Exit codes: a command's own code for `exec`/`sh`/`shell`/`attach`/`vm run` (128+N
 //! when killed by signal N, 124 on timeout); 0 for the rest on success, and when the
