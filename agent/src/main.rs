@@ -138,8 +138,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only for a person at a terminal, not on a serial console or in a log file.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && !init::is_pid1();
+    // Colours only for a person at a terminal (and never with NO_COLOR), not on a
+    // serial console or in a log file.
+    let ansi = anstream::AutoStream::choice(&std::io::stderr()) != anstream::ColorChoice::Never
+        && !init::is_pid1();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

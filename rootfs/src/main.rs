@@ -89,8 +89,12 @@ struct BuildArgs {
 }
 
 fn main() -> ExitCode {
+    // Colour only for a person at a terminal (and never with NO_COLOR): the same rule
+    // clap applies to its own messages, so a log file gets no escape codes.
+    let ansi = anstream::AutoStream::choice(&std::io::stderr()) != anstream::ColorChoice::Never;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_target(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SANDBOX_LOG")

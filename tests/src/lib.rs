@@ -82,14 +82,7 @@ fn build_binaries() -> Binaries {
         .expect("CARGO is not set: run the tests with `cargo test`");
     let mut build = Command::new(&cargo);
     build
-        .args([
-            "build",
-            "-p",
-            "sandbox-agent",
-            "-p",
-            "sandbox-vmm",
-            "--bins",
-        ])
+        .args(["build", "-p", "sandbox-agent", "-p", "sandboxctl", "--bins"])
         .arg("--target-dir")
         .arg(&target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"));

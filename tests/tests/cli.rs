@@ -409,3 +409,76 @@ fn file_commands_move_files_both_ways_and_report_errors() {
         stderr(&output)
     );
 }
+
+/// Runs `sandboxctl ARGS` with stdout a pipe, reads one byte of it, closes it (what
+/// `| head -c 1` does), and returns how sandboxctl ended.
+fn read_one_byte_then_close(agent: &TestAgent, args: &[&str]) -> std::process::Output {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+
+    let mut command = Command::new(&binaries().sandboxctl);
+    command
+        .arg("--agent")
+        .arg(agent.url())
+        .args(args)
+        .env_remove("SANDBOX_TOKEN")
+        .env_remove("SANDBOX_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(token) = agent.options().token {
+        command.arg("--token").arg(token);
+    }
+    let mut child = command.spawn().expect("cannot start sandboxctl");
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let mut first = [0u8; 1];
+    stdout
+        .read_exact(&mut first)
+        .expect("no output before the close");
+    drop(stdout);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("cannot poll sandboxctl").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("sandboxctl {args:?} kept running after its reader left");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("cannot collect sandboxctl")
+}
+
+// Regression: a reader that stops early (`sandboxctl cat big | head -c 1`) made
+// sandboxctl print "Broken pipe" (or panic in println!) and exit non-zero.
+#[test]
+fn a_reader_that_stops_early_ends_the_run_quietly() {
+    let agent = TestAgent::start();
+    let big = agent.dir().join("big.bin");
+    // Far more than a pipe holds (64 KiB): the write is still going when the reader leaves.
+    std::fs::write(&big, vec![b'x'; 1 << 20]).unwrap();
+    let output = read_one_byte_then_close(&agent, &["cat", big.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stderr(&output), "");
+
+    // A follow of a process that went quiet ends too, without waiting for more output.
+    let pid = agent
+        .sandboxctl()
+        .args(["spawn", "--", "sh", "-c", "echo one; exec sleep 60"])
+        .stdout_ok();
+    let output = read_one_byte_then_close(&agent, &["logs", "-f", pid.trim()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stderr(&output), "");
+}
+
+// Regression: tracing output carried colour escape codes into files and pipes.
+#[test]
+fn logging_goes_to_stderr_without_colour_when_it_is_not_a_terminal() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .env("SANDBOX_LOG", "debug")
+        .args(["exec", "--", "true"])
+        .assert_code(0);
+    let text = stderr(&output);
+    assert!(text.contains("DEBUG"), "no debug event on stderr: {text}");
+    assert!(!text.contains('\u{1b}'), "escape codes on stderr: {text:?}");
+}
