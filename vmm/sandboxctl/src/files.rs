@@ -16,6 +16,21 @@ fn is_stdio(path: &Path) -> bool {
     path.as_os_str() == "-"
 }
 
+/// What `path` is when it exists and is neither a regular file nor a directory.
+fn special_file(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let file_type = std::fs::metadata(path).ok()?.file_type();
+    if file_type.is_file() || file_type.is_dir() {
+        None
+    } else if file_type.is_fifo() {
+        Some("FIFO")
+    } else if file_type.is_socket() {
+        Some("socket")
+    } else {
+        Some("device")
+    }
+}
+
 fn rate(bytes: u64, started: Instant) -> String {
     let secs = started.elapsed().as_secs_f64();
     format!(
@@ -59,6 +74,15 @@ pub(crate) async fn get(client: &Client, args: &GetArgs) -> anyhow::Result<u8> {
             Err(ClientError::Local { error, .. }) => return Err(OutputError::Stdout(error).into()),
             Err(error) => return Err(error).with_context(what),
         }
+    } else if let Some(kind) = special_file(&args.local) {
+        // A device, FIFO or socket is written into, as `cp` does: renaming a file
+        // over it would destroy it (`get FILE /dev/null` would replace /dev/null).
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(&args.local)
+            .await
+            .with_context(|| format!("Cannot open the {kind} {}", args.local.display()))?;
+        client.get(&args.remote, file).await.with_context(what)?
     } else {
         // Write beside the target and rename, so a failed get leaves no half file.
         let name = args
