@@ -65,18 +65,19 @@ fn launcher() -> anyhow::Result<Launcher> {
     ))
 }
 
-/// The agent URL of VM `id`, from its run folder.
-pub(crate) fn agent_url(id: &str) -> anyhow::Result<String> {
+/// Where VM `id`'s agent listens and the token it requires, from its run folder.
+pub(crate) fn agent_address(id: &str) -> anyhow::Result<(String, Option<String>)> {
     let launcher = launcher()?;
     let entry = launcher
         .list()?
         .into_iter()
         .find(|entry| entry.name == id)
         .with_context(|| format!("No VM with id {id}; `sandboxctl vm ls` lists them"))?;
+    let token = entry.token();
     let record = entry
         .record
         .with_context(|| format!("VM {id} has no readable vm.json"))?;
-    Ok(record.agent_url)
+    Ok((record.agent_url, token))
 }
 
 fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
@@ -252,11 +253,14 @@ async fn vm_stop(
 
 /// True when the guest's agent accepted a shutdown request.
 async fn ask_guest_to_power_off(id: &str, token: Option<String>) -> bool {
-    let Ok(url) = agent_url(id).and_then(|url| Ok(url.parse::<AgentUrl>()?)) else {
+    let Ok((url, vm_token)) = agent_address(id) else {
+        return false;
+    };
+    let Ok(url) = url.parse::<AgentUrl>() else {
         return false;
     };
     let opts = ConnectOptions {
-        token,
+        token: token.or(vm_token),
         connect_timeout: Duration::from_secs(2),
     };
     match Client::connect(&url, &opts).await {

@@ -149,6 +149,15 @@ impl Launcher {
             created_at_unix_ms: run_dir::now_unix_ms(),
         };
         dir.write_record(&record)?;
+        // Every VM's agent requires its own random token: whoever can open the VM's
+        // socket still needs the token file, which only the owner can read.
+        let token = run_dir::generate_token().map_err(|error| {
+            LaunchError::RunDir(run_dir::RunDirError::WriteRecord {
+                path: dir.file(run_dir::TOKEN_FILE),
+                error,
+            })
+        })?;
+        dir.write_token(&token)?;
 
         let overlay = match &template.disk {
             Some(disk) => Some(self.create_overlay(disk, &dir).await?),
@@ -168,7 +177,9 @@ impl Launcher {
                 logs: BootLogs::collect(dir.path()),
             })?;
 
-        let cmdline = kernel_cmdline(&template.cmdline, &spec.extra_cmdline, self.tsc_khz());
+        // Kernel parameters first: an init part (after `--`) in the extras stays last.
+        let extra = format!("sandbox.token={token} {}", spec.extra_cmdline);
+        let cmdline = kernel_cmdline(&template.cmdline, &extra, self.tsc_khz());
         let name = qemu_name(dir.id());
         let console = dir.file(CONSOLE_LOG);
         let qemu_spec = QemuSpec {
@@ -235,6 +246,7 @@ impl Launcher {
             ready,
             boot_duration,
             accel,
+            token,
             qemu: Some(qemu),
             daemon: Some(daemon),
             run_dir: Some(dir),

@@ -45,6 +45,8 @@ pub struct Vm {
     pub(crate) ready: Ready,
     pub(crate) boot_duration: Duration,
     pub(crate) accel: AccelDecision,
+    /// The token its agent requires (also in the run folder's `token` file).
+    pub(crate) token: String,
     // Dropped in this order: QEMU, then its daemon, then the folder they used.
     pub(crate) qemu: Option<ChildProcess>,
     pub(crate) daemon: Option<VsockDaemon>,
@@ -63,8 +65,22 @@ impl Vm {
         self.record.agent_url.clone()
     }
 
-    /// A client connected to this VM's agent. The agent already reported ready, so
-    /// this retries only briefly (`connect_timeout` bounds each attempt).
+    /// The token this VM's agent requires: the launcher makes a random one per VM.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Connection options for this VM's agent: its token, and the given timeout.
+    pub fn connect_options(&self, connect_timeout: Duration) -> crate::client::ConnectOptions {
+        crate::client::ConnectOptions {
+            token: Some(self.token.clone()),
+            connect_timeout,
+        }
+    }
+
+    /// A client connected to this VM's agent, with the VM's token (a token in
+    /// `options` is ignored: no other one is accepted). The agent already reported
+    /// ready, so this retries only briefly (`connect_timeout` bounds each attempt).
     pub async fn client(
         &self,
         options: &crate::client::ConnectOptions,
@@ -73,8 +89,9 @@ impl Vm {
             path: self.agent_socket(),
             port: self.agent_port(),
         };
+        let options = self.connect_options(options.connect_timeout);
         let deadline = Instant::now() + options.connect_timeout;
-        crate::client::Client::connect_with_retry(&url, options, deadline).await
+        crate::client::Client::connect_with_retry(&url, &options, deadline).await
     }
 
     /// The hybrid vsock Unix socket (connect, then `CONNECT <port>\n`).
