@@ -50,7 +50,7 @@ use sandbox_protocol::{
     ShutdownRequest, WireError,
 };
 use sandbox_vmm::client::{hvsock, AgentUrl, Client, ConnectOptions};
-use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
+use sandbox_vmm::launcher::{run_dir, BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::UnixStream;
 
@@ -215,11 +215,25 @@ fn require_program(program: &Path, package: &str) {
     );
 }
 
+/// Connection options for the VM whose agent is at `url`: its token comes from the
+/// run folder that holds the hybrid vsock socket.
+pub fn options_for(url: &AgentUrl) -> ConnectOptions {
+    let token = match url {
+        AgentUrl::Hvsock { path, .. } => path.parent().and_then(run_dir::read_token),
+        _ => None,
+    };
+    ConnectOptions {
+        token,
+        ..ConnectOptions::default()
+    }
+}
+
 /// A client for `vm`'s agent, retried until the agent answers.
 async fn connect(vm: &Vm) -> Client {
     let url: AgentUrl = vm.agent_url().parse().expect("the launcher gave a bad URL");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(CONNECT_SECS);
-    match Client::connect_with_retry(&url, &ConnectOptions::default(), deadline).await {
+    let options = vm.connect_options(ConnectOptions::default().connect_timeout);
+    match Client::connect_with_retry(&url, &options, deadline).await {
         Ok(client) => client,
         Err(error) => panic!(
             "cannot connect to the agent at {url}: {}\nconsole:\n{}",
@@ -619,10 +633,12 @@ impl RawConnection {
         }
     }
 
-    /// Connects and completes a valid handshake.
+    /// Connects and completes a valid handshake, with the VM's token (from the run
+    /// folder that holds `socket`).
     pub async fn hello(socket: &Path, port: u32) -> Self {
+        let token = socket.parent().and_then(run_dir::read_token);
         let mut raw = Self::connect(socket, port).await;
-        raw.send(0, ClientMsg::Hello(Hello::new(None))).await;
+        raw.send(0, ClientMsg::Hello(Hello::new(token))).await;
         let reply = raw.read().await.expect("no hello reply");
         assert!(matches!(reply.msg, AgentMsg::Hello(_)), "{reply:?}");
         raw

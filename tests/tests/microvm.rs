@@ -26,9 +26,9 @@ use sandbox_protocol::{
     ProcessState, PtyOpenRequest, Ready, RequestId, Stream, WindowSize, MAGIC, PROTOCOL_VERSION,
 };
 use sandbox_tests::screen::Screen;
-use sandbox_tests::vm::{RawConnection, Sections, VmHost};
+use sandbox_tests::vm::{options_for, RawConnection, Sections, VmHost};
 use sandbox_tests::{argv, exec_sh, follow_to_end, ps_entry, shell, wait_exit, within};
-use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
+use sandbox_vmm::client::{AgentUrl, Client};
 use sha2::{Digest, Sha256};
 
 const MIB: usize = 1024 * 1024;
@@ -379,9 +379,7 @@ async fn pty(client: Client, url: String) {
 
     // A new connection replays what the terminal showed and takes it over.
     let url: AgentUrl = url.parse().unwrap();
-    let client = Client::connect(&url, &ConnectOptions::default())
-        .await
-        .unwrap();
+    let client = Client::connect(&url, &options_for(&url)).await.unwrap();
     let replay = client.logs(pid, None).await.unwrap();
     let shown: Vec<u8> = replay
         .batch
@@ -715,9 +713,7 @@ async fn malformed_frames(socket: PathBuf, port: u32, url: String, boot_id: Stri
 
     // The same agent (same boot id) still serves a normal client.
     let url: AgentUrl = url.parse().unwrap();
-    let client = Client::connect(&url, &ConnectOptions::default())
-        .await
-        .unwrap();
+    let client = Client::connect(&url, &options_for(&url)).await.unwrap();
     let info = client.info().await.unwrap();
     assert_eq!(info.boot_id, boot_id, "the agent restarted");
     assert_eq!(sh(&client, "echo alive").await, "alive\n");

@@ -119,3 +119,69 @@ fn vm_run_stopped_by_sigterm_cleans_up_everything() {
     assert!(!qemu_running_under(&root), "a QEMU outlived sandboxctl");
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Starts a detached VM under `root` and returns its id.
+fn start_detached(root: &Path) -> String {
+    let mut command = sandboxctl(root);
+    command.args(["vm", "start"]);
+    // The template under test, as the other microVM tests use it.
+    if let Some(template) = std::env::var_os(sandbox_tests::vm::TEMPLATE_ENV) {
+        command.arg("--template").arg(template);
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "vm start: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout.split('\t').next().unwrap().trim().to_owned()
+}
+
+/// Waits until no QEMU runs under `root`.
+fn wait_no_qemu(root: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while qemu_running_under(root) {
+        assert!(Instant::now() < deadline, "QEMU still runs under {root:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125() {
+    if VmHost::get("microvm_cli::vm_gone").is_none() {
+        return;
+    }
+    let root = run_root("gone");
+    let cases = [
+        ("poweroff", "the guest powered off", "reboot: Power down"),
+        (
+            "echo c > /proc/sysrq-trigger",
+            "the guest kernel panicked",
+            "Kernel panic",
+        ),
+    ];
+    for (script, end, console) in cases {
+        let id = start_detached(&root);
+        // The command that ends the guest may or may not see its own reply.
+        let _ = sandboxctl(&root)
+            .args(["--vm", &id, "sh", script])
+            .output()
+            .unwrap();
+        wait_no_qemu(&root);
+        let output = sandboxctl(&root)
+            .args(["--vm", &id, "sh", "echo still there"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(125), "{script}: {stderr}");
+        assert!(stderr.contains(end), "{script}: {stderr}");
+        assert!(stderr.contains(console), "{script}: {stderr}");
+        // Stopping it cleans the folder up.
+        let _ = sandboxctl(&root)
+            .args(["vm", "stop", &id])
+            .output()
+            .unwrap();
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
