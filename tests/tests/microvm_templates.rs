@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use sandbox_protocol::FileKind;
 use sandbox_tests::vm::{build_template, build_template_with, TestVm, VmHost};
-use sandbox_tests::{exec_sh, TempDir};
+use sandbox_tests::{sh, TempDir};
 use sandbox_vmm::client::Client;
 use sandbox_vmm::launcher::{Template, TemplateRef};
 
@@ -33,18 +33,6 @@ fn busybox() -> Vec<u8> {
              or set SANDBOX_SKIP_VM_TESTS=1 to skip the microVM tests"
         )
     })
-}
-
-/// Runs `script` in the guest and returns its stdout, asserting it exited 0.
-async fn sh(client: &Client, script: &str) -> String {
-    let reply = client.exec(exec_sh(script)).await.unwrap();
-    assert_eq!(
-        reply.exit.unwrap().code,
-        Some(0),
-        "{script}: {}",
-        String::from_utf8_lossy(&reply.stderr)
-    );
-    String::from_utf8(reply.stdout).unwrap()
 }
 
 /// Names in a guest directory.
