@@ -50,7 +50,7 @@ use crate::raw::{on_own_thread, RawConnection};
 
 mod gate;
 
-pub use gate::{default_template, gate, require, Gate, SKIP_ENV, TEMPLATE_ENV};
+pub use gate::{default_template, gate, missing, require, Gate, SKIP_ENV, TEMPLATE_ENV};
 
 /// How long a boot may take to `Ready`. Generous: a TCG boot takes about 2.3 s on an
 /// idle machine and many times that on a loaded one.

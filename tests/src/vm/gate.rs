@@ -65,10 +65,20 @@ fn check() -> Gate {
     if std::env::var_os(SKIP_ENV).is_some_and(|v| v == "1") {
         return Gate::Skipped;
     }
+    match missing() {
+        None => Gate::Open,
+        Some(what) => Gate::Missing(what),
+    }
+}
+
+/// What the microVM tests need and this machine lacks, with how to get it; `None`
+/// when nothing is missing. Ignores `SANDBOX_SKIP_VM_TESTS` (for benchmarks, which
+/// cannot be skipped).
+pub fn missing() -> Option<String> {
     let config = match LauncherConfig::from_env() {
         Ok(config) => config,
         Err(error) => {
-            return Gate::Missing(format!(
+            return Some(format!(
                 "the microVM tests cannot configure the launcher: {}",
                 error_chain(&error)
             ))
@@ -101,13 +111,11 @@ fn check() -> Gate {
             error_chain(&error)
         )),
     }
-    if missing.is_empty() {
-        Gate::Open
-    } else {
-        Gate::Missing(format!(
+    (!missing.is_empty()).then(|| {
+        format!(
             "the microVM tests need: {}. scripts/setup.sh installs the programs; set \
              {SKIP_ENV}=1 to skip these tests explicitly",
             missing.join("; ")
-        ))
-    }
+        )
+    })
 }
