@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sandbox_tests::binaries;
-use sandbox_tests::vm::VmHost;
+use sandbox_tests::suite::{vm_main, VmTest};
 
 /// A private run root for one test, so its emptiness proves the cleanup.
 fn run_root(tag: &str) -> PathBuf {
@@ -47,11 +47,20 @@ fn sandboxctl(root: &Path) -> Command {
     command
 }
 
-#[test]
+fn main() -> std::process::ExitCode {
+    vm_main(&[
+        VmTest {
+            name: "vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code",
+            run: vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code,
+        },
+        VmTest {
+            name: "vm_run_stopped_by_sigterm_cleans_up_everything",
+            run: vm_run_stopped_by_sigterm_cleans_up_everything,
+        },
+    ])
+}
+
 fn vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code() {
-    if VmHost::get("microvm_cli::vm_run").is_none() {
-        return;
-    }
     let root = run_root("run");
     let output = sandboxctl(&root)
         .args(["vm", "run", "--", "sh", "-c", "uname -sr; exit 3"])
@@ -77,11 +86,7 @@ fn vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
-#[test]
 fn vm_run_stopped_by_sigterm_cleans_up_everything() {
-    if VmHost::get("microvm_cli::sigterm").is_none() {
-        return;
-    }
     let root = run_root("term");
     let mut child = sandboxctl(&root)
         .args(["vm", "run", "--", "sh", "-c", "echo started; sleep 600"])
