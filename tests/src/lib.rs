@@ -569,24 +569,27 @@ const GONE_SECS: u64 = 15;
 /// [`GONE_SECS`] saying `what` should have ended it.
 pub async fn wait_until_gone(client: &Client, pid: i32, what: &str) {
     let script = format!("kill -0 {pid} 2>/dev/null; echo $?");
-    eventually(
-        GONE_SECS,
-        &format!("process {pid} to go ({what})"),
-        || async { sh(client, &script).await.trim() != "0" },
-    )
+    let what = format!("process {pid} to go ({what})");
+    eventually(Duration::from_secs(GONE_SECS), &what, || async {
+        (sh(client, &script).await.trim() != "0").then_some(())
+    })
     .await;
 }
 
-/// Polls `done` every 50 ms until it returns true; panics after `secs` naming `what`
-/// it waited for. The one way the tests wait for a condition instead of sleeping.
-pub async fn eventually<F, Fut>(secs: u64, what: &str, mut done: F)
+/// Polls `check` every 50 ms until it returns `Some`, and returns that; panics after
+/// `limit` naming `what` it waited for. The one way the tests wait for a condition
+/// instead of sleeping (`cond.then_some(())` for a plain condition).
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
+    Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !done().await {
-        assert!(Instant::now() < deadline, "waited {secs}s for {what}");
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "waited {limit:?} for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

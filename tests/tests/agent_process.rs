@@ -28,11 +28,10 @@ async fn exited_processes_are_forgotten_after_the_configured_delay() {
     let exited_at = Instant::now();
     // Still known right after exit.
     assert!(client.logs(pid, None).await.is_ok());
-    eventually(
-        5,
-        &format!("pid {pid} to be forgotten (--forget-after-secs 1)"),
-        || async { ps_entry(&client, pid).await.is_none() },
-    )
+    let what = format!("pid {pid} to be forgotten (--forget-after-secs 1)");
+    eventually(Duration::from_secs(5), &what, || async {
+        ps_entry(&client, pid).await.is_none().then_some(())
+    })
     .await;
     assert!(
         exited_at.elapsed() >= Duration::from_millis(900),

@@ -16,7 +16,7 @@
 // Section helpers unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sandbox_protocol::{Ready, MAGIC, PROTOCOL_VERSION};
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
@@ -210,16 +210,21 @@ async fn pid1_duties(client: Client) {
     .parse()
     .unwrap();
     let stat_of_orphan = format!("cat /proc/{orphan}/stat");
-    eventually(10, "the orphan's adoption by PID 1", || async {
-        let stat = sh(&client, &stat_of_orphan).await;
-        // pid (comm) state ppid ...
-        let after = stat.rsplit_once(") ").unwrap().1;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        if fields[1] == "1" {
-            assert_eq!(fields[0], "S", "orphan not sleeping: {stat}");
-        }
-        fields[1] == "1"
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the orphan's adoption by PID 1",
+        || async {
+            let stat = sh(&client, &stat_of_orphan).await;
+            // pid (comm) state ppid ...
+            let after = stat.rsplit_once(") ").unwrap().1;
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            let adopted = fields[1] == "1";
+            if adopted {
+                assert_eq!(fields[0], "S", "orphan not sleeping: {stat}");
+            }
+            adopted.then_some(())
+        },
+    )
     .await;
     wait_until_gone(&client, orphan, "an orphan's exit and PID 1's reaping").await;
 }

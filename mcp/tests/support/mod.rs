@@ -182,21 +182,8 @@ pub fn text(result: &CallToolResult) -> String {
         .join("\n")
 }
 
-/// Polls `check` every 100 ms until it returns `Some` or `within` passes.
-pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+/// The tests' one condition wait, shared with the end-to-end tests.
+pub use sandbox_tests::eventually;
 
 /// The launcher configuration from the environment, once the shared microVM gate
 /// (`sandbox_tests::vm`) finds nothing missing; panics naming what is missing and

@@ -300,14 +300,11 @@ pub async fn dropping_a_streamed_exec_cancels_it_and_kills_the_group(target: Tar
         panic!("no Started event");
     };
     drop(stream);
-    eventually(
-        10,
-        &format!("exec {pid} to end after its stream was dropped"),
-        || async {
-            let state = ps_entry(client, pid).await.map(|e| e.state);
-            !matches!(state, Some(ProcessState::Running))
-        },
-    )
+    let what = format!("exec {pid} to end after its stream was dropped");
+    eventually(Duration::from_secs(10), &what, || async {
+        let state = ps_entry(client, pid).await.map(|e| e.state);
+        (!matches!(state, Some(ProcessState::Running))).then_some(())
+    })
     .await;
 }
 

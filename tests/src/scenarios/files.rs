@@ -116,8 +116,9 @@ pub async fn failed_writes_and_abandoned_puts_leave_nothing_behind(target: Targe
     assert!(tokio::time::timeout(Duration::from_millis(500), put)
         .await
         .is_err());
-    eventually(10, "the abandoned put's temp file to go", || async {
-        temp_files(client, &dir).await.is_empty()
+    let limit = Duration::from_secs(10);
+    eventually(limit, "the abandoned put's temp file to go", || async {
+        temp_files(client, &dir).await.is_empty().then_some(())
     })
     .await;
     let err = client.stat(&never).await.unwrap_err();

@@ -88,16 +88,10 @@ pub async fn kill_signals_the_whole_process_group(target: Target) {
         .await
         .unwrap();
     // Wait for the grandchild's pid to show up in the ring.
-    let grandchild = within(20, async {
-        loop {
-            let reply = client.logs(pid, Some(0)).await.unwrap();
-            let text =
-                String::from_utf8_lossy(&super::chunk_bytes(&reply.batch.chunks)).into_owned();
-            if let Ok(pid) = text.trim().parse::<i32>() {
-                return pid;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let grandchild = eventually(Duration::from_secs(20), "the grandchild's pid", || async {
+        let reply = client.logs(pid, Some(0)).await.unwrap();
+        let text = String::from_utf8_lossy(&super::chunk_bytes(&reply.batch.chunks)).into_owned();
+        text.trim().parse::<i32>().ok()
     })
     .await;
     client.kill(pid, 15).await.unwrap();
@@ -153,11 +147,9 @@ pub async fn ps_lists_running_and_exited_spawns(target: Target) {
     assert_eq!(entry.argv, ["echo", "quick"]);
     assert!(matches!(entry.state, ProcessState::Exited(_)), "{entry:?}");
     client.kill(sleeper, libc::SIGKILL).await.unwrap();
-    eventually(20, "the sleeper to exit", || async {
-        matches!(
-            ps_entry(client, sleeper).await.map(|e| e.state),
-            Some(ProcessState::Exited(_))
-        )
+    eventually(Duration::from_secs(20), "the sleeper to exit", || async {
+        let state = ps_entry(client, sleeper).await.map(|e| e.state);
+        matches!(state, Some(ProcessState::Exited(_))).then_some(())
     })
     .await;
 }
