@@ -294,10 +294,7 @@ impl Drop for TestAgent {
                 nix::sys::signal::Signal::SIGTERM,
             );
         }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while self.is_alive() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let _ = wait_child(&mut self.child, Duration::from_secs(2));
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
@@ -390,25 +387,18 @@ impl TestCommand {
             let _ = stderr.read_to_end(&mut buf);
             buf
         });
-        let deadline = Instant::now() + self.deadline;
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("cannot poll sandboxctl") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let stdout = out_reader.join().unwrap_or_default();
-                let stderr = err_reader.join().unwrap_or_default();
-                panic!(
-                    "{:?} ran past {:?}\nstdout: {}\nstderr: {}",
-                    self.command,
-                    self.deadline,
-                    String::from_utf8_lossy(&stdout),
-                    String::from_utf8_lossy(&stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let Some(status) = wait_child(&mut child, self.deadline) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stdout = out_reader.join().unwrap_or_default();
+            let stderr = err_reader.join().unwrap_or_default();
+            panic!(
+                "{:?} ran past {:?}\nstdout: {}\nstderr: {}",
+                self.command,
+                self.deadline,
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            );
         };
         let _ = writer.join();
         Output {
@@ -591,5 +581,21 @@ where
         }
         assert!(Instant::now() < deadline, "waited {limit:?} for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits up to `limit` for `child`, a host process the test started, to exit; its
+/// status, or `None` while it still runs. The blocking counterpart of [`eventually`],
+/// for `Drop` and synchronous tests.
+pub fn wait_child(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("cannot poll a child process") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

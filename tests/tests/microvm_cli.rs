@@ -5,10 +5,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sandbox_tests::binaries;
 use sandbox_tests::suite::{vm_main, VmTest};
+use sandbox_tests::{binaries, wait_child};
 
 /// A private run root for one test, so its emptiness proves the cleanup.
 fn run_root(tag: &str) -> PathBuf {
@@ -104,17 +104,8 @@ fn vm_run_stopped_by_sigterm_cleans_up_everything() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sandboxctl did not stop after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_child(&mut child, Duration::from_secs(30))
+        .expect("sandboxctl did not stop within 30 s of SIGTERM");
     assert_eq!(status.code(), Some(143));
     assert!(
         entries(&root).is_empty(),

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{Pid, ProcessState};
-use sandbox_tests::{binaries, sh, wait_until_gone};
+use sandbox_tests::{binaries, sh, wait_child, wait_until_gone};
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 
 /// An agent that is PID 1 of its own namespaces.
@@ -175,19 +175,13 @@ async fn init_duties_run_and_orphans_are_reaped_and_sigterm_ends_the_namespace()
         .expect("the namespaced agent's host pid"),
     );
     nix::sys::signal::kill(unshare_child, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        // reboot(2) in a pid namespace ends the namespace's init, and unshare with it.
-        if init.child.try_wait().expect("wait").is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the namespace did not end after SIGTERM:\n{}",
-            init.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // reboot(2) in a pid namespace ends the namespace's init, and unshare with it.
+    let ended = wait_child(&mut init.child, Duration::from_secs(15));
+    assert!(
+        ended.is_some(),
+        "the namespace did not end after SIGTERM:\n{}",
+        init.log()
+    );
     let log = init.log();
     assert!(
         log.contains("SIGTERM") && log.contains("shutting down"),
