@@ -4,8 +4,8 @@
 //!
 //! Each transport is started once, lazily, by its first trial, and shared by all its
 //! scenarios (which keep to their own paths and processes): one agent process, one
-//! microVM. Trials run on `--test-threads` threads (libtest's default: one per core)
-//! over one two-worker runtime. When the microVM gate is closed by
+//! microVM. Trials run on [`TRIAL_THREADS`] threads (or `--test-threads`) over one
+//! two-worker runtime. When the microVM gate is closed by
 //! `SANDBOX_SKIP_VM_TESTS=1` the microVM trials are *ignored*, and show so in the
 //! summary; when something is missing they fail saying what.
 
@@ -18,6 +18,12 @@ use tokio::sync::OnceCell;
 use crate::scenarios::{self, Scenario};
 use crate::transport::{BoxFuture, Target, Transport, UnixTransport, VmTransport};
 use crate::vm::{gate, Gate};
+
+/// How many trials run at once unless `--test-threads` says otherwise. Not one per
+/// host core: the scenarios of a transport share one agent, and a microVM's agent
+/// has a vCPU or two under emulation, so more at once only stretches every trial
+/// towards its deadlines (the suite took 45 s on two cores with two threads).
+pub const TRIAL_THREADS: usize = 2;
 
 /// How long one trial may take before it fails as hung (the 1 GiB round trip on a
 /// loaded two-core host is the slowest).
@@ -78,7 +84,8 @@ impl Started {
 
 /// Builds the trials and runs them; returns the process's exit status.
 pub fn main() -> std::process::ExitCode {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    args.test_threads = args.test_threads.or(Some(TRIAL_THREADS));
     let runtime = Arc::new(
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -47,6 +47,7 @@ use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm}
 
 use crate::bins::rootfs_binary;
 use crate::raw::{on_own_thread, RawConnection};
+use crate::suite::panic_text;
 
 mod gate;
 
@@ -432,16 +433,6 @@ async fn bounded<F: Future<Output = ()>>(section: F, started: Instant) -> Durati
         panic!("did not finish within {SECTION_SECS}s");
     }
     started.elapsed()
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(text) = panic.downcast_ref::<&str>() {
-        (*text).to_owned()
-    } else if let Some(text) = panic.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "(a panic without a message)".to_owned()
-    }
 }
 
 /// A template `sandbox-rootfs` built.
