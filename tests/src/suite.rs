@@ -125,7 +125,8 @@ fn trial(
         "{}::{}::{}",
         transport.kind.name, scenario.area, scenario.name
     );
-    let (runtime, transport, gate) = (runtime.clone(), transport.clone(), gate.clone());
+    let (runtime, gate) = (runtime.clone(), gate.clone());
+    let (transport, started) = (transport.clone(), transport.clone());
     let skipped = gate == Gate::Skipped;
     Trial::ignorable_test(name, move || {
         match gate {
@@ -144,14 +145,23 @@ fn trial(
         let task = runtime.spawn(async move {
             tokio::time::timeout(Duration::from_secs(TRIAL_SECS), work).await
         });
-        match runtime.block_on(task) {
-            Ok(Ok(())) => Ok(Completion::Completed),
-            Ok(Err(_)) => Err(format!("did not finish within {TRIAL_SECS}s").into()),
-            Err(error) => Err(match error.try_into_panic() {
-                Ok(panic) => panic_text(panic.as_ref()).into(),
-                Err(error) => error.to_string().into(),
-            }),
+        let why = match runtime.block_on(task) {
+            Ok(Ok(())) => return Ok(Completion::Completed),
+            Ok(Err(_)) => format!("did not finish within {TRIAL_SECS}s"),
+            Err(error) => match error.try_into_panic() {
+                Ok(panic) => panic_text(panic.as_ref()),
+                Err(error) => error.to_string(),
+            },
+        };
+        Err(match started.cell.get() {
+            Some(Ok(shared)) => format!(
+                "{why}\n---- end of the {} agent's log ----\n{}\n---- end ----",
+                started.kind.name,
+                shared.log_tail()
+            ),
+            _ => why,
         }
+        .into())
     })
     .with_ignored_flag(skipped)
 }

@@ -46,6 +46,26 @@ pub trait Transport: Send + Sync + std::fmt::Debug {
     fn connect(&self) -> BoxFuture<'_, Client>;
     /// A new raw byte stream to the agent, nothing sent yet.
     fn open_raw(&self) -> BoxFuture<'_, RawConnection>;
+    /// The end of what the agent's side logged (the agent's log, a guest's console),
+    /// added to a failed trial's message: the agent outlives the trial, so nothing
+    /// else would show it.
+    fn log_tail(&self) -> String;
+}
+
+/// How much of a log [`Transport::log_tail`] returns.
+const LOG_TAIL_BYTES: usize = 4 * 1024;
+
+/// The last [`LOG_TAIL_BYTES`] of `log`, cut at a line start.
+fn tail(log: &str) -> String {
+    let mut start = log.len().saturating_sub(LOG_TAIL_BYTES);
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    let cut = &log[start..];
+    match cut.find('\n') {
+        Some(line) if start > 0 => cut[line + 1..].to_owned(),
+        _ => cut.to_owned(),
+    }
 }
 
 /// What a scenario runs against: a transport and a client connected through it.
@@ -151,6 +171,10 @@ impl Transport for UnixTransport {
     fn open_raw(&self) -> BoxFuture<'_, RawConnection> {
         Box::pin(RawConnection::unix(self.agent.socket()))
     }
+
+    fn log_tail(&self) -> String {
+        tail(&self.agent.log())
+    }
 }
 
 /// The agent as PID 1 of a real microVM, reached over hybrid vsock. Dropping it
@@ -189,5 +213,9 @@ impl Transport for VmTransport {
 
     fn open_raw(&self) -> BoxFuture<'_, RawConnection> {
         Box::pin(self.vm.raw())
+    }
+
+    fn log_tail(&self) -> String {
+        tail(&self.vm.console())
     }
 }
