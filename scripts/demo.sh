@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
-cargo build --release --locked -p sandbox-rootfs -p sandbox-vmm --bins
+cargo build --release --locked -p sandbox-rootfs -p sandboxctl --bins
 target/release/sandbox-rootfs build
 target/release/sandboxctl vm run -- uname -a

@@ -9,32 +9,37 @@
 //! - [`config`]: command-line arguments into a validated [`config::Config`].
 //! - [`server`]: listeners, the accept loop, and per-connection multiplexing
 //!   ([`server::connection`]) that routes requests to handlers ([`server::dispatch`]).
-//! - [`process`]: the process table, the single reaper, and the exec, spawn, pty,
-//!   logs and kill handlers.
+//! - [`process`]: the process table, the single reaper, the spawn gate that
+//!   serialises child starts (and the OOM unshield around each), and the exec, spawn,
+//!   pty, logs and kill handlers.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
-//! - [`system`]: `resumed` (clock, entropy, identity after a restore).
+//! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
+//!   identity after a restore or fork) and `shutdown`.
 //! - [`agent`]: state shared by all connections, and `info`.
 //! - [`init`]: PID-1 duties (mounts, modules, console, shutdown); [`ready`]: telling
 //!   the host the agent listens.
-//! - [`sys`]: raw system calls, each `unsafe` explained.
+//! - [`sys`]: every raw system call, behind safe functions; the only module where
+//!   the compiler admits `unsafe` (the crate root denies `unsafe_code`).
 //!
 //! # Robustness
 //! As PID 1, the agent must never exit: a panic in a request handler is caught by its
 //! task and answered with an `Internal` error; every bad input becomes a typed error;
 //! the release profile unwinds (never `panic = "abort"`).
 
+#![deny(unsafe_code)]
+
 pub mod agent;
 pub mod config;
 pub mod events;
 pub mod files;
 pub mod init;
+pub mod machine;
 pub mod process;
 pub mod ready;
 pub mod ring;
 pub mod server;
 pub mod sys;
-pub mod system;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -3,6 +3,9 @@
 //! As PID 1 the process must never exit: every way out of [`run_as_init`] ends in an
 //! orderly power-off, and a panic on the main thread is caught and does the same.
 
+// System calls belong in the library's `sys` module.
+#![deny(unsafe_code)]
+
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,6 +20,7 @@ use tokio::signal::unix::{signal, SignalKind};
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 fn main() -> ExitCode {
+    sandbox_agent::sys::return_large_allocations_to_the_kernel();
     if init::is_pid1() {
         let action = std::panic::catch_unwind(run_as_init).unwrap_or_else(|panic| {
             // Not eprintln!: it panics when the console is gone, and this is outside
@@ -134,8 +138,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only for a person at a terminal, not on a serial console or in a log file.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && !init::is_pid1();
+    // Colours only for a person at a terminal (and never with NO_COLOR), not on a
+    // serial console or in a log file.
+    let ansi = anstream::AutoStream::choice(&std::io::stderr()) != anstream::ColorChoice::Never
+        && !init::is_pid1();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

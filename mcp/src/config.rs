@@ -232,7 +232,7 @@ mod tests {
         assert_eq!(launch.template, TemplateRef::Name("default".into()));
         assert_eq!(launch.pool, 1);
         assert_eq!(launch.max_sandboxes, 4);
-        assert_eq!(launch.launcher.sandbox_home, PathBuf::from("/s"));
+        assert_eq!(launch.launcher.home.root(), PathBuf::from("/s"));
         assert_eq!(launch.launcher.run_root, PathBuf::from("/s/run"));
     }
 

@@ -61,7 +61,7 @@ impl ToolError {
     }
 
     /// A claim that failed.
-    pub fn claim(template: &str, error: &ClaimError) -> Self {
+    pub fn claim<E: std::error::Error + 'static>(template: &str, error: &ClaimError<E>) -> Self {
         let text = error_chain(error);
         let message = match error {
             ClaimError::AtCapacity { .. } => format!(

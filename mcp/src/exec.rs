@@ -15,8 +15,8 @@ use sandbox_protocol::{ExecReply, ExecRequest, OutputChunk, Stream};
 use sandbox_vmm::client::{Client, ClientError, ExecEvent};
 use tokio::time::Instant;
 
-use crate::pool::millis;
 use crate::render::ExecResult;
+use crate::util::millis;
 
 /// How long a cancel may take to be confirmed before the stream is simply dropped.
 const CANCEL_WAIT_MS: u64 = 1000;

@@ -21,9 +21,11 @@
 //! # Layout
 //! - [`config`]: command-line arguments and environment fallbacks → [`config::Config`].
 //! - [`node`]: where sandboxes come from; `create_sandbox`, `release`, `node_info`.
-//! - [`pool`]: capacity slots, cold boots and the warm pool's refiller.
+//! - [`pool`]: capacity (a semaphore), cold boots and the warm pool's refiller, behind
+//!   a `VmFactory` seam; [`pool::launcher`] is the real factory (QEMU via the launcher).
 //! - [`registry`]: the session's sandboxes by id, TTL timers, tombstones.
-//! - [`sandbox`]: one sandbox: its agent connection and its VM.
+//! - [`sandbox`]: one sandbox: its agent connection and its VM lease.
+//! - [`util`]: a lock that survives poisoning, `join_all`, milliseconds.
 //! - [`tools`]: the MCP server and its tools; the per-call cap.
 //! - [`exec`]: the streamed exec behind the `exec` tool (partial output on cut-off).
 //! - [`params`], [`render`], [`error`]: tool inputs, outputs and failures.
@@ -38,6 +40,7 @@ pub mod registry;
 pub mod render;
 pub mod sandbox;
 pub mod tools;
+pub mod util;
 
 use std::future::Future;
 

@@ -18,13 +18,15 @@ use sandbox_vmm::launcher::{Launcher, Size, TemplateRef};
 use crate::config::{AttachConfig, Config, Mode, ATTACHED_ID};
 use crate::error::ToolError;
 use crate::params::{CreateSandboxParams, Net};
-use crate::pool::{millis, Pool};
+use crate::pool::launcher::LauncherFactory;
+use crate::pool::{Machine, Pool, VmSpec};
 use crate::registry::{Lookup, Registry};
 use crate::render::{
     rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo, ReleaseResult,
     TemplateInfo,
 };
-use crate::sandbox::{Backing, Deadline, OwnedVm, Sandbox, SandboxId};
+use crate::sandbox::{Backing, Deadline, Sandbox, SandboxId};
+use crate::util::millis;
 
 /// The TTL `ttl_seconds: 0` means.
 pub const DEFAULT_TTL_SECS: u64 = 60 * 60;
@@ -36,7 +38,7 @@ pub const MAX_TTL_SECS: u64 = 24 * 60 * 60;
 #[derive(Debug)]
 enum Source {
     Attach(AttachConfig),
-    Launch(Arc<Pool>),
+    Launch(Pool<LauncherFactory>),
 }
 
 /// The sandboxes and where they come from.
@@ -57,7 +59,7 @@ impl Node {
             Mode::Launch(launch) => {
                 let launcher = Arc::new(Launcher::new(launch.launcher));
                 let size = match launcher.template(&launch.template) {
-                    Ok(template) => template.default_size.unwrap_or_default(),
+                    Ok(template) => template.default_size,
                     Err(error) => {
                         tracing::error!(
                             template = %launch.template,
@@ -67,10 +69,13 @@ impl Node {
                         Size::default()
                     }
                 };
-                let pool = Pool::new(
-                    launcher,
-                    launch.template,
+                let spec = VmSpec {
+                    template: launch.template,
                     size,
+                };
+                let pool = Pool::new(
+                    LauncherFactory::new(launcher),
+                    spec,
                     launch.pool,
                     launch.max_sandboxes,
                     launch.boot_timeout,
@@ -140,7 +145,7 @@ impl Node {
 
     async fn claim_vm(
         &self,
-        pool: &Pool,
+        pool: &Pool<LauncherFactory>,
         params: CreateSandboxParams,
         ttl_secs: u64,
     ) -> Result<CreateSandboxResult, ToolError> {
@@ -157,8 +162,8 @@ impl Node {
                 ))
             })?,
             None if template == *pool.default_template() => pool.default_size(),
-            None => match pool.launcher().template(&template) {
-                Ok(loaded) => loaded.default_size.unwrap_or_default(),
+            None => match pool.factory().launcher().template(&template) {
+                Ok(loaded) => loaded.default_size,
                 Err(error) => {
                     return Err(ToolError::new(format!(
                         "Template {template} cannot be used: {}. Templates available: {}.",
@@ -168,15 +173,24 @@ impl Node {
                 }
             },
         };
-        let (ready, warm) = pool
-            .claim(&template, size)
+        let spec = VmSpec {
+            template: template.clone(),
+            size,
+        };
+        let (lease, warm) = pool
+            .claim(&spec)
             .await
             .map_err(|error| ToolError::claim(&template.to_string(), &error))?;
         let ttl = Duration::from_secs(ttl_secs);
         let deadline = Deadline::after(ttl);
-        let id = SandboxId::new(format!("sbx-{}", ready.vm.vm.id()));
+        let id = SandboxId::new(format!("sbx-{}", lease.vm().id()));
         let claim_duration = started.elapsed();
-        let OwnedVm { vm, slot } = ready.vm;
+        // The sandbox keeps its own handle on the connection the VM came with.
+        let agent = (
+            lease.vm().url.clone(),
+            ConnectOptions::default(),
+            Some(lease.vm().client.clone()),
+        );
         let sandbox = Sandbox::new(
             id,
             template.to_string(),
@@ -184,8 +198,8 @@ impl Node {
             Some(deadline),
             warm,
             claim_duration,
-            (ready.url, ConnectOptions::default(), Some(ready.client)),
-            Backing::Vm(Box::new(std::sync::Mutex::new(Some(OwnedVm { vm, slot })))),
+            agent,
+            Backing::vm(lease),
         );
         let sandbox = self
             .registry
@@ -315,7 +329,6 @@ impl Node {
             },
             Source::Launch(pool) => {
                 let status = pool.status();
-                let capacity = pool.capacity();
                 let vm_claims = sandboxes.len();
                 NodeInfoResult {
                     mode: "launch".to_owned(),
@@ -330,10 +343,10 @@ impl Node {
                     }),
                     templates: self.templates(pool),
                     capacity: CapacityInfo {
-                        max_sandboxes: capacity.max(),
-                        vms: capacity.used(),
+                        max_sandboxes: pool.max(),
+                        vms: pool.used(),
                         live_claims: vm_claims,
-                        claimable: capacity.max().saturating_sub(vm_claims),
+                        claimable: pool.max().saturating_sub(vm_claims),
                     },
                     claims,
                 }
@@ -341,7 +354,7 @@ impl Node {
         }
     }
 
-    fn templates(&self, pool: &Pool) -> Vec<TemplateInfo> {
+    fn templates(&self, pool: &Pool<LauncherFactory>) -> Vec<TemplateInfo> {
         let default = pool.default_template().to_string();
         let mut names = self.template_names();
         if !names.contains(&default) && matches!(pool.default_template(), TemplateRef::Path(_)) {
@@ -352,10 +365,11 @@ impl Node {
             .map(|name| {
                 let reference = TemplateRef::parse(&name);
                 let default_size = pool
+                    .factory()
                     .launcher()
                     .template(&reference)
                     .ok()
-                    .and_then(|t| t.default_size)
+                    .map(|t| t.default_size)
                     .map(|size| size.to_string());
                 TemplateInfo {
                     default: name == default,
@@ -371,7 +385,7 @@ impl Node {
         let Source::Launch(pool) = &self.source else {
             return Vec::new();
         };
-        let root = pool.launcher().config().templates_root();
+        let root = pool.factory().launcher().config().templates_root();
         let Ok(entries) = std::fs::read_dir(&root) else {
             return Vec::new();
         };

@@ -11,8 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::SystemTime;
 
-use crate::pool::{futures_join_all, lock};
+use crate::pool::launcher::LaunchedVm;
+use crate::pool::Machine;
 use crate::sandbox::{Sandbox, SandboxId};
+use crate::util::{join_all, lock};
 
 /// Tombstones kept; the oldest are dropped past this.
 const MAX_TOMBSTONES: usize = 1024;
@@ -37,16 +39,28 @@ pub enum Lookup {
     Closed,
 }
 
-#[derive(Debug, Default)]
-struct State {
-    live: BTreeMap<SandboxId, Arc<Sandbox>>,
+#[derive(Debug)]
+struct State<V> {
+    live: BTreeMap<SandboxId, Arc<Sandbox<V>>>,
     gone: HashMap<SandboxId, (u64, Gone)>,
     next_tombstone: u64,
     timers: HashMap<SandboxId, tokio::task::AbortHandle>,
     closed: bool,
 }
 
-impl State {
+impl<V> Default for State<V> {
+    fn default() -> Self {
+        Self {
+            live: BTreeMap::new(),
+            gone: HashMap::new(),
+            next_tombstone: 0,
+            timers: HashMap::new(),
+            closed: false,
+        }
+    }
+}
+
+impl<V> State<V> {
     fn bury(&mut self, id: SandboxId, why: Gone) {
         self.next_tombstone += 1;
         self.gone.insert(id, (self.next_tombstone, why));
@@ -63,21 +77,24 @@ impl State {
     }
 }
 
-/// The session's sandboxes.
-#[derive(Debug, Default)]
-pub struct Registry {
-    state: Mutex<State>,
+/// The session's sandboxes. Generic over the VM only so that unit tests can hold
+/// fake VMs; the server uses [`LaunchedVm`].
+#[derive(Debug)]
+pub struct Registry<V = LaunchedVm> {
+    state: Mutex<State<V>>,
 }
 
-impl Registry {
+impl<V: Machine> Registry<V> {
     /// An empty registry.
     pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+        Arc::new(Self {
+            state: Mutex::new(State::default()),
+        })
     }
 
     /// Adds a sandbox and arms its TTL timer. Returns it back (destroyed) when the
     /// server is already shutting down.
-    pub async fn insert(self: &Arc<Self>, sandbox: Sandbox) -> Result<Arc<Sandbox>, Lookup> {
+    pub async fn insert(self: &Arc<Self>, sandbox: Sandbox<V>) -> Result<Arc<Sandbox<V>>, Lookup> {
         let sandbox = Arc::new(sandbox);
         {
             let mut state = lock(&self.state);
@@ -103,7 +120,7 @@ impl Registry {
     }
 
     /// The live sandbox `id`.
-    pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, Lookup> {
+    pub fn get(&self, id: &str) -> Result<Arc<Sandbox<V>>, Lookup> {
         let state = lock(&self.state);
         if state.closed {
             return Err(Lookup::Closed);
@@ -119,7 +136,7 @@ impl Registry {
     }
 
     /// Every live sandbox, by id.
-    pub fn list(&self) -> Vec<Arc<Sandbox>> {
+    pub fn list(&self) -> Vec<Arc<Sandbox<V>>> {
         lock(&self.state).live.values().cloned().collect()
     }
 
@@ -133,7 +150,7 @@ impl Registry {
     }
 
     /// Removes `id` and destroys it; a second release finds it gone.
-    pub async fn release(&self, id: &str) -> Result<Arc<Sandbox>, Lookup> {
+    pub async fn release(&self, id: &str) -> Result<Arc<Sandbox<V>>, Lookup> {
         let sandbox = self.remove(&SandboxId::new(id), Gone::Released)?;
         sandbox.destroy().await;
         Ok(sandbox)
@@ -141,7 +158,7 @@ impl Registry {
 
     /// Destroys every sandbox and refuses new ones.
     pub async fn shutdown(&self) {
-        let sandboxes: Vec<Arc<Sandbox>> = {
+        let sandboxes: Vec<Arc<Sandbox<V>>> = {
             let mut state = lock(&self.state);
             state.closed = true;
             for (_, timer) in state.timers.drain() {
@@ -150,14 +167,14 @@ impl Registry {
             std::mem::take(&mut state.live).into_values().collect()
         };
         let count = sandboxes.len();
-        futures_join_all(sandboxes.into_iter().map(|sandbox| async move {
+        join_all(sandboxes.into_iter().map(|sandbox| async move {
             sandbox.destroy().await;
         }))
         .await;
         tracing::info!(count, "every sandbox destroyed");
     }
 
-    fn remove(&self, id: &SandboxId, why: Gone) -> Result<Arc<Sandbox>, Lookup> {
+    fn remove(&self, id: &SandboxId, why: Gone) -> Result<Arc<Sandbox<V>>, Lookup> {
         let mut state = lock(&self.state);
         if state.closed {
             return Err(Lookup::Closed);
@@ -178,7 +195,7 @@ impl Registry {
 }
 
 /// The TTL timer's end: destroy the sandbox if it is still live.
-async fn expire(registry: Weak<Registry>, id: SandboxId) {
+async fn expire<V: Machine>(registry: Weak<Registry<V>>, id: SandboxId) {
     let Some(registry) = registry.upgrade() else {
         return;
     };
@@ -190,5 +207,104 @@ async fn expire(registry: Weak<Registry>, id: SandboxId) {
             sandbox.destroy().await;
         }
         Err(_) => tracing::debug!(sandbox = %id, "ttl reached after release"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sandbox_vmm::client::ConnectOptions;
+
+    use super::*;
+    use crate::pool::fake::{default_spec, get, started_pool, until, FakeVm};
+    use crate::pool::{Lease, Pool};
+    use crate::sandbox::{Backing, Deadline};
+
+    /// A sandbox over `lease` that expires `ttl` from now; its agent is never called.
+    fn sandbox(id: &str, lease: Lease<FakeVm>, ttl: Duration) -> Sandbox<FakeVm> {
+        Sandbox::new(
+            SandboxId::new(id),
+            "default".to_owned(),
+            None,
+            Some(Deadline::after(ttl)),
+            false,
+            Duration::ZERO,
+            (
+                "unix:///nonexistent".parse().unwrap(),
+                ConnectOptions::default(),
+                None,
+            ),
+            Backing::vm(lease),
+        )
+    }
+
+    async fn claim(pool: &Pool<crate::pool::fake::FakeFactory>) -> Lease<FakeVm> {
+        pool.claim(&default_spec()).await.unwrap().0
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sandbox_is_destroyed_at_its_ttl_and_its_slot_freed() {
+        let (pool, counters) = started_pool(0, 1);
+        let registry = Registry::new();
+        let lease = claim(&pool).await;
+        let ttl = Duration::from_secs(600);
+        registry.insert(sandbox("sbx-1", lease, ttl)).await.unwrap();
+        tokio::time::sleep(ttl - Duration::from_secs(1)).await;
+        assert!(registry.get("sbx-1").is_ok(), "alive until its deadline");
+        assert_eq!(pool.used(), 1);
+        until("the TTL", || registry.get("sbx-1").is_err()).await;
+        assert!(matches!(
+            registry.get("sbx-1"),
+            Err(Lookup::Gone(Gone::Expired(_)))
+        ));
+        until("the VM to stop", || pool.used() == 0).await;
+        assert_eq!((get(&counters.destroyed), get(&counters.alive)), (1, 0));
+        // The freed slot serves the next claim.
+        let _next = claim(&pool).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn release_destroys_once_and_disarms_the_ttl() {
+        let (pool, counters) = started_pool(0, 1);
+        let registry = Registry::new();
+        let lease = claim(&pool).await;
+        registry
+            .insert(sandbox("sbx-1", lease, Duration::from_secs(10)))
+            .await
+            .unwrap();
+        registry.release("sbx-1").await.unwrap();
+        assert_eq!((pool.used(), get(&counters.destroyed)), (0, 1));
+        assert!(matches!(
+            registry.release("sbx-1").await,
+            Err(Lookup::Gone(Gone::Released))
+        ));
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        assert!(matches!(
+            registry.get("sbx-1"),
+            Err(Lookup::Gone(Gone::Released))
+        ));
+        assert_eq!(get(&counters.destroyed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_destroys_every_sandbox_and_refuses_new_ones() {
+        let (pool, counters) = started_pool(0, 2);
+        let registry = Registry::new();
+        for id in ["sbx-1", "sbx-2"] {
+            let lease = claim(&pool).await;
+            registry
+                .insert(sandbox(id, lease, Duration::from_secs(3600)))
+                .await
+                .unwrap();
+        }
+        registry.shutdown().await;
+        assert_eq!((pool.used(), get(&counters.destroyed)), (0, 2));
+        let lease = claim(&pool).await;
+        let refused = registry
+            .insert(sandbox("sbx-3", lease, Duration::from_secs(3600)))
+            .await;
+        assert!(matches!(refused, Err(Lookup::Closed)));
+        assert_eq!(pool.used(), 0, "a refused sandbox is destroyed");
     }
 }

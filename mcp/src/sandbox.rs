@@ -10,14 +10,11 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use sandbox_vmm::client::{AgentUrl, Client, ClientError, ConnectOptions};
-use sandbox_vmm::launcher::{Size, Vm};
+use sandbox_vmm::launcher::Size;
 use tokio::time::Instant;
 
-use crate::pool::Slot;
-
-/// How long a destroyed VM's QEMU gets between `SIGTERM` and `SIGKILL`. The guest is
-/// being thrown away, so nothing inside it needs to shut down cleanly.
-pub const VM_STOP_GRACE_MS: u64 = 500;
+use crate::pool::launcher::LaunchedVm;
+use crate::pool::{Lease, Machine};
 
 /// A sandbox id as the tools see it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -60,41 +57,26 @@ impl Deadline {
     }
 }
 
-/// A booted VM and the capacity slot it occupies; dropping it kills the VM.
+/// What a sandbox runs on. Generic over the VM only so that unit tests can back a
+/// sandbox with a fake VM; the server uses [`LaunchedVm`].
 #[derive(Debug)]
-pub struct OwnedVm {
-    /// The VM.
-    pub vm: Vm,
-    /// Its share of `--max-sandboxes`, freed after the VM is gone.
-    pub slot: Slot,
-}
-
-impl OwnedVm {
-    /// Stops QEMU (`SIGTERM`, then `SIGKILL`), its vsock daemon and removes its run
-    /// folder; then frees the slot.
-    pub async fn destroy(self) {
-        let Self { vm, slot } = self;
-        let id = vm.id().clone();
-        match vm.shutdown(Duration::from_millis(VM_STOP_GRACE_MS)).await {
-            Ok(outcome) => tracing::info!(vm = %id, ?outcome, "vm destroyed"),
-            Err(error) => tracing::warn!(vm = %id, %error, "vm stop reported an error"),
-        }
-        drop(slot);
-    }
-}
-
-/// What a sandbox runs on.
-#[derive(Debug)]
-pub enum Backing {
+pub enum Backing<V = LaunchedVm> {
     /// An agent this server does not own (attach mode).
     Attached,
-    /// A VM this server booted; `None` once destroyed.
-    Vm(Box<Mutex<Option<OwnedVm>>>),
+    /// A VM this server booted, with its capacity slot; `None` once destroyed.
+    Vm(Box<Mutex<Option<Lease<V>>>>),
+}
+
+impl<V: Machine> Backing<V> {
+    /// The backing of a claimed VM.
+    pub fn vm(lease: Lease<V>) -> Self {
+        Self::Vm(Box::new(Mutex::new(Some(lease))))
+    }
 }
 
 /// A claimed sandbox.
 #[derive(Debug)]
-pub struct Sandbox {
+pub struct Sandbox<V = LaunchedVm> {
     /// Its id.
     pub id: SandboxId,
     /// The template it was booted from (`"attached"` in attach mode).
@@ -110,10 +92,10 @@ pub struct Sandbox {
     /// How long the claim took.
     pub claim_duration: Duration,
     agent: Agent,
-    backing: Backing,
+    backing: Backing<V>,
 }
 
-impl Sandbox {
+impl<V: Machine> Sandbox<V> {
     /// A sandbox over `backing`, reached at `url` (`client` is an open connection to
     /// reuse, if any).
     #[allow(clippy::too_many_arguments)]
@@ -125,7 +107,7 @@ impl Sandbox {
         warm: bool,
         claim_duration: Duration,
         agent: (AgentUrl, ConnectOptions, Option<Client>),
-        backing: Backing,
+        backing: Backing<V>,
     ) -> Self {
         let (url, options, client) = agent;
         Self {
@@ -155,7 +137,8 @@ impl Sandbox {
         self.agent.client().await
     }
 
-    /// Destroys the VM (an attached agent is left running). Idempotent.
+    /// Destroys the VM and then frees its slot (an attached agent is left running).
+    /// Idempotent.
     pub async fn destroy(&self) {
         let vm = match &self.backing {
             Backing::Attached => None,

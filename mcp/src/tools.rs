@@ -29,13 +29,13 @@ use crate::params::{
     parse_mode, CreateSandboxParams, ExecParams, KillParams, LogsParams, PathParams, SandboxParams,
     SpawnParams, WriteFileParams,
 };
-use crate::pool::millis;
 use crate::render::{
     failure_with, rfc3339_ms, success, CreateSandboxResult, DirEntryRow, ExecResult, KillResult,
     ListDirResult, LogsResult, NodeInfoResult, ProcessRow, PsResult, ReadFileResult, ReleaseResult,
     SpawnResult, WriteFileResult,
 };
 use crate::sandbox::Sandbox;
+use crate::util::millis;
 
 /// The cap on one tool call: five minutes, plus the grace an exec that hits it gets
 /// to return what it collected.

@@ -1,4 +1,5 @@
-//! Requests and replies about files, and the guest-wide `resumed` and `shutdown`.
+//! Requests and replies about files. Requests about the whole machine (`info`,
+//! `resumed`, `shutdown`) live in [`crate::machine`].
 //!
 //! Paths are raw bytes (Linux paths need not be UTF-8) and must be absolute. Whole
 //! files up to [`crate::limits::READ_FILE_CAP_BYTES`] move in one frame
@@ -135,23 +136,4 @@ pub struct FileStat {
     /// Where a symlink points.
     #[serde(with = "serde_bytes")]
     pub symlink_target: Option<Vec<u8>>,
-}
-
-/// Sent after a snapshot restore or a fork, before the guest is used again.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResumedRequest {
-    /// The host's wall clock, nanoseconds since the Unix epoch.
-    pub wall_clock_ns: u64,
-    /// Fresh random bytes to mix into the guest kernel's pool (and force a reseed).
-    #[serde(with = "serde_bytes")]
-    pub entropy: Vec<u8>,
-    /// Write a new `/etc/machine-id`: this guest is a new machine (a fork).
-    pub new_identity: bool,
-}
-
-/// Stop every process and power the guest off (or reboot it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShutdownRequest {
-    /// Reboot instead of powering off.
-    pub reboot: bool,
 }

@@ -3,8 +3,12 @@
 //! Decoding is incremental and does no I/O: [`FrameDecoder::decode`] looks at the bytes
 //! a transport has buffered and says how many it consumed and whether a frame (or a
 //! rejected frame) came out. A frame whose declared length is over the limit is never
-//! buffered: the decoder reports it at once and then skips its body as it streams past,
-//! so one bad frame costs its sender an error, not the connection.
+//! buffered: the decoder reports it at once, with its request id when the bytes after
+//! the prefix show one, and from then on the stream is out of sync
+//! ([`FrameDecoder::is_desynced`]): transports close it. Skipping the body instead
+//! would let one bad prefix swallow up to 4 GiB of whatever follows, so later valid
+//! frames would never be answered. A body that fails to decode inside a well-formed
+//! length costs only that frame.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -126,8 +130,8 @@ pub enum Decoded<T> {
 #[derive(Debug)]
 pub struct FrameDecoder {
     max: usize,
-    /// Bytes of an oversize body still to be discarded.
-    skip_remaining: usize,
+    /// Set by an oversize length prefix: frame boundaries are lost for good.
+    desynced: bool,
 }
 
 impl FrameDecoder {
@@ -135,20 +139,36 @@ impl FrameDecoder {
     pub fn new(max: usize) -> Self {
         Self {
             max,
-            skip_remaining: 0,
+            desynced: false,
         }
     }
 
-    /// True while the decoder is in the middle of a frame (or skipping one), so an
-    /// end of stream now would cut a frame short.
+    /// Changes the limit, e.g. from a small pre-handshake cap to the full one.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max;
+    }
+
+    /// The limit in force.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// True once an oversize length prefix was seen: nothing after it can be framed,
+    /// and the transport must close the stream.
+    pub fn is_desynced(&self) -> bool {
+        self.desynced
+    }
+
+    /// True while the decoder is in the middle of a frame, so an end of stream now
+    /// would cut a frame short.
     pub fn is_mid_frame(&self, buffered: &[u8]) -> bool {
-        self.skip_remaining > 0 || !buffered.is_empty()
+        !buffered.is_empty()
     }
 
     /// How many bytes the buffer must hold before the next call can return a frame;
     /// transports use it to size their reads without over-allocating.
     pub fn bytes_wanted(&self, buffered: &[u8]) -> usize {
-        if self.skip_remaining > 0 {
+        if self.desynced {
             return 0;
         }
         match read_len(buffered) {
@@ -158,26 +178,21 @@ impl FrameDecoder {
     }
 
     /// Looks at `buf` and returns how many bytes of it were consumed, and the frame or
-    /// rejection that came out, if any. Call again while it consumes bytes.
+    /// rejection that came out, if any. Call again while it consumes bytes. After an
+    /// oversize prefix it consumes everything and produces nothing.
     pub fn decode<T: DeserializeOwned>(&mut self, buf: &[u8]) -> (usize, Option<Decoded<T>>) {
-        if self.skip_remaining > 0 {
-            let skipped = self.skip_remaining.min(buf.len());
-            self.skip_remaining -= skipped;
-            return (skipped, None);
+        if self.desynced {
+            return (buf.len(), None);
         }
         let Some(len) = read_len(buf) else {
             return (0, None);
         };
         let body = &buf[LEN_PREFIX_BYTES..];
         if len > self.max {
-            let id = peek_request_id(body);
-            let available = body.len().min(len);
-            self.skip_remaining = len - available;
+            let id = peek_request_id(&body[..body.len().min(len)]);
+            self.desynced = true;
             let error = FrameError::TooLarge { len, max: self.max };
-            return (
-                LEN_PREFIX_BYTES + available,
-                Some(Decoded::Rejected { id, error }),
-            );
+            return (buf.len(), Some(Decoded::Rejected { id, error }));
         }
         let Some(body) = body.get(..len) else {
             return (0, None);
@@ -266,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn oversize_frame_is_rejected_then_skipped_without_buffering() {
+    fn an_oversize_frame_is_rejected_without_buffering_and_desyncs_the_stream() {
         let mut decoder = FrameDecoder::new(16);
         let mut bytes = 1000u32.to_le_bytes().to_vec();
         bytes.extend(postcard::to_allocvec(&RequestId(5)).unwrap());
@@ -288,15 +303,27 @@ mod tests {
             }
             assert!(pending.len() < 16 + 4, "decoder buffered an oversize body");
         }
+        // The rejection names the request; the valid frame after it is not framed,
+        // because the stream's boundaries are gone.
         assert!(matches!(
-            &out[0],
-            Decoded::Rejected {
+            &out[..],
+            [Decoded::Rejected {
                 id: Some(RequestId(5)),
                 error: FrameError::TooLarge { len: 1000, max: 16 }
-            }
+            }]
         ));
-        assert!(matches!(&out[1], Decoded::Frame(f) if *f == ps(6)));
-        assert_eq!(out.len(), 2);
+        assert!(decoder.is_desynced());
+        assert_eq!(decoder.bytes_wanted(&[]), 0);
+    }
+
+    #[test]
+    fn a_raised_limit_accepts_what_the_small_one_refused() {
+        let frame = encode(&ps(1), 64).unwrap();
+        let mut decoder = FrameDecoder::new(1);
+        decoder.set_max(64);
+        assert_eq!(decoder.max(), 64);
+        let out = decode_all(&mut decoder, &frame);
+        assert!(matches!(&out[..], [Decoded::Frame(f)] if *f == ps(1)));
     }
 
     #[test]

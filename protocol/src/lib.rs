@@ -10,7 +10,8 @@
 //!   never block other requests.
 //! - [`hello`]: the handshake that opens every connection.
 //! - [`process`], [`output`]: exec, spawn, pty, ps, kill and logs.
-//! - [`files`]: whole-file and streamed file transfer, directories, `resumed`, `shutdown`.
+//! - [`files`]: whole-file and streamed file transfer, directories.
+//! - [`machine`]: requests about the whole guest: `info`, `resumed`, `shutdown`.
 //! - [`error`]: errors as a typed kind, a message and an errno.
 //! - [`limits`]: sizes and deadlines every side agrees on.
 //!
@@ -37,6 +38,7 @@ pub mod files;
 pub mod frame;
 pub mod hello;
 pub mod limits;
+pub mod machine;
 pub mod message;
 pub mod output;
 pub mod process;
@@ -47,12 +49,11 @@ pub mod transport;
 pub use error::{ErrorKind, WireError};
 pub use files::{
     DirEntry, FileKind, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest,
-    RenameRequest, ResumedRequest, ShutdownRequest, WriteFileRequest,
+    RenameRequest, WriteFileRequest,
 };
 pub use hello::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
-pub use message::{
-    AgentFrame, AgentInfo, AgentMsg, ClientFrame, ClientMsg, Event, Reply, Request, RequestId,
-};
+pub use machine::{AgentInfo, ResumedRequest, ShutdownRequest};
+pub use message::{AgentFrame, AgentMsg, ClientFrame, ClientMsg, Event, Reply, Request, RequestId};
 pub use output::{LogsBatch, LogsReply, LogsRequest, OutputChunk, Stream};
 pub use process::{
     Command, ExecReply, ExecRequest, ExitStatus, KillRequest, Pid, ProcessInfo, ProcessKind,
@@ -103,6 +104,27 @@ mod wire_tests {
                 7, 0
             ]
         );
+    }
+
+    #[test]
+    fn machine_request_bytes_are_pinned() {
+        // Guards the move of these types into `machine`: the variant indexes of
+        // `Info` (8), `Resumed` (18) and `Shutdown` (19) and their fields must not move.
+        let frame = |id, request| {
+            bytes(&ClientFrame {
+                id: RequestId(id),
+                msg: ClientMsg::Request(request),
+            })
+        };
+        assert_eq!(frame(1, Request::Info), [3, 0, 0, 0, 1, 1, 8]);
+        let resumed = Request::Resumed(ResumedRequest {
+            wall_clock_ns: 5,
+            entropy: vec![9],
+            new_identity: true,
+        });
+        assert_eq!(frame(2, resumed), [7, 0, 0, 0, 2, 1, 18, 5, 1, 9, 1]);
+        let shutdown = Request::Shutdown(ShutdownRequest { reboot: true });
+        assert_eq!(frame(3, shutdown), [4, 0, 0, 0, 3, 1, 19, 1]);
     }
 
     #[test]

@@ -6,6 +6,21 @@ use std::time::Duration;
 /// Sized to carry one exec reply with both streams at their cap plus headroom.
 pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 
+/// Largest frame accepted before the handshake: a `Hello` is a few dozen bytes, and a
+/// peer that has not proven it holds the token gets no large buffer.
+pub const HELLO_FRAME_BYTES: usize = 4 * 1024;
+
+/// Requests one connection may have in flight (from its frame until its final frame
+/// is queued for writing). The agent answers `Busy` beyond it; the host client waits
+/// for a slot instead, so a well-behaved client never sees that error. With replies
+/// of at most a few MiB this bounds what one connection can make the agent hold.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
+
+/// Connections the agent serves at once. A newcomer past it replaces the oldest idle
+/// connection (which is told why), or is refused with `Busy` when every connection
+/// has a request in flight: a pile of idle connections never locks a client out.
+pub const MAX_CONNECTIONS: usize = 128;
+
 /// Output ring kept per spawned process (and per pty, and per exec).
 pub const RING_BYTES: usize = 256 * 1024;
 

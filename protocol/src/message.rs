@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::WireError;
 use crate::files::{
     DirEntry, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest, RenameRequest,
-    ResumedRequest, ShutdownRequest, WriteFileRequest,
+    WriteFileRequest,
 };
 use crate::hello::{Hello, HelloReply};
+use crate::machine::{AgentInfo, ResumedRequest, ShutdownRequest};
 use crate::output::{LogsBatch, LogsReply, LogsRequest, OutputChunk};
 use crate::process::{
     ExecReply, ExecRequest, KillRequest, Pid, ProcessInfo, PtyInputRequest, PtyOpenRequest,
@@ -199,31 +200,4 @@ pub enum Reply {
         /// Its permission bits.
         mode: u32,
     },
-}
-
-/// What `info` reports.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AgentInfo {
-    /// The agent's crate version.
-    pub agent_version: String,
-    /// The protocol version it speaks.
-    pub protocol_version: u32,
-    /// Random per boot of the agent.
-    pub boot_id: String,
-    /// Whether the agent is the guest's init.
-    pub is_init: bool,
-    /// Milliseconds since the agent started.
-    pub uptime_ms: u64,
-    /// Bumped by each restore from a snapshot (0 on a fresh boot).
-    pub generation: u64,
-    /// 1, 5 and 15 minute load averages.
-    pub load: [f64; 3],
-    /// Total memory in bytes.
-    pub mem_total_bytes: u64,
-    /// Available memory in bytes.
-    pub mem_available_bytes: u64,
-    /// Tracked processes not yet reaped.
-    pub processes_running: u32,
-    /// Tracked processes exited and not yet forgotten.
-    pub processes_exited: u32,
 }

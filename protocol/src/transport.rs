@@ -1,8 +1,11 @@
 //! Frames over any tokio byte stream (feature `tokio`).
 //!
-//! The reader owns its buffer and grows it only to the size the next frame needs,
-//! never past the limit. It returns `Ok(None)` on a clean end of stream and an error
-//! when the stream ends inside a frame.
+//! The reader owns its buffer and grows it only as bytes arrive, one read chunk at a
+//! time, so an announced length costs nothing until its bytes are really sent (a
+//! peer that announces 4 MiB and stalls holds one chunk, not 4 MiB), and it gives a
+//! large buffer back once the frame that needed it is consumed. It returns `Ok(None)`
+//! on a clean end of stream, and an error when the stream ends inside a frame or
+//! loses frame sync (an oversize length prefix, reported first as a rejected frame).
 
 use std::io;
 
@@ -12,8 +15,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::frame::{encode_into, Decoded, FrameDecoder, FrameError};
 
-/// Smallest read the reader asks the stream for, so small frames batch up.
-const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// Bytes the reader asks the stream for per read: small frames batch up, and a large
+/// frame's buffer grows by this much per read as its bytes arrive.
+pub const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// An idle reader keeps at most this much buffer capacity.
+const IDLE_BUFFER_BYTES: usize = 2 * READ_CHUNK_BYTES;
 
 /// Reads frames of type `T` from a byte stream.
 #[derive(Debug)]
@@ -33,29 +40,43 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Changes the frame limit, e.g. from a small pre-handshake cap to the full one.
+    pub fn set_max(&mut self, max: usize) {
+        self.decoder.set_max(max);
+    }
+
+    /// Bytes of buffer held now (its capacity), for memory accounting and tests.
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
     /// The next frame, a rejected frame, or `None` at a clean end of stream.
+    ///
+    /// Cancel safe: dropping the future before it completes loses no bytes.
     pub async fn read<T: DeserializeOwned>(&mut self) -> io::Result<Option<Decoded<T>>> {
         loop {
+            if self.decoder.is_desynced() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "frame sync lost after an oversize frame",
+                ));
+            }
             let (used, item) = self.decoder.decode(&self.buf);
             self.buf.drain(..used);
+            if self.buf.capacity() > IDLE_BUFFER_BYTES && self.buf.len() <= READ_CHUNK_BYTES {
+                // The large frame that grew the buffer is gone: give the memory back.
+                self.buf.shrink_to(IDLE_BUFFER_BYTES);
+            }
             if let Some(item) = item {
                 return Ok(Some(item));
             }
             if used > 0 {
                 continue;
             }
-            let wanted = self.decoder.bytes_wanted(&self.buf).max(READ_CHUNK_BYTES);
-            let start = self.buf.len();
-            self.buf.resize(start.max(wanted), 0);
-            let read = self.inner.read(&mut self.buf[start..]).await;
-            let read = match read {
-                Ok(read) => read,
-                Err(error) => {
-                    self.buf.truncate(start);
-                    return Err(error);
-                }
-            };
-            self.buf.truncate(start + read);
+            // `read_buf` appends only what arrived, so a read cancelled by a timeout
+            // or a `select!` loses nothing and adds nothing: `read` is cancel safe.
+            self.buf.reserve(READ_CHUNK_BYTES);
+            let read = self.inner.read_buf(&mut self.buf).await?;
             if read == 0 {
                 if self.decoder.is_mid_frame(&self.buf) {
                     return Err(io::Error::new(
@@ -139,5 +160,73 @@ mod tests {
         let mut cut = FrameReader::new(&bytes[..bytes.len() - 1], 64);
         let err = cut.read::<ClientFrame>().await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_read_loses_no_bytes() {
+        let frame = ClientFrame {
+            id: RequestId(4),
+            msg: ClientMsg::Request(Request::Ps),
+        };
+        let bytes = crate::frame::encode(&frame, 64).unwrap();
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut reader = FrameReader::new(server, 64);
+        client.write_all(&bytes[..3]).await.unwrap();
+        let cut = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            reader.read::<ClientFrame>(),
+        )
+        .await;
+        assert!(cut.is_err(), "half a frame is not a frame");
+        client.write_all(&bytes[3..]).await.unwrap();
+        assert!(
+            matches!(reader.read::<ClientFrame>().await, Ok(Some(Decoded::Frame(f))) if f == frame)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_announced_length_costs_nothing_until_its_bytes_arrive() {
+        // A prefix announcing 4 MiB, then a stall: the reader holds one chunk.
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut reader = FrameReader::new(server, 4 << 20);
+        client.write_all(&(4u32 << 20).to_le_bytes()).await.unwrap();
+        let read = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            reader.read::<ClientFrame>(),
+        )
+        .await;
+        assert!(read.is_err(), "nothing to read yet");
+        assert!(reader.buffer_capacity() <= 2 * READ_CHUNK_BYTES);
+    }
+
+    #[tokio::test]
+    async fn a_large_frame_buffer_is_given_back_and_an_oversize_one_ends_the_stream() {
+        let big = ClientFrame {
+            id: RequestId(1),
+            msg: ClientMsg::Data(vec![7; 1 << 20]),
+        };
+        let mut bytes = crate::frame::encode(&big, 2 << 20).unwrap();
+        // Then an oversize prefix and a valid frame that must never be framed.
+        bytes.extend((3u32 << 20).to_le_bytes());
+        bytes.extend([2, 0]);
+        let ps = ClientFrame {
+            id: RequestId(3),
+            msg: ClientMsg::Request(Request::Ps),
+        };
+        bytes.extend(crate::frame::encode(&ps, 64).unwrap());
+        let mut reader = FrameReader::new(&bytes[..], 2 << 20);
+        assert!(
+            matches!(reader.read::<ClientFrame>().await, Ok(Some(Decoded::Frame(f))) if f == big)
+        );
+        assert!(reader.buffer_capacity() <= IDLE_BUFFER_BYTES);
+        assert!(matches!(
+            reader.read::<ClientFrame>().await,
+            Ok(Some(Decoded::Rejected {
+                id: Some(RequestId(2)),
+                error: FrameError::TooLarge { .. }
+            }))
+        ));
+        let err = reader.read::<ClientFrame>().await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
     }
 }

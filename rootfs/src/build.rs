@@ -18,6 +18,7 @@ use crate::guest::{self, GuestError};
 use crate::kernel::{self, KernelError};
 use crate::manifest::{now_rfc3339, ManifestError, TemplateManifest};
 use crate::modules::{AGENT_MODULES, DISK_MODULES};
+use crate::size::Size;
 use crate::tree::{self, TreeError};
 
 /// Kernel parameters every template boots with. `panic=-1` turns a guest panic into
@@ -80,7 +81,7 @@ pub struct BuildOptions {
     /// Recorded in the manifest.
     pub agent_version: String,
     /// Recorded in the manifest.
-    pub default_size: String,
+    pub default_size: Size,
     /// Initramfs or disk.
     pub layout: Layout,
     /// [`Layout::Auto`] threshold.
@@ -260,7 +261,7 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         cmdline,
         kernel_version: kernel.version.clone(),
         agent_version: opts.agent_version.clone(),
-        default_size: opts.default_size.clone(),
+        default_size: opts.default_size,
         created_at: now_rfc3339(),
     };
     manifest.save(&out)?;

@@ -12,25 +12,50 @@
 //! initramfs ([`cpio`]) with the modules [`modules`] resolves → an ext4 disk
 //! ([`disk`]) when the base is too large for RAM → `template.json` ([`manifest`]).
 //!
+//! # Features
+//! `builder` (default): everything that builds templates, and the `sandbox-rootfs`
+//! binary. The launcher depends on this crate without it, for [`manifest`],
+//! [`size`] and [`paths`] alone.
+//!
 //! # Layout
 //! - [`paths`] resolves `SANDBOX_HOME` and the templates folder (shared with the launcher).
-//! - [`manifest`] reads and writes `template.json`.
+//! - [`manifest`] reads and writes `template.json`; [`size`] is the VM size it records
+//!   (shared with the launcher).
 //! - [`cmd`] runs host tools, with errors that say what to install.
 //! - [`tree`] copies, measures and writes into guest trees without leaving them.
 
+// The doc above names the builder's modules, which exist only with `builder`.
+#![cfg_attr(not(feature = "builder"), allow(rustdoc::broken_intra_doc_links))]
+
+// The builder, behind the default `builder` feature: the launcher needs only the
+// modules after it, and without it links no tar or gzip code.
+#[cfg(feature = "builder")]
 pub mod agent;
+#[cfg(feature = "builder")]
 pub mod base;
+#[cfg(feature = "builder")]
 pub mod build;
+#[cfg(feature = "builder")]
 pub mod cmd;
+#[cfg(feature = "builder")]
 pub mod cpio;
+#[cfg(feature = "builder")]
 pub mod disk;
+#[cfg(feature = "builder")]
 pub mod guest;
+#[cfg(feature = "builder")]
 pub mod kernel;
-pub mod manifest;
+#[cfg(feature = "builder")]
 pub mod modules;
-pub mod paths;
+#[cfg(feature = "builder")]
 pub mod tree;
 
+pub mod manifest;
+pub mod paths;
+pub mod size;
+
+#[cfg(feature = "builder")]
 pub use build::{build, BuildError, BuildOptions, KernelSource, Layout};
 pub use manifest::{TemplateManifest, MANIFEST_FILE};
-pub use paths::{templates_dir, SandboxHome, DEFAULT_TEMPLATE};
+pub use paths::{PathsError, SandboxHome, DEFAULT_TEMPLATE};
+pub use size::{Size, SizeError};

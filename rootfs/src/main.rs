@@ -9,7 +9,8 @@ use sandbox_rootfs::agent::AgentSearch;
 use sandbox_rootfs::base::{Base, BaseTools};
 use sandbox_rootfs::build::{DEFAULT_DISK_FREE_BYTES, DEFAULT_INITRAMFS_MAX_BYTES};
 use sandbox_rootfs::{
-    build, BuildOptions, KernelSource, Layout, SandboxHome, TemplateManifest, DEFAULT_TEMPLATE,
+    build, BuildOptions, KernelSource, Layout, SandboxHome, Size, TemplateManifest,
+    DEFAULT_TEMPLATE,
 };
 
 #[derive(Debug, Parser)]
@@ -69,9 +70,10 @@ struct BuildArgs {
     /// Static busybox for the busybox base.
     #[arg(long, default_value = sandbox_rootfs::base::busybox::DEFAULT_BUSYBOX)]
     busybox: PathBuf,
-    /// Default VM size recorded in template.json.
+    /// Default VM size recorded in template.json: small, medium, large, xlarge,
+    /// 2xlarge or VCPUSxMIB (checked now, not at the first boot).
     #[arg(long, default_value = "small")]
-    size: String,
+    size: Size,
     /// Where the base goes.
     #[arg(long, value_enum, default_value_t = LayoutArg::Auto)]
     layout: LayoutArg,
@@ -87,8 +89,12 @@ struct BuildArgs {
 }
 
 fn main() -> ExitCode {
+    // Colour only for a person at a terminal (and never with NO_COLOR): the same rule
+    // clap applies to its own messages, so a log file gets no escape codes.
+    let ansi = anstream::AutoStream::choice(&std::io::stderr()) != anstream::ColorChoice::Never;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_target(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SANDBOX_LOG")

@@ -10,6 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::size::Size;
+
 /// The manifest's file name inside a template folder.
 pub const MANIFEST_FILE: &str = "template.json";
 
@@ -31,8 +33,10 @@ pub struct TemplateManifest {
     pub kernel_version: String,
     /// Version of the agent baked in.
     pub agent_version: String,
-    /// Size preset a VM gets unless told otherwise.
-    pub default_size: String,
+    /// The size a VM gets unless told otherwise; written as its name (`"small"`,
+    /// `"2x1536"`) and checked on reading.
+    #[serde(with = "crate::size::as_name")]
+    pub default_size: Size,
     /// When the template was built (RFC 3339, UTC).
     pub created_at: String,
 }
@@ -117,7 +121,7 @@ mod tests {
             cmdline: "console=ttyS0 quiet panic=-1".into(),
             kernel_version: "6.1.0-56-cloud-amd64".into(),
             agent_version: "0.1.0".into(),
-            default_size: "small".into(),
+            default_size: Size::SMALL,
             created_at: "2024-05-01T12:00:00Z".into(),
         }
     }
@@ -137,6 +141,24 @@ mod tests {
         assert_eq!(json["kernel"], "vmlinux");
         assert_eq!(json["disk"], serde_json::Value::Null);
         assert_eq!(json["default_size"], "small");
+    }
+
+    #[test]
+    fn sizes_are_written_by_name_and_checked_on_reading() {
+        let mut manifest = sample();
+        manifest.default_size = Size::new(3, 1536).unwrap();
+        let json = serde_json::to_value(&manifest).unwrap();
+        assert_eq!(json["default_size"], "3x1536");
+        assert_eq!(
+            serde_json::from_value::<TemplateManifest>(json).unwrap(),
+            manifest
+        );
+        for bad in ["huge", "0x512", "1x64"] {
+            let mut json = serde_json::to_value(sample()).unwrap();
+            json["default_size"] = bad.into();
+            let error = serde_json::from_value::<TemplateManifest>(json).unwrap_err();
+            assert!(error.to_string().contains("ize"), "{bad}: {error}");
+        }
     }
 
     #[test]

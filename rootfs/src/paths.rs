@@ -1,9 +1,9 @@
 //! Where templates and caches live.
 //!
 //! `SANDBOX_HOME` (default `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox`)
-//! holds `templates/<name>/` and `cache/`. The launcher and `sandboxctl` resolve the
-//! same default through [`templates_dir`]. [`SandboxHome::from_env`] is the only
-//! place that reads the environment.
+//! holds `templates/<name>/`, `cache/` and `run/`. This is the one rule: the builder,
+//! the launcher, `sandboxctl` and the MCP server all resolve the home through
+//! [`SandboxHome::from_vars`] and name its folders through its methods.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -35,11 +35,13 @@ impl SandboxHome {
 
     /// Resolves the home from `SANDBOX_HOME`, `XDG_DATA_HOME` and `HOME`.
     pub fn from_env() -> Result<Self, PathsError> {
-        Self::resolve(
-            std::env::var_os("SANDBOX_HOME"),
-            std::env::var_os("XDG_DATA_HOME"),
-            std::env::var_os("HOME"),
-        )
+        Self::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// [`SandboxHome::from_env`] over any variable lookup; empty values count as unset.
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<Self, PathsError> {
+        let set = |name: &str| var(name).filter(|value| !value.is_empty());
+        Self::resolve(set("SANDBOX_HOME"), set("XDG_DATA_HOME"), set("HOME"))
     }
 
     /// The resolution rule, apart from the environment. Relative values are ignored,
@@ -82,11 +84,11 @@ impl SandboxHome {
     pub fn cache(&self) -> PathBuf {
         self.root.join("cache")
     }
-}
 
-/// The default templates folder: `$SANDBOX_HOME/templates`.
-pub fn templates_dir() -> Result<PathBuf, PathsError> {
-    SandboxHome::from_env().map(|home| home.templates())
+    /// The default root of per-VM run folders.
+    pub fn run(&self) -> PathBuf {
+        self.root.join("run")
+    }
 }
 
 #[cfg(test)]
@@ -121,5 +123,17 @@ mod tests {
     #[test]
     fn no_home_is_an_error() {
         assert!(SandboxHome::resolve(None, None, None).is_err());
+    }
+
+    #[test]
+    fn empty_variables_count_as_unset() {
+        let vars = |name: &str| match name {
+            "SANDBOX_HOME" => os(""),
+            "HOME" => os("/home/u"),
+            _ => None,
+        };
+        let home = SandboxHome::from_vars(vars).unwrap();
+        assert_eq!(home.root(), Path::new("/home/u/.local/share/sandbox"));
+        assert_eq!(home.run(), Path::new("/home/u/.local/share/sandbox/run"));
     }
 }

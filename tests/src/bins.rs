@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 /// The packages whose binaries the end-to-end tests drive: the agent and the
 /// `sandboxctl` front end. The one place that names them.
-pub const BINARY_PACKAGES: &[&str] = &["sandbox-agent", "sandbox-vmm"];
+pub const BINARY_PACKAGES: &[&str] = &["sandbox-agent", "sandboxctl"];
 
 /// The image builder, built only by the tests that make templates.
 pub const ROOTFS_PACKAGE: &str = "sandbox-rootfs";

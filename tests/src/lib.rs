@@ -192,6 +192,11 @@ impl TestAgent {
         format!("unix://{}", self.socket.display())
     }
 
+    /// The agent's process id, for reading its memory and descriptors in /proc.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The socket path.
     pub fn socket(&self) -> &Path {
         &self.socket

@@ -91,8 +91,13 @@ impl RawConnection {
 
     /// Sends raw bytes.
     pub async fn write(&mut self, bytes: &[u8]) {
-        self.writer.write_all(bytes).await.expect("write failed");
-        self.writer.flush().await.expect("flush failed");
+        self.try_write(bytes).await.expect("write failed");
+    }
+
+    /// Sends raw bytes to an agent that may already have closed the connection.
+    pub async fn try_write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.writer.write_all(bytes).await?;
+        self.writer.flush().await
     }
 
     /// The next frame, or `None` once the agent closed the connection (a reset after

@@ -409,3 +409,169 @@ fn file_commands_move_files_both_ways_and_report_errors() {
         stderr(&output)
     );
 }
+
+/// Runs `sandboxctl ARGS` with stdout a pipe, reads one byte of it, closes it (what
+/// `| head -c 1` does), and returns how sandboxctl ended.
+fn read_one_byte_then_close(agent: &TestAgent, args: &[&str]) -> std::process::Output {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+
+    let mut command = Command::new(&binaries().sandboxctl);
+    command
+        .arg("--agent")
+        .arg(agent.url())
+        .args(args)
+        .env_remove("SANDBOX_TOKEN")
+        .env_remove("SANDBOX_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(token) = agent.options().token {
+        command.arg("--token").arg(token);
+    }
+    let mut child = command.spawn().expect("cannot start sandboxctl");
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let mut first = [0u8; 1];
+    stdout
+        .read_exact(&mut first)
+        .expect("no output before the close");
+    drop(stdout);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("cannot poll sandboxctl").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("sandboxctl {args:?} kept running after its reader left");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().expect("cannot collect sandboxctl")
+}
+
+// Regression: a reader that stops early (`sandboxctl cat big | head -c 1`) made
+// sandboxctl print "Broken pipe" (or panic in println!) and exit non-zero.
+#[test]
+fn a_reader_that_stops_early_ends_the_run_quietly() {
+    let agent = TestAgent::start();
+    let big = agent.dir().join("big.bin");
+    // Far more than a pipe holds (64 KiB): the write is still going when the reader leaves.
+    std::fs::write(&big, vec![b'x'; 1 << 20]).unwrap();
+    let output = read_one_byte_then_close(&agent, &["cat", big.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stderr(&output), "");
+
+    // A follow of a process that went quiet ends too, without waiting for more output.
+    let pid = agent
+        .sandboxctl()
+        .args(["spawn", "--", "sh", "-c", "echo one; exec sleep 60"])
+        .stdout_ok();
+    let output = read_one_byte_then_close(&agent, &["logs", "-f", pid.trim()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert_eq!(stderr(&output), "");
+}
+
+// Regression: tracing output carried colour escape codes into files and pipes.
+#[test]
+fn logging_goes_to_stderr_without_colour_when_it_is_not_a_terminal() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .env("SANDBOX_LOG", "debug")
+        .args(["exec", "--", "true"])
+        .assert_code(0);
+    let text = stderr(&output);
+    assert!(text.contains("DEBUG"), "no debug event on stderr: {text}");
+    assert!(!text.contains('\u{1b}'), "escape codes on stderr: {text:?}");
+}
+
+#[test]
+fn special_files_are_written_into_or_refused_never_replaced() {
+    use std::os::unix::fs::FileTypeExt;
+    let agent = TestAgent::start();
+    let remote = agent.dir().join("remote.bin");
+    std::fs::write(&remote, vec![5u8; 200_000]).unwrap();
+
+    // get into the host's /dev/null: written into, still a character device.
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), "/dev/null"])
+        .assert_code(0);
+    let null = std::fs::metadata("/dev/null").unwrap();
+    assert!(null.file_type().is_char_device(), "/dev/null was replaced");
+
+    // get into a FIFO with a reader on the other end: the reader gets the bytes.
+    let fifo = agent.dir().join("out.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read(fifo).unwrap()
+    });
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), fifo.to_str().unwrap()])
+        .assert_code(0);
+    assert_eq!(reader.join().unwrap().len(), 200_000);
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+
+    // put and write onto a FIFO on the agent's side: refused, the FIFO stays.
+    let local = agent.dir().join("local.bin");
+    std::fs::write(&local, b"data").unwrap();
+    let output = agent
+        .sandboxctl()
+        .arg_path("put", &local)
+        .args([fifo.to_str().unwrap()])
+        .assert_code(1);
+    assert!(stderr(&output).contains("FIFO"), "{}", stderr(&output));
+    let output = agent
+        .sandboxctl()
+        .args(["write", fifo.to_str().unwrap()])
+        .stdin("x")
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("regular files"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+}
+
+#[test]
+fn a_file_rewritten_while_it_is_read_fails_the_get() {
+    let agent = TestAgent::start();
+    let remote = agent.dir().join("growing.log");
+    std::fs::write(&remote, vec![b'x'; 8 << 20]).unwrap();
+    // A writer that keeps appending while the get reads.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = std::thread::spawn({
+        let (remote, stop) = (remote.clone(), stop.clone());
+        move || {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(remote)
+                .unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                file.write_all(&[b'y'; 4096]).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    });
+    let back = agent.dir().join("back.log");
+    let output = agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), back.to_str().unwrap()])
+        .assert_code(1);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(
+        stderr(&output).contains("changed while it was read"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!back.exists(), "a torn copy was left behind");
+    // /proc files (size 0, with content) still come through.
+    agent
+        .sandboxctl()
+        .args(["get", "/proc/self/status", back.to_str().unwrap()])
+        .assert_code(0);
+    assert!(std::fs::read_to_string(&back).unwrap().contains("Pid:"));
+}

@@ -1,21 +1,23 @@
 //! The host side of the sandbox: an async client for the in-guest agent, and the
-//! `sandboxctl` command-line tool built on it.
+//! launcher that boots the microVMs it runs in. Front ends build on it: the
+//! `sandboxctl` command line (its own crate, `vmm/sandboxctl/`) and the MCP server.
+//! Neither argument parsing, nor printing, nor exit codes live here.
 //!
 //! # How data flows
-//! `sandboxctl` (or any tokio program) opens a [`client::Client`] on an agent URL;
+//! A front end (or any tokio program) opens a [`client::Client`] on an agent URL;
 //! the client dials the socket, says `Hello`, then multiplexes every request over that
 //! one byte stream: a writer task sends frames, a reader task routes the agent's
 //! frames to the request they answer by id. Streaming requests (a live exec, a log
 //! follow, a terminal) hand back a stream of events that ends with the final reply.
+//! The launcher boots a template into a VM whose agent URL it hands back; it reports
+//! what goes wrong while cleaning up as `tracing` events, for the front end's
+//! subscriber to show.
 //!
 //! # Layout
 //! - [`client`]: URLs and dialing (`connect`, `hvsock`), the handshake, the
 //!   demultiplexer (`mux`), request handles (`stream`) and [`client::ClientError`].
-//! - [`cli`]: `sandboxctl`'s commands, one module each; `src/bin/sandboxctl.rs` only
-//!   parses arguments, calls [`cli::run`] and turns the result into an exit code.
 //! - [`launcher`]: boots and stops the microVMs the agent runs in.
 
-pub mod cli;
 pub mod client;
 pub mod launcher;
 

@@ -107,7 +107,7 @@ pub async fn put(
 pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> {
     let path = absolute_path(path)?;
     let open_path = path.clone();
-    let (mut file, mode) = blocking(move || {
+    let (file, before) = blocking(move || {
         let meta = std::fs::metadata(&open_path)
             .map_err(|error| FileError::io("read", &open_path, error))?;
         if meta.is_dir() {
@@ -125,9 +125,20 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
             .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
             .open(&open_path)
             .map_err(|error| FileError::io("open", &open_path, error))?;
-        Ok((file, meta.permissions().mode() & 0o7777))
+        // What was opened counts, not what the path named a moment before.
+        let meta = file
+            .metadata()
+            .map_err(|error| FileError::io("stat", &open_path, error))?;
+        if !meta.is_file() {
+            return Err(FileError::NotRegular {
+                path: display(&open_path),
+            });
+        }
+        Ok((file, meta))
     })
     .await?;
+    let mode = before.permissions().mode() & 0o7777;
+    let mut file = file;
     let mut sent = 0u64;
     loop {
         let read_path = path.clone();
@@ -142,6 +153,10 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
         .await?;
         file = returned;
         if chunk.is_empty() {
+            let after = file
+                .metadata()
+                .map_err(|error| FileError::io("stat", &path, error))?;
+            check_unchanged(&path, &before, &after, sent)?;
             return Ok((sent, mode));
         }
         sent += chunk.len() as u64;
@@ -151,6 +166,37 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
             });
         }
     }
+}
+
+/// A file read to its end must still have the size and modification time it had
+/// when opened, and the bytes sent must add up to that size: otherwise it was
+/// rewritten or truncated meanwhile and the copy may be torn.
+pub(super) fn check_unchanged(
+    path: &std::path::Path,
+    before: &std::fs::Metadata,
+    after: &std::fs::Metadata,
+    sent: u64,
+) -> Result<(), FileError> {
+    use std::os::unix::fs::MetadataExt;
+    let what = if after.len() != before.len() {
+        format!(
+            "its size went from {} to {} bytes",
+            before.len(),
+            after.len()
+        )
+    } else if (after.mtime(), after.mtime_nsec()) != (before.mtime(), before.mtime_nsec()) {
+        String::from("it was modified")
+    } else if sent != before.len() && before.len() != 0 {
+        // (Pseudo-files in /proc and /sys say 0 bytes and have content: only a
+        // file that announced a size is held to it.)
+        format!("{sent} bytes were read of {}", before.len())
+    } else {
+        return Ok(());
+    };
+    Err(FileError::Changed {
+        path: display(path),
+        what,
+    })
 }
 
 /// Runs blocking file I/O on tokio's blocking pool.
@@ -166,4 +212,33 @@ pub async fn blocking<T: Send + 'static>(
                 error: std::io::Error::other(join.to_string()),
             })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_changed_while_read_is_caught_and_pseudo_files_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let before = std::fs::metadata(&path).unwrap();
+        check_unchanged(&path, &before, &before, 10).unwrap();
+        // Read short of the announced size.
+        assert!(matches!(
+            check_unchanged(&path, &before, &before, 4),
+            Err(FileError::Changed { .. })
+        ));
+        // Grown meanwhile.
+        std::fs::write(&path, b"0123456789abc").unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        let error = check_unchanged(&path, &before, &after, 10).unwrap_err();
+        assert!(error.to_string().contains("from 10 to 13"), "{error}");
+        assert_eq!(error.to_wire().kind, sandbox_protocol::ErrorKind::Conflict);
+        // /proc files say 0 bytes and have content.
+        let status = std::path::Path::new("/proc/self/status");
+        let meta = std::fs::metadata(status).unwrap();
+        check_unchanged(status, &meta, &meta, 1234).unwrap();
+    }
 }

@@ -1,10 +1,13 @@
 //! The OOM killer's view of init: never PID 1, and the workload first.
 //!
 //! The agent sets its own `oom_score_adj` to the minimum. The value is inherited
-//! across `fork`, so the process layer gives every child the default back right
-//! after starting it (`crate::sys::reset_oom_score_adj`).
+//! across `fork`, so every child start lowers the agent's score to 0 for the moment
+//! of the start and restores it after (`crate::process::gate::OomUnshield`, which
+//! only the spawn gate hands out). [`OomScore`] is the seam both use, so tests can
+//! watch the score change without touching the test process's own.
 
 use std::fs;
+use std::io;
 
 use super::InitError;
 
@@ -14,12 +17,52 @@ pub const OOM_SCORE_ADJ_PATH: &str = "/proc/self/oom_score_adj";
 /// The lowest adjustment: the OOM killer never picks this process.
 pub const OOM_SCORE_ADJ_MIN: i32 = -1000;
 
-/// Makes the agent exempt from the OOM killer. Needs `CAP_SYS_RESOURCE`.
+/// Reads and writes one process's `oom_score_adj`.
+///
+/// The kernel lets any process raise its own score, but lowering it below the lowest
+/// value it set while privileged needs `CAP_SYS_RESOURCE`.
+pub trait OomScore: Send + std::fmt::Debug {
+    /// The current adjustment.
+    fn read(&self) -> io::Result<i32>;
+    /// Sets the adjustment.
+    fn write(&mut self, score: i32) -> io::Result<()>;
+}
+
+/// The agent's own score, through [`OOM_SCORE_ADJ_PATH`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OwnOomScore;
+
+impl OomScore for OwnOomScore {
+    fn read(&self) -> io::Result<i32> {
+        fs::read_to_string(OOM_SCORE_ADJ_PATH)?
+            .trim()
+            .parse()
+            .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+    }
+
+    fn write(&mut self, score: i32) -> io::Result<()> {
+        fs::write(OOM_SCORE_ADJ_PATH, score.to_string())
+    }
+}
+
+/// Makes the agent exempt from the OOM killer. Needs `CAP_SYS_RESOURCE`. Runs
+/// before the runtime starts, so before any child start can lower the score.
 pub fn protect_self() -> Result<(), InitError> {
-    fs::write(OOM_SCORE_ADJ_PATH, OOM_SCORE_ADJ_MIN.to_string()).map_err(|error| {
-        InitError::OomScoreAdj {
+    OwnOomScore
+        .write(OOM_SCORE_ADJ_MIN)
+        .map_err(|error| InitError::OomScoreAdj {
             path: OOM_SCORE_ADJ_PATH.into(),
             error,
-        }
-    })
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_own_score_reads_as_a_number() {
+        let score = OwnOomScore.read().unwrap();
+        assert!((OOM_SCORE_ADJ_MIN..=1000).contains(&score));
+    }
 }

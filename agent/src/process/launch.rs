@@ -1,8 +1,9 @@
 //! Starting children: from a [`ProcessSpec`] to a running, tracked process.
 //!
 //! Every child gets a clean environment (below), its own process group (exec, spawn)
-//! or its own session with the terminal as controlling tty (pty), the agent's OOM
-//! protection removed, and the requested user. Everything that reads files (the
+//! or its own session with the terminal as controlling tty (pty), the default OOM
+//! score instead of the agent's shield (lowered for the start under the spawn gate,
+//! see [`super::gate`]), and the requested user. Everything that reads files (the
 //! passwd entry, supplementary groups) happens before `fork`; the child only makes
 //! async-signal-safe calls (see [`crate::sys`]).
 //!
@@ -27,17 +28,9 @@ use tokio::net::unix::pipe;
 
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
-use crate::sys;
+use crate::sys::{self, ChildUser, PreExec};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-/// The uid, gid and supplementary groups a child switches to.
-#[derive(Debug, Clone)]
-struct Identity {
-    uid: u32,
-    gid: u32,
-    groups: Vec<libc::gid_t>,
-}
 
 /// Everything needed to start a child, resolved before `fork`.
 #[derive(Debug)]
@@ -47,7 +40,7 @@ pub struct LaunchPlan {
     arg0: Option<String>,
     env: Vec<(String, String)>,
     cwd: String,
-    identity: Option<Identity>,
+    identity: Option<ChildUser>,
 }
 
 impl LaunchPlan {
@@ -144,7 +137,7 @@ pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessErr
     let identity = match (&spec.user, passwd) {
         (None, _) => None,
         (Some(_), Some(passwd)) => Some(identity_of(&passwd)),
-        (Some(User::Uid(uid)), None) => Some(Identity {
+        (Some(User::Uid(uid)), None) => Some(ChildUser {
             uid: *uid,
             gid: *uid,
             groups: vec![*uid],
@@ -228,14 +221,14 @@ fn lookup_user(user: &User) -> Result<PasswdUser, ProcessError> {
     }
 }
 
-fn identity_of(passwd: &PasswdUser) -> Identity {
+fn identity_of(passwd: &PasswdUser) -> ChildUser {
     let gid = passwd.gid;
     let groups = CString::new(passwd.name.as_str())
         .ok()
         .and_then(|name| nix::unistd::getgrouplist(&name, gid).ok())
         .map(|groups| groups.into_iter().map(Gid::as_raw).collect())
         .unwrap_or_else(|| vec![gid.as_raw()]);
-    Identity {
+    ChildUser {
         uid: passwd.uid.as_raw(),
         gid: gid.as_raw(),
         groups,
@@ -312,26 +305,18 @@ pub fn start(
     // Without a pre-exec hook std starts the child with posix_spawn (vfork-like), which
     // is about 100 µs faster than fork on the host and milliseconds faster in an
     // emulated guest; only terminals and user switches need one.
-    if terminal || plan.identity.is_some() {
-        let identity = plan.identity.clone();
-        // SAFETY: the closure runs in the forked child and only makes async-signal-safe
-        // calls (see `crate::sys`): no allocation, no locks; `identity` was built before fork.
-        unsafe {
-            command.pre_exec(move || {
-                if terminal {
-                    sys::child_take_terminal()?;
-                }
-                if let Some(id) = &identity {
-                    sys::child_switch_user(id.uid, id.gid, &id.groups)?;
-                }
-                Ok(())
-            });
-        }
-    }
+    sys::set_pre_exec(
+        &mut command,
+        PreExec {
+            take_terminal: terminal,
+            user: plan.identity.clone(),
+        },
+    );
 
     let (record, mut child) = {
-        let _gate = table.spawn_gate();
-        let unshield = sys::OomUnshield::new();
+        let mut permit = table.spawn_gate();
+        // Restored when dropped, also when `spawn` fails and `?` returns.
+        let unshield = permit.unshield_oom();
         let child = command.spawn().map_err(start_error)?;
         drop(unshield);
         let pid = Pid(i32::try_from(child.id()).unwrap_or(i32::MAX));

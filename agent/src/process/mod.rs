@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`table`]: the process table and each process's record (ring, exit, progress).
 //! - [`reaper`]: the single `waitpid(-1)` loop; it hands exit statuses to the table.
+//! - [`gate`]: the spawn gate that serialises child starts against each other and
+//!   the reaper, and the only way to lower the agent's OOM shield for a start.
 //! - [`launch`]: turns a [`ProcessSpec`](sandbox_protocol::ProcessSpec) into a running
 //!   child: clean environment, user, cwd, its own process group or session.
 //! - [`pump`]: moves a child's output from its pipe or terminal into its record.
@@ -13,11 +15,12 @@
 //! Children are started with `std::process::Command` and their `Child` is dropped
 //! unwaited: only [`reaper`] ever calls `waitpid`, so no two waiters can steal each
 //! other's exit status, and orphans re-parented to the agent are reaped too. Starting
-//! a child holds the table's spawn gate for reading; the reaper holds it for writing
+//! a child holds the table's spawn gate ([`gate`]); the reaper holds the same gate
 //! while it calls `waitpid`, so a child is always in the table before its exit status
 //! can be collected (and std's own wait for a child whose `exec` failed never races us).
 
 pub mod exec;
+pub mod gate;
 pub mod kill;
 pub mod launch;
 pub mod logs;

@@ -2,8 +2,7 @@
 //! [`Stream::Pty`]), so it survives client disconnects and a re-attach replays it.
 //! Input and resizes go to the master end the record keeps.
 
-use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use sandbox_protocol::{Pid, ProcessKind, PtyOpenRequest, Stream, WindowSize};
@@ -20,10 +19,7 @@ pub fn open(table: &ProcessTable, request: &PtyOpenRequest) -> Result<Pid, Proce
     let plan = launch::plan(&request.spec, true)?;
     let pair = sys::open_pty(sanitize(request.size)).map_err(ProcessError::OpenPty)?;
     sys::set_nonblocking(pair.master.as_fd()).map_err(ProcessError::OpenPty)?;
-    // SAFETY: an `OwnedFd` always returns the same open descriptor until dropped,
-    // and the `AsyncFd` owns it from here on.
-    let master =
-        unsafe { AsyncFd::register(pair.master) }.map_err(|e| ProcessError::OpenPty(e.into()))?;
+    let master = sys::register_async(pair.master).map_err(ProcessError::OpenPty)?;
     let master = Arc::new(master);
     let stdio = ChildStdio::Terminal {
         master: master.clone(),
@@ -53,16 +49,7 @@ pub async fn input(table: &ProcessTable, pid: Pid, data: &[u8]) -> Result<(), Pr
             return Err(ProcessError::Exited { pid });
         }
         let mut guard = master.writable().await.map_err(io_error)?;
-        let written = guard.try_io(|inner| {
-            // SAFETY: `rest` is valid for reads of `rest.len()` bytes; the fd is open
-            // for as long as `inner` lives.
-            let n = unsafe { libc::write(inner.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
-            if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(n.unsigned_abs())
-            }
-        });
+        let written = guard.try_io(|inner| sys::write(inner.get_ref().as_fd(), rest));
         match written {
             Err(_would_block) => continue,
             Ok(Ok(n)) => rest = &rest[n..],

@@ -8,7 +8,7 @@
 //! a grandchild cannot hold an exec's reply, or a follower, open forever.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 use super::table::ProcessRecord;
+use crate::sys;
 
 /// How long output may stay silent after the process exits before the pump stops.
 pub const DRAIN_IDLE_AFTER_EXIT: Duration = Duration::from_millis(100);
@@ -52,18 +53,7 @@ impl Source {
                 Self::Terminal(fd) => {
                     let mut guard = fd.readable().await?;
                     let mut buf = vec![0u8; READ_BYTES];
-                    let read = guard.try_io(|inner| {
-                        // SAFETY: `buf` is valid for writes of `buf.len()` bytes and the
-                        // fd is open for as long as `inner` lives.
-                        let n = unsafe {
-                            libc::read(inner.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len())
-                        };
-                        if n < 0 {
-                            Err(io::Error::last_os_error())
-                        } else {
-                            Ok(n.unsigned_abs())
-                        }
-                    });
+                    let read = guard.try_io(|inner| sys::read(inner.get_ref().as_fd(), &mut buf));
                     match read {
                         Err(_would_block) => continue,
                         Ok(Ok(0)) => return Ok(None),

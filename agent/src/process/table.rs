@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::limits::RING_BYTES;
@@ -16,6 +16,7 @@ use sandbox_protocol::{
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
+use super::gate::{ReapPermit, SpawnGate, SpawnPermit};
 use super::ProcessError;
 use crate::ring::{CursorAhead, OutputRing};
 use crate::sys::unix_time_ms;
@@ -228,7 +229,7 @@ impl ProcessRecord {
 #[derive(Debug)]
 pub struct ProcessTable {
     records: Mutex<HashMap<Pid, Arc<ProcessRecord>>>,
-    spawn_gate: RwLock<()>,
+    gate: SpawnGate,
     forget_after: Duration,
 }
 
@@ -237,7 +238,7 @@ impl ProcessTable {
     pub fn new(forget_after: Duration) -> Self {
         Self {
             records: Mutex::new(HashMap::new()),
-            spawn_gate: RwLock::new(()),
+            gate: SpawnGate::new(),
             forget_after,
         }
     }
@@ -248,18 +249,14 @@ impl ProcessTable {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Held while a child is started and inserted; see the module docs of `process`.
-    pub fn spawn_gate(&self) -> RwLockReadGuard<'_, ()> {
-        self.spawn_gate
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Held while a child is started and inserted; see [`super::gate`].
+    pub fn spawn_gate(&self) -> SpawnPermit<'_> {
+        self.gate.spawn()
     }
 
-    /// Held by the reaper around `waitpid`.
-    pub fn reap_gate(&self) -> RwLockWriteGuard<'_, ()> {
-        self.spawn_gate
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// Held by the reaper around `waitpid`; see [`super::gate`].
+    pub fn reap_gate(&self) -> ReapPermit<'_> {
+        self.gate.reap()
     }
 
     /// Starts tracking a process.

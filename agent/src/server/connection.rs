@@ -6,22 +6,35 @@
 //! handler was cancelled or panicked, so a client never waits forever. When the
 //! connection ends, every request still running is cancelled (an exec's process group
 //! is killed; spawned processes and terminals live on).
+//!
+//! # Bounds
+//! What one connection can make the agent hold is bounded by construction:
+//! - before the `Hello`, frames over [`HELLO_FRAME_BYTES`] are refused and the reader
+//!   grows its buffer only as bytes arrive, so an unauthenticated peer costs a chunk;
+//! - at most [`MAX_REQUESTS_IN_FLIGHT`] requests run at once, each holding its slot
+//!   until its final frame is queued (a reply waiting on a slow reader counts); more
+//!   get `Busy`, while `Cancel` and put data are still read;
+//! - at most [`WRITE_QUEUE_FRAMES`] frames wait for the socket, and every handler
+//!   that produces output waits when they do (backpressure from a slow reader);
+//! - an oversize length prefix loses frame sync: the sender gets `TooLarge` under the
+//!   request id it named, and the connection closes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use sandbox_protocol::frame::{Decoded, FrameError};
-use sandbox_protocol::limits::MAX_FRAME_BYTES;
+use sandbox_protocol::limits::{HELLO_FRAME_BYTES, MAX_FRAME_BYTES, MAX_REQUESTS_IN_FLIGHT};
 use sandbox_protocol::transport::{FrameReader, FrameWriter};
 use sandbox_protocol::{
     AgentFrame, AgentMsg, ClientFrame, ClientMsg, ErrorKind, Hello, HelloReply, Request, RequestId,
     WireError, MAGIC, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::task::AbortHandle;
 
+use super::admission::{Admission, Full};
 use super::dispatch;
 use crate::agent::{Agent, AGENT_VERSION, CAPABILITIES};
 use crate::events::Events;
@@ -31,7 +44,7 @@ use crate::files::stream::{put_channel, PutSender};
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Frames queued for writing before handlers wait (backpressure from a slow client).
-const WRITE_QUEUE_FRAMES: usize = 256;
+const WRITE_QUEUE_FRAMES: usize = 16;
 
 /// Bytes batched into one write before flushing.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
@@ -45,23 +58,87 @@ struct Running {
 
 type InFlight = Arc<Mutex<HashMap<RequestId, Running>>>;
 
-/// Serves one connection until the client closes it or breaks the protocol.
-pub async fn serve<S>(stream: S, agent: Arc<Agent>)
+/// Serves one connection until the client closes it, breaks the protocol, or is
+/// evicted to make room (see [`Admission`]).
+pub async fn serve<S>(stream: S, agent: Arc<Agent>, admission: Arc<Admission>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (read_half, write_half) = tokio::io::split(stream);
-    let mut reader = FrameReader::new(read_half, MAX_FRAME_BYTES);
+    let mut reader = FrameReader::new(read_half, HELLO_FRAME_BYTES);
     let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES);
     let writer = tokio::spawn(write_loop(
         FrameWriter::new(write_half, MAX_FRAME_BYTES),
         rx,
     ));
+    let slots = Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
 
-    if handshake(&mut reader, &tx, &agent).await {
+    match admission.admit(slots.clone(), MAX_REQUESTS_IN_FLIGHT) {
+        Err(Full { max }) => {
+            tracing::warn!(max, "refused a connection: every connection is busy");
+            let error = WireError::new(
+                ErrorKind::Busy,
+                format!("the agent serves {max} connections and each has a request in flight; try again later"),
+            );
+            send_connection_error(&tx, error).await;
+        }
+        Ok(ticket) => {
+            let evicted = async {
+                ticket.evicted().await;
+                tracing::info!("closing an idle connection to make room for a new one");
+                let error = WireError::new(
+                    ErrorKind::Busy,
+                    "closed while idle to make room for a new connection (the agent's connection limit was reached)",
+                );
+                send_connection_error(&tx, error).await;
+            };
+            tokio::select! {
+                () = serve_admitted(&mut reader, &tx, &agent, &slots) => {}
+                () = evicted => {}
+            }
+        }
+    }
+    drop(tx);
+    // The writer ends once every request task has sent its last frame.
+    if let Err(error) = writer.await {
+        tracing::error!(%error, "connection writer failed");
+    }
+}
+
+/// Queues an error about the whole connection (id 0).
+async fn send_connection_error(tx: &mpsc::Sender<AgentFrame>, error: WireError) {
+    let _ = tx
+        .send(AgentFrame {
+            id: RequestId::CONNECTION,
+            msg: AgentMsg::Error(error),
+        })
+        .await;
+}
+
+/// The handshake, then requests until the client goes; cancels what is still running.
+async fn serve_admitted<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    tx: &mpsc::Sender<AgentFrame>,
+    agent: &Arc<Agent>,
+    slots: &Arc<Semaphore>,
+) {
+    if handshake(reader, tx, agent).await {
+        reader.set_max(MAX_FRAME_BYTES);
         let in_flight: InFlight = Arc::default();
-        read_loop(&mut reader, &tx, &agent, &in_flight).await;
-        let handles: Vec<_> = in_flight
+        // Cancel whatever is still running however this ends (also when the
+        // connection is evicted and this future dropped).
+        let _cancel_on_exit = CancelOnDrop(in_flight.clone());
+        read_loop(reader, tx, agent, &in_flight, slots).await;
+    }
+}
+
+/// Aborts every request still in flight when dropped.
+struct CancelOnDrop(InFlight);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let handles: Vec<_> = self
+            .0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
@@ -69,11 +146,6 @@ where
         for (_, running) in handles {
             running.abort.abort();
         }
-    }
-    drop(tx);
-    // The writer ends once every request task has sent its last frame.
-    if let Err(error) = writer.await {
-        tracing::error!(%error, "connection writer failed");
     }
 }
 
@@ -163,8 +235,13 @@ async fn read_loop<R: AsyncRead + Unpin>(
     tx: &mpsc::Sender<AgentFrame>,
     agent: &Arc<Agent>,
     in_flight: &InFlight,
+    slots: &Arc<Semaphore>,
 ) {
     loop {
+        if tx.is_closed() {
+            // The writer failed: nothing more can be answered.
+            return;
+        }
         let decoded = match reader.read::<ClientFrame>().await {
             Ok(Some(decoded)) => decoded,
             Ok(None) => return,
@@ -183,7 +260,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Decoded::Frame(ClientFrame {
                 id,
                 msg: ClientMsg::Request(request),
-            }) => start_request(id, request, tx, agent, in_flight)
+            }) => start_request(id, request, tx, agent, in_flight, slots)
                 .err()
                 .map(|error| (id, error, Breaks::Nothing)),
             Decoded::Frame(ClientFrame {
@@ -311,6 +388,7 @@ fn start_request(
     tx: &mpsc::Sender<AgentFrame>,
     agent: &Arc<Agent>,
     in_flight: &InFlight,
+    slots: &Arc<Semaphore>,
 ) -> Result<(), WireError> {
     if id == RequestId::CONNECTION {
         return Err(WireError::new(
@@ -325,6 +403,15 @@ fn start_request(
             format!("request id {id} is already in flight"),
         ));
     }
+    let Ok(slot) = slots.clone().try_acquire_owned() else {
+        return Err(WireError::new(
+            ErrorKind::Busy,
+            format!(
+                "{MAX_REQUESTS_IN_FLIGHT} requests are already in flight on this connection; \
+                 send more when one has finished"
+            ),
+        ));
+    };
     let events = Events::new(id, tx.clone());
     let handler_agent = agent.clone();
     let (put, input) = match request {
@@ -369,6 +456,9 @@ fn start_request(
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id);
         let _ = tx.send(AgentFrame { id, msg }).await;
+        // The slot is free only once the reply is queued: a reply waiting on a slow
+        // reader still counts against the connection.
+        drop(slot);
     });
     Ok(())
 }
@@ -395,8 +485,9 @@ async fn write_loop<W: AsyncWrite + Send>(
         }
         if let Err(error) = writer.flush().await {
             tracing::debug!(%error, "writing to the client failed");
-            // Keep draining so handlers never block on a dead connection.
-            while rx.recv().await.is_some() {}
+            // Dropping the queue makes every later send fail at once: handlers stop
+            // instead of blocking, and the reader stops taking requests that could
+            // never be answered (the socket may still hold many).
             return;
         }
     }

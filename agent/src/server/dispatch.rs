@@ -6,9 +6,8 @@ use crate::agent::Agent;
 use crate::events::Events;
 use crate::files::stream::{blocking, PutReceiver};
 use crate::files::{stream, tree, whole, FileError};
-use crate::init::PowerAction;
+use crate::machine;
 use crate::process::{exec, kill, logs, pty};
-use crate::system;
 
 /// Runs `request` to its final reply, sending progress through `events`. `input`
 /// carries the data of a `put`.
@@ -90,31 +89,9 @@ pub async fn handle(
             .await
             .map(transferred)
             .map_err(file),
-        Request::Resumed(_) if !agent.is_init => Err(WireError::new(
-            sandbox_protocol::ErrorKind::PermissionDenied,
-            "resumed sets the clock, the random pool and /etc/machine-id of the whole machine, \
-             so only an agent running as the guest's init does it",
-        )),
-        Request::Resumed(request) => {
-            let resumed = tokio::task::spawn_blocking(move || system::resume(&request)).await;
-            match resumed {
-                Ok(Ok(())) => {
-                    agent.bump_generation();
-                    Ok(Reply::Info(agent.info()))
-                }
-                Ok(Err(error)) => Err(error.to_wire()),
-                Err(join) => Err(WireError::new(
-                    sandbox_protocol::ErrorKind::Internal,
-                    join.to_string(),
-                )),
-            }
-        }
+        Request::Resumed(request) => machine::resumed(agent, request).await.map(Reply::Info),
         Request::Shutdown(request) => {
-            agent.request_shutdown(if request.reboot {
-                PowerAction::Reboot
-            } else {
-                PowerAction::PowerOff
-            });
+            machine::shutdown(agent, request);
             Ok(Reply::Done)
         }
     }

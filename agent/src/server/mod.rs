@@ -1,9 +1,11 @@
 //! Listening: Unix sockets for development and tests, vsock inside a microVM.
 //!
 //! [`serve`] binds every listener, accepts until `shutdown` resolves, and hands each
-//! connection to [`connection::serve`] in its own task. A semaphore caps connections;
-//! a failing connection is logged and never affects the others.
+//! connection to [`connection::serve`] in its own task. [`admission`] caps
+//! connections without ever leaving a newcomer unaccepted (the oldest idle connection
+//! makes room); a failing connection is logged and never affects the others.
 
+pub mod admission;
 pub mod connection;
 pub mod dispatch;
 
@@ -14,13 +16,13 @@ use std::sync::Arc;
 
 use sandbox_protocol::limits::HOST_CID;
 use tokio::net::UnixListener;
-use tokio::sync::Semaphore;
 use tokio_vsock::{VsockAddr, VsockListener};
 
+use self::admission::Admission;
 use crate::agent::Agent;
 
-/// Connections served at once; more wait to be accepted.
-pub const MAX_CONNECTIONS: usize = 128;
+/// Connections served at once (see [`admission`]).
+pub use sandbox_protocol::limits::MAX_CONNECTIONS;
 
 /// The vsock CID meaning "any local CID" (`VMADDR_CID_ANY`).
 pub const VSOCK_CID_ANY: u32 = u32::MAX;
@@ -165,14 +167,14 @@ pub async fn serve(
     peers: PeerPolicy,
     shutdown: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let admission = Admission::new(MAX_CONNECTIONS);
     let mut tasks = tokio::task::JoinSet::new();
     for (addr, BoundListener(listener)) in listeners {
         tracing::info!(%addr, "listening");
         tasks.spawn(accept_loop(
             listener,
             agent.clone(),
-            permits.clone(),
+            admission.clone(),
             peers.clone(),
         ));
     }
@@ -183,31 +185,20 @@ pub async fn serve(
 async fn accept_loop(
     listener: Listener,
     agent: Arc<Agent>,
-    permits: Arc<Semaphore>,
+    admission: Arc<Admission>,
     peers: PeerPolicy,
 ) {
     loop {
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            return;
-        };
         match &listener {
             Listener::Unix(listener) => match listener.accept().await {
                 Ok((stream, _)) => {
-                    let agent = agent.clone();
-                    tokio::spawn(async move {
-                        connection::serve(stream, agent).await;
-                        drop(permit);
-                    });
+                    tokio::spawn(connection::serve(stream, agent.clone(), admission.clone()));
                 }
                 Err(error) => accept_failed(&error).await,
             },
             Listener::Vsock(listener) => match listener.accept().await {
                 Ok((stream, peer)) if peers.allowed_cids.contains(&peer.cid()) => {
-                    let agent = agent.clone();
-                    tokio::spawn(async move {
-                        connection::serve(stream, agent).await;
-                        drop(permit);
-                    });
+                    tokio::spawn(connection::serve(stream, agent.clone(), admission.clone()));
                 }
                 Ok((_, peer)) => {
                     tracing::warn!(cid = peer.cid(), "refused a vsock peer that is not allowed")

@@ -3,14 +3,14 @@
 //! next connection.
 
 use sandbox_protocol::frame::encode;
-use sandbox_protocol::limits::MAX_FRAME_BYTES;
+use sandbox_protocol::limits::{HELLO_FRAME_BYTES, MAX_FRAME_BYTES, MAX_REQUESTS_IN_FLIGHT};
 use sandbox_protocol::{
     AgentMsg, ClientFrame, ClientMsg, Command, ErrorKind, ExecRequest, Hello, ProcessSpec, Reply,
     Request, RequestId, MAGIC, PROTOCOL_VERSION,
 };
 
 use crate::transport::Target;
-use crate::{sh, within};
+use crate::{exec_sh, sh, within};
 
 /// One frame with a hand-made body.
 fn frame_with_body(body: &[u8]) -> Vec<u8> {
@@ -79,17 +79,61 @@ pub async fn a_frame_with_trailing_bytes_is_rejected_under_its_id(target: Target
     assert_agent_serves(&target).await;
 }
 
-pub async fn an_oversize_frame_is_refused_skipped_and_the_connection_goes_on(target: Target) {
+pub async fn an_oversize_frame_is_refused_under_its_id_and_the_connection_closes(target: Target) {
     let mut raw = target.raw_hello().await;
     let len = MAX_FRAME_BYTES + 1;
     let mut bytes = u32::try_from(len).unwrap().to_le_bytes().to_vec();
     bytes.push(11); // the id, so the agent can say which request was too large
-    bytes.resize(4 + len, 0);
     raw.write(&bytes).await;
     let (id, error) = raw.expect_error().await;
     assert_eq!(id, RequestId(11));
     assert_eq!(error.kind, ErrorKind::TooLarge, "{error}");
-    raw.assert_serves(12).await;
+    // Frame sync is lost: a valid frame after it is never answered, the agent closes
+    // (the write itself may already fail).
+    let ps = ClientFrame {
+        id: RequestId(12),
+        msg: ClientMsg::Request(Request::Ps),
+    };
+    let _ = raw.try_write(&encode(&ps, MAX_FRAME_BYTES).unwrap()).await;
+    assert!(raw.read().await.is_none(), "the connection stayed open");
+    assert_agent_serves(&target).await;
+}
+
+pub async fn before_the_hello_a_frame_over_a_few_kib_is_refused(target: Target) {
+    let mut raw = target.raw().await;
+    let len = HELLO_FRAME_BYTES + 1;
+    raw.write(&u32::try_from(len).unwrap().to_le_bytes()).await;
+    let (_, error) = raw.expect_error().await;
+    assert_eq!(error.kind, ErrorKind::BadRequest, "{error}");
+    assert!(error.message.contains("Hello"), "{error}");
+    assert!(raw.read().await.is_none(), "the connection stayed open");
+    assert_agent_serves(&target).await;
+}
+
+pub async fn requests_past_the_in_flight_cap_are_busy_and_the_rest_are_served(target: Target) {
+    let mut raw = target.raw_hello().await;
+    let cap = u64::try_from(MAX_REQUESTS_IN_FLIGHT).unwrap();
+    // Requests that stay in flight for a while (the second is the test), pipelined
+    // past the cap.
+    for id in 1..=cap + 3 {
+        raw.send(id, ClientMsg::Request(Request::Exec(exec_sh("sleep 1"))))
+            .await;
+    }
+    let mut busy = Vec::new();
+    let mut done = Vec::new();
+    while busy.len() + done.len() < usize::try_from(cap + 3).unwrap() {
+        let frame = raw.read().await.expect("connection closed");
+        match frame.msg {
+            AgentMsg::Error(error) if error.kind == ErrorKind::Busy => busy.push(frame.id.0),
+            AgentMsg::Reply(Reply::Exec(_)) => done.push(frame.id.0),
+            other => panic!("{other:?}"),
+        }
+    }
+    busy.sort_unstable();
+    assert_eq!(busy, vec![cap + 1, cap + 2, cap + 3]);
+    assert_eq!(done.len(), MAX_REQUESTS_IN_FLIGHT);
+    // Slots free as requests finish.
+    raw.assert_serves(cap + 4).await;
     assert_agent_serves(&target).await;
 }
 
@@ -98,6 +142,7 @@ pub async fn a_huge_length_prefix_then_hang_up_leaves_the_agent_alive(target: Ta
     raw.write(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3]).await;
     let (_, error) = raw.expect_error().await;
     assert_eq!(error.kind, ErrorKind::TooLarge, "{error}");
+    assert!(raw.read().await.is_none(), "the connection stayed open");
     drop(raw);
     assert_agent_serves(&target).await;
 }

@@ -1,19 +1,18 @@
-//! File requests: whole files, directories, streamed `put`/`get`, and the guest-wide
-//! `resumed` and `shutdown`.
+//! File requests: whole files, directories, streamed `put`/`get`. Requests about
+//! the whole guest are in `machine`.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use sandbox_protocol::limits::{FILE_CHUNK_BYTES, PUT_WINDOW_BYTES};
 use sandbox_protocol::{
-    AgentInfo, ClientMsg, DirEntry, Event, FileStat, MkdirRequest, PathRequest, PutRequest,
-    RemoveRequest, RenameRequest, Reply, Request, ResumedRequest, ShutdownRequest,
-    WriteFileRequest,
+    ClientMsg, DirEntry, Event, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest,
+    RenameRequest, Reply, Request, WriteFileRequest,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::stream::Step;
-use super::{Client, ClientError};
+use super::{unexpected, Client, ClientError};
 
 fn bytes(path: &Path) -> Vec<u8> {
     path.as_os_str().as_bytes().to_vec()
@@ -163,43 +162,11 @@ impl Client {
             }
         }
     }
-
-    /// Tells the guest it was restored (or forked): set its clock to `wall_clock_ns`,
-    /// mix in `entropy`, and with `new_identity` write a new machine id.
-    pub async fn resumed(
-        &self,
-        wall_clock_ns: u64,
-        entropy: Vec<u8>,
-        new_identity: bool,
-    ) -> Result<AgentInfo, ClientError> {
-        let request = ResumedRequest {
-            wall_clock_ns,
-            entropy,
-            new_identity,
-        };
-        match self.request(Request::Resumed(request)).await? {
-            Reply::Info(info) => Ok(info),
-            other => Err(unexpected("resumed", other)),
-        }
-    }
-
-    /// Asks the agent to stop every process and power the guest off (or reboot).
-    pub async fn shutdown(&self, reboot: bool) -> Result<(), ClientError> {
-        self.expect_done("shutdown", Request::Shutdown(ShutdownRequest { reboot }))
-            .await
-    }
 }
 
 fn path_request(path: impl AsRef<Path>) -> PathRequest {
     PathRequest {
         path: bytes(path.as_ref()),
-    }
-}
-
-fn unexpected(request: &'static str, got: Reply) -> ClientError {
-    ClientError::UnexpectedReply {
-        request,
-        got: format!("{got:?}"),
     }
 }
 

@@ -8,6 +8,7 @@
 //!   the pending-request table.
 //! - [`stream`]: handles for requests in flight; dropping one sends `Cancel`.
 //! - `files`: the file operations (write, read, list, stat, put/get streams).
+//! - `machine`: requests about the whole guest (`info`, `resumed`, `shutdown`).
 //! - [`error`]: [`ClientError`], which carries the agent's `WireError` as a variant.
 //!
 //! [`Client`] is an `Arc` around the connection: clone it into as many tasks as you
@@ -19,6 +20,7 @@ pub mod error;
 mod files;
 mod hello;
 pub mod hvsock;
+mod machine;
 mod mux;
 pub mod stream;
 
@@ -28,9 +30,9 @@ use std::time::Duration;
 use sandbox_protocol::limits::MAX_FRAME_BYTES;
 use sandbox_protocol::transport::{FrameReader, FrameWriter};
 use sandbox_protocol::{
-    AgentInfo, ExecReply, ExecRequest, HelloReply, KillRequest, LogsReply, LogsRequest, Pid,
-    ProcessInfo, ProcessSpec, PtyInputRequest, PtyOpenRequest, PtyResizeRequest, Reply, Request,
-    SpawnRequest, WindowSize,
+    ExecReply, ExecRequest, HelloReply, KillRequest, LogsReply, LogsRequest, Pid, ProcessInfo,
+    ProcessSpec, PtyInputRequest, PtyOpenRequest, PtyResizeRequest, Reply, Request, SpawnRequest,
+    WindowSize,
 };
 use tokio::time::Instant;
 
@@ -243,14 +245,6 @@ impl Client {
     pub async fn pty_resize(&self, pid: Pid, size: WindowSize) -> Result<(), ClientError> {
         let request = Request::PtyResize(PtyResizeRequest { pid, size });
         self.expect_done("pty_resize", request).await
-    }
-
-    /// Describes the agent.
-    pub async fn info(&self) -> Result<AgentInfo, ClientError> {
-        match self.request(Request::Info).await? {
-            Reply::Info(info) => Ok(info),
-            other => Err(unexpected("info", other)),
-        }
     }
 
     pub(crate) async fn expect_done(

@@ -16,18 +16,26 @@
 //! Per-request channels are unbounded on purpose: the protocol has no per-request flow
 //! control, and a bounded channel would let one slow follow stream stall the reader
 //! and with it every other request on the connection.
+//!
+//! The agent runs at most [`MAX_REQUESTS_IN_FLIGHT`] requests per connection and
+//! answers `Busy` beyond that. The writer keeps the same count (requests sent whose
+//! final frame has not arrived; the agent frees its slot before that frame leaves, so
+//! its count is never higher) and holds further requests back until a slot frees.
+//! Frames that are not requests pass held ones, except frames of a held request,
+//! which stay behind it; a request abandoned while held is never sent.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sandbox_protocol::frame::Decoded;
+use sandbox_protocol::limits::MAX_REQUESTS_IN_FLIGHT;
 use sandbox_protocol::transport::{FrameReader, FrameWriter};
 use sandbox_protocol::{
     AgentFrame, AgentMsg, ClientFrame, ClientMsg, HelloReply, Request, RequestId,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::AbortHandle;
 
 use super::error::ClientError;
@@ -49,6 +57,8 @@ pub(crate) enum Routed {
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     state: Mutex<PendingState>,
+    /// Signalled when a request slot frees, for the writer's held requests.
+    slot_freed: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -58,6 +68,9 @@ struct PendingState {
     closed: Option<Arc<str>>,
     /// The last error the agent sent under id 0, kept to explain a hang-up after it.
     connection_error: Option<String>,
+    /// Requests sent whose final frame has not arrived (abandoned ones included: the
+    /// agent holds their slot until it answers them).
+    unanswered: usize,
 }
 
 impl Pending {
@@ -87,6 +100,30 @@ impl Pending {
         self.lock().routes.remove(&id).is_some()
     }
 
+    /// True while someone waits for `id`'s answers.
+    fn is_registered(&self, id: RequestId) -> bool {
+        self.lock().routes.contains_key(&id)
+    }
+
+    /// Takes a request slot if one is free.
+    fn take_slot(&self) -> bool {
+        let mut state = self.lock();
+        if state.unanswered < MAX_REQUESTS_IN_FLIGHT {
+            state.unanswered += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Gives back a slot: the request's final frame arrived, or it was never sent.
+    fn release_slot(&self) {
+        let mut state = self.lock();
+        state.unanswered = state.unanswered.saturating_sub(1);
+        drop(state);
+        self.slot_freed.notify_one();
+    }
+
     /// Fails one request with a local error.
     fn fail(&self, id: RequestId, error: ClientError) {
         if let Some(tx) = self.lock().routes.remove(&id) {
@@ -110,6 +147,8 @@ impl Pending {
         }
         let is_final = matches!(msg, AgentMsg::Reply(_) | AgentMsg::Error(_));
         let route = if is_final {
+            state.unanswered = state.unanswered.saturating_sub(1);
+            self.slot_freed.notify_one();
             state.routes.remove(&id)
         } else {
             state.routes.get(&id).cloned()
@@ -254,26 +293,101 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     mut queue: mpsc::UnboundedReceiver<ClientFrame>,
     pending: Arc<Pending>,
 ) {
-    while let Some(first) = queue.recv().await {
+    let mut held = HeldRequests::default();
+    loop {
+        held.release(&pending, |frame, is_request| {
+            queue_frame(&mut writer, &pending, frame, is_request);
+        });
+        if writer.queued_bytes() > 0 {
+            if let Err(error) = writer.flush().await {
+                pending.close(&format!("write failed: {error}"));
+                return;
+            }
+        }
+        let first = tokio::select! {
+            frame = queue.recv() => frame,
+            () = pending.slot_freed.notified(), if !held.is_empty() => continue,
+        };
+        let Some(first) = first else { break };
         let mut next = Some(first);
         let mut batched = 0;
         while let Some(frame) = next.take() {
-            if let Err(error) = writer.queue(&frame) {
-                pending.fail(frame.id, ClientError::Encode(error));
+            if let Some(frame) = held.admit(frame) {
+                queue_frame(&mut writer, &pending, frame, false);
             }
             batched += 1;
             if batched < WRITE_BATCH_FRAMES {
                 next = queue.try_recv().ok();
             }
         }
-        if let Err(error) = writer.flush().await {
-            pending.close(&format!("write failed: {error}"));
-            return;
-        }
     }
     // Every client handle is gone: say goodbye with an end of stream.
     let _ = writer.get_mut().shutdown().await;
     pending.close("client closed the connection");
+}
+
+/// Encodes one frame into the writer's buffer; a frame that cannot be encoded fails
+/// its request alone (and gives back the slot a request took).
+fn queue_frame<W: AsyncWrite + Unpin>(
+    writer: &mut FrameWriter<W>,
+    pending: &Pending,
+    frame: ClientFrame,
+    took_slot: bool,
+) {
+    if let Err(error) = writer.queue(&frame) {
+        pending.fail(frame.id, ClientError::Encode(error));
+        if took_slot {
+            pending.release_slot();
+        }
+    }
+}
+
+/// Requests waiting for a slot, with the frames of theirs that came after them.
+#[derive(Debug, Default)]
+struct HeldRequests {
+    frames: VecDeque<ClientFrame>,
+}
+
+impl HeldRequests {
+    fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Holds `frame` if it is a request or belongs to a held one; else hands it back to
+    /// be sent now.
+    fn admit(&mut self, frame: ClientFrame) -> Option<ClientFrame> {
+        let is_request = matches!(frame.msg, ClientMsg::Request(_));
+        if is_request || self.frames.iter().any(|held| held.id == frame.id) {
+            self.frames.push_back(frame);
+            None
+        } else {
+            Some(frame)
+        }
+    }
+
+    /// Sends, in order, every held request a slot is free for and the frames that
+    /// follow it; drops what belongs to requests abandoned before they were sent.
+    /// `send` gets each frame and whether it is a request that took a slot.
+    fn release(&mut self, pending: &Pending, mut send: impl FnMut(ClientFrame, bool)) {
+        let mut still_held = VecDeque::new();
+        let mut blocked: HashSet<RequestId> = HashSet::new();
+        for frame in self.frames.drain(..) {
+            let is_request = matches!(frame.msg, ClientMsg::Request(_));
+            if blocked.contains(&frame.id) {
+                still_held.push_back(frame);
+            } else if !pending.is_registered(frame.id) {
+                // Its caller gave up before it was sent: the agent never hears of it.
+            } else if !is_request {
+                send(frame, false);
+            } else if pending.take_slot() {
+                send(frame, true);
+            } else {
+                blocked.insert(frame.id);
+                still_held.push_back(frame);
+            }
+        }
+        self.frames = still_held;
+    }
 }
 
 async fn read_loop<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, pending: Arc<Pending>) {
@@ -282,7 +396,9 @@ async fn read_loop<R: AsyncRead + Unpin>(mut reader: FrameReader<R>, pending: Ar
             Ok(Some(Decoded::Frame(frame))) => pending.route(frame),
             Ok(Some(Decoded::Rejected { id, error })) => match id {
                 Some(id) if id != RequestId::CONNECTION => {
+                    // Taken as the request's final frame: its slot is free.
                     pending.fail(id, ClientError::Decode(error));
+                    pending.release_slot();
                 }
                 _ => tracing::warn!(%error, "undecodable frame from the agent"),
             },
@@ -476,6 +592,70 @@ mod tests {
         let err = client.exec(big).await.unwrap_err();
         assert!(matches!(err, ClientError::Encode(_)), "{err:?}");
         // The connection is fine: the next request goes out as normal.
+        let ps = tokio::spawn({
+            let client = client.clone();
+            async move { client.ps().await }
+        });
+        let frame = next_frame(&mut reader).await;
+        assert_eq!(frame.msg, ClientMsg::Request(Request::Ps));
+        writer
+            .write(&AgentFrame {
+                id: frame.id,
+                msg: AgentMsg::Reply(Reply::Ps(vec![])),
+            })
+            .await
+            .unwrap();
+        assert!(ps.await.unwrap().is_ok());
+    }
+
+    #[tokio::test]
+    async fn requests_past_the_agents_cap_wait_for_a_slot_and_abandoned_ones_never_leave() {
+        let (client, mut reader, mut writer) = pair().await;
+        let calls: Vec<_> = (0..MAX_REQUESTS_IN_FLIGHT + 2)
+            .map(|_| {
+                let client = client.clone();
+                tokio::spawn(async move { client.ps().await })
+            })
+            .collect();
+        let mut seen = Vec::new();
+        for _ in 0..MAX_REQUESTS_IN_FLIGHT {
+            seen.push(next_frame(&mut reader).await.id);
+        }
+        // A request abandoned while held back is never sent.
+        let abandoned = client.exec_stream(exec("never")).unwrap();
+        drop(abandoned);
+        let more = tokio::time::timeout(
+            std::time::Duration::from_millis(100),
+            next_frame(&mut reader),
+        )
+        .await;
+        assert!(more.is_err(), "a request past the cap went out");
+        // Each answer lets exactly one held request out.
+        for round in 0..2 {
+            writer
+                .write(&AgentFrame {
+                    id: seen[round],
+                    msg: AgentMsg::Reply(Reply::Ps(vec![])),
+                })
+                .await
+                .unwrap();
+            let frame = next_frame(&mut reader).await;
+            assert_eq!(frame.msg, ClientMsg::Request(Request::Ps));
+            seen.push(frame.id);
+        }
+        for id in &seen[2..] {
+            writer
+                .write(&AgentFrame {
+                    id: *id,
+                    msg: AgentMsg::Reply(Reply::Ps(vec![])),
+                })
+                .await
+                .unwrap();
+        }
+        for call in calls {
+            assert!(call.await.unwrap().is_ok());
+        }
+        // The abandoned exec left no frame behind, and the connection still works.
         let ps = tokio::spawn({
             let client = client.clone();
             async move { client.ps().await }

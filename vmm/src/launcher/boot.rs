@@ -125,7 +125,7 @@ impl Launcher {
             tracing::warn!(%error, "sweep of stale run folders failed");
         }
         let template = self.template(&spec.template)?;
-        let size = spec.size.or(template.default_size).unwrap_or_default();
+        let size = spec.size.unwrap_or(template.default_size);
         size.validate()?;
         let accel = self.accel_for(&template.kernel).await?;
         let lifetime = if spec.detached {

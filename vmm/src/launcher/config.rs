@@ -6,7 +6,7 @@
 //!
 //! | variable | field | default |
 //! | --- | --- | --- |
-//! | `SANDBOX_HOME` | `sandbox_home` | `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` (relative values are ignored) |
+//! | `SANDBOX_HOME` | `home` | `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` (relative values are ignored) |
 //! | `SANDBOX_RUN_DIR` | `run_root` | `SANDBOX_HOME/run` |
 //! | `SANDBOX_ACCEL` | `accel` | `auto` (`auto`, `kvm` or `tcg`) |
 //! | `SANDBOX_QEMU` | `qemu_path` | `qemu-system-x86_64` on `PATH` |
@@ -17,13 +17,15 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use sandbox_rootfs::{PathsError, SandboxHome};
+
 use super::accel::{AccelMode, UnknownAccelMode, KVM_PROBE_TIMEOUT_SECS};
 
 /// Everything the launcher needs to know about the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LauncherConfig {
     /// Root of templates, caches and run folders.
-    pub sandbox_home: PathBuf,
+    pub home: SandboxHome,
     /// Where per-VM run folders go. Unix socket paths inside must stay under 108
     /// bytes, so keep it short.
     pub run_root: PathBuf,
@@ -47,10 +49,8 @@ pub struct LauncherConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// Neither `SANDBOX_HOME`, `XDG_DATA_HOME` nor `HOME` is an absolute path.
-    #[error(
-        "Cannot find the sandbox home: set SANDBOX_HOME, XDG_DATA_HOME or HOME to an absolute path"
-    )]
-    NoHome,
+    #[error(transparent)]
+    Home(#[from] PathsError),
     /// `SANDBOX_ACCEL` is not a mode.
     #[error("Invalid SANDBOX_ACCEL")]
     Accel(#[source] UnknownAccelMode),
@@ -58,11 +58,10 @@ pub enum ConfigError {
 
 impl LauncherConfig {
     /// Defaults for everything but the sandbox home.
-    pub fn new(sandbox_home: impl Into<PathBuf>) -> Self {
-        let sandbox_home = sandbox_home.into();
+    pub fn new(home: SandboxHome) -> Self {
         Self {
-            run_root: sandbox_home.join("run"),
-            sandbox_home,
+            run_root: home.run(),
+            home,
             qemu_path: PathBuf::from("qemu-system-x86_64"),
             qemu_img_path: PathBuf::from("qemu-img"),
             vhost_path: PathBuf::from("vhost-device-vsock"),
@@ -82,13 +81,7 @@ impl LauncherConfig {
     pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<Self, ConfigError> {
         let set = |name: &str| var(name).filter(|v| !v.is_empty());
         // The image builder's rule, so both find the same folder.
-        let home = sandbox_rootfs::SandboxHome::resolve(
-            set("SANDBOX_HOME"),
-            set("XDG_DATA_HOME"),
-            set("HOME"),
-        )
-        .map_err(|_| ConfigError::NoHome)?;
-        let mut config = Self::new(home.root());
+        let mut config = Self::new(SandboxHome::from_vars(&var)?);
         if let Some(dir) = set("SANDBOX_RUN_DIR") {
             config.run_root = dir.into();
         }
@@ -109,12 +102,12 @@ impl LauncherConfig {
 
     /// `SANDBOX_HOME/templates`.
     pub fn templates_root(&self) -> PathBuf {
-        self.sandbox_home.join("templates")
+        self.home.templates()
     }
 
     /// `SANDBOX_HOME/cache/accel.json`.
     pub fn accel_cache_file(&self) -> PathBuf {
-        self.sandbox_home.join("cache").join("accel.json")
+        self.home.cache().join("accel.json")
     }
 }
 
@@ -135,19 +128,19 @@ mod tests {
     #[test]
     fn home_falls_back_from_sandbox_home_to_xdg_to_home() {
         let c = LauncherConfig::from_vars(vars(&[("HOME", "/h")])).unwrap();
-        assert_eq!(c.sandbox_home, Path::new("/h/.local/share/sandbox"));
+        assert_eq!(c.home.root(), Path::new("/h/.local/share/sandbox"));
         assert_eq!(c.run_root, Path::new("/h/.local/share/sandbox/run"));
         let c =
             LauncherConfig::from_vars(vars(&[("HOME", "/h"), ("XDG_DATA_HOME", "/x")])).unwrap();
-        assert_eq!(c.sandbox_home, Path::new("/x/sandbox"));
+        assert_eq!(c.home.root(), Path::new("/x/sandbox"));
         let c = LauncherConfig::from_vars(vars(&[("XDG_DATA_HOME", "/x"), ("SANDBOX_HOME", "/s")]))
             .unwrap();
-        assert_eq!(c.sandbox_home, Path::new("/s"));
+        assert_eq!(c.home.root(), Path::new("/s"));
         assert_eq!(c.templates_root(), Path::new("/s/templates"));
         assert_eq!(c.accel_cache_file(), Path::new("/s/cache/accel.json"));
         assert!(matches!(
             LauncherConfig::from_vars(vars(&[])),
-            Err(ConfigError::NoHome)
+            Err(ConfigError::Home(PathsError::NoHome))
         ));
     }
 

@@ -44,7 +44,8 @@ mod process;
 pub mod qemu;
 pub mod ready;
 pub mod run_dir;
-pub mod size;
+/// VM sizes are the builder's type: `template.json` records one, checked at build.
+pub use sandbox_rootfs::size;
 mod sys;
 pub mod template;
 pub mod vm;

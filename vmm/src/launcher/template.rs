@@ -10,7 +10,8 @@
 //!
 //! The format is the builder's own type, [`sandbox_rootfs::TemplateManifest`], read
 //! here as written. Paths are relative to the folder (absolute ones are taken as they
-//! are), `default_size` is a preset name or `VCPUSxMIB`, and every file named must
+//! are), `default_size` is a preset name or `VCPUSxMIB` (checked when the manifest is
+//! read, and already when the template was built), and every file named must
 //! exist. The launcher only reads a template; a disk is used through an overlay.
 
 use std::fmt;
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 use sandbox_rootfs::manifest::ManifestError;
 use sandbox_rootfs::TemplateManifest;
 
-use super::size::{Size, SizeError};
+use super::size::Size;
 
 /// The description file in every template folder.
 pub const TEMPLATE_FILE: &str = sandbox_rootfs::MANIFEST_FILE;
@@ -53,15 +54,6 @@ pub enum TemplateError {
         /// The cause.
         #[source]
         error: serde_json::Error,
-    },
-    /// `default_size` is not a size.
-    #[error("Invalid default_size in {path}")]
-    Size {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        error: SizeError,
     },
     /// A file the template names is missing.
     #[error("Template {template} names a {role} at {path}, which is not a file")]
@@ -154,7 +146,7 @@ pub struct Template {
     /// The agent's version inside, for reports.
     pub agent_version: Option<String>,
     /// The size to boot when the caller names none.
-    pub default_size: Option<Size>,
+    pub default_size: Size,
 }
 
 impl Template {
@@ -174,13 +166,6 @@ impl Template {
             path: dir.to_owned(),
             error,
         })?;
-        let default_size =
-            raw.default_size
-                .parse::<Size>()
-                .map_err(|error| TemplateError::Size {
-                    path: file.clone(),
-                    error,
-                })?;
         let existing = |role: &'static str, rel: &Path| {
             let path = dir.join(rel);
             if path.is_file() {
@@ -208,7 +193,7 @@ impl Template {
             cmdline: raw.cmdline,
             kernel_version: Some(raw.kernel_version),
             agent_version: Some(raw.agent_version),
-            default_size: Some(default_size),
+            default_size: raw.default_size,
             dir,
         })
     }
@@ -256,7 +241,7 @@ mod tests {
         assert_eq!(t.initramfs, Some(dir.join("initramfs.cpio")));
         assert_eq!(t.disk, None);
         assert_eq!(t.cmdline, "console=ttyS0 quiet");
-        assert_eq!(t.default_size, Some(Size::MEDIUM));
+        assert_eq!(t.default_size, Size::MEDIUM);
         assert_eq!(t.agent_version.as_deref(), Some("0.1.0"));
         fs::remove_dir_all(dir).unwrap();
     }
@@ -283,10 +268,13 @@ mod tests {
         let err = Template::load(Path::new("/nonexistent/sbx-template")).unwrap_err();
         assert!(matches!(err, TemplateError::NotFound { .. }));
         let dir = folder(&manifest("k", "i", "huge"), &["k", "i"]);
-        assert!(matches!(
-            Template::load(&dir).unwrap_err(),
-            TemplateError::Size { .. }
-        ));
+        let err = Template::load(&dir).unwrap_err();
+        assert!(matches!(err, TemplateError::Parse { .. }), "{err}");
+        assert!(
+            crate::error_chain(&err).contains("Unknown size \"huge\""),
+            "{}",
+            crate::error_chain(&err)
+        );
         fs::remove_dir_all(dir).unwrap();
     }
 

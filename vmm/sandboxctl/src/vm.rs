@@ -5,14 +5,16 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use super::args::{VmBootArgs, VmCommand, VmLsArgs, VmRunArgs, VmStopArgs};
-use super::json::print_line;
-use super::{exec, process_spec, seconds};
-use crate::client::{AgentUrl, Client, ConnectOptions};
-use crate::launcher::{
+use sandbox_protocol::Command as Cmd;
+use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
+use sandbox_vmm::launcher::{
     BootSpec, Launcher, LauncherConfig, Size, StopOutcome, TemplateRef, Vm, VmId, VmStatus,
 };
-use sandbox_protocol::Command as Cmd;
+
+use crate::args::{VmBootArgs, VmCommand, VmLsArgs, VmRunArgs, VmStopArgs};
+use crate::exec;
+use crate::output::{self, print_json_line};
+use crate::run::{process_spec, seconds};
 
 /// Exit code of `vm run` when SIGTERM or SIGHUP stopped it.
 const EXIT_SIGNALLED: u8 = 143;
@@ -47,7 +49,7 @@ const GUEST_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How long connecting to a freshly booted agent may take.
 const CONNECT_AFTER_READY: Duration = Duration::from_secs(30);
 
-pub(super) async fn run(command: &VmCommand, token: Option<String>) -> anyhow::Result<u8> {
+pub(crate) async fn run(command: &VmCommand, token: Option<String>) -> anyhow::Result<u8> {
     let launcher = launcher()?;
     match command {
         VmCommand::Run(args) => vm_run(&launcher, args, token).await,
@@ -64,7 +66,7 @@ fn launcher() -> anyhow::Result<Launcher> {
 }
 
 /// The agent URL of VM `id`, from its run folder.
-pub(super) fn agent_url(id: &str) -> anyhow::Result<String> {
+pub(crate) fn agent_url(id: &str) -> anyhow::Result<String> {
     let launcher = launcher()?;
     let entry = launcher
         .list()?
@@ -155,7 +157,7 @@ async fn vm_start(launcher: &Launcher, args: &VmBootArgs) -> anyhow::Result<u8> 
         Ok(record) => record,
         Err(_) => bail!("The VM could not be detached"),
     };
-    println!("{}\t{}", record.id, record.agent_url);
+    output::print(&format!("{}\t{}\n", record.id, record.agent_url))?;
     eprintln!(
         "booted in {:.2}s ({:?}); use --vm {} with other commands, `sandboxctl vm stop {}` to end it",
         boot.as_secs_f64(),
@@ -192,24 +194,25 @@ fn vm_ls(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
         })
         .collect();
     if args.json {
-        print_line(&views)?;
+        print_json_line(&views)?;
         return Ok(0);
     }
-    println!(
-        "{:<14}{:<9}{:<12}{:<6}{:<8}AGENT",
+    let mut table = format!(
+        "{:<14}{:<9}{:<12}{:<6}{:<8}AGENT\n",
         "ID", "STATUS", "TEMPLATE", "CPUS", "MEMORY"
     );
     for view in views {
-        println!(
-            "{:<14}{:<9}{:<12}{:<6}{:<8}{}",
+        table.push_str(&format!(
+            "{:<14}{:<9}{:<12}{:<6}{:<8}{}\n",
             view.id,
             serde_json::to_value(view.status)?.as_str().unwrap_or("?"),
             view.template.as_deref().unwrap_or("-"),
             view.vcpus.map_or("-".into(), |v| v.to_string()),
             view.memory_mib.map_or("-".into(), |m| format!("{m}M")),
             view.agent_url.as_deref().unwrap_or("-"),
-        );
+        ));
     }
+    output::print(&table)?;
     Ok(0)
 }
 

@@ -8,11 +8,12 @@
 
 use anyhow::Context;
 use sandbox_protocol::{Pid, ProcessSpec, PtyOpenRequest, WindowSize};
+use sandbox_vmm::client::{Client, ClientError, LogsEvent};
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::terminal::{stdin_chunks, stdin_is_tty, window_size, RawMode};
-use super::{exit_byte, write_chunk};
-use crate::client::{Client, ClientError, LogsEvent};
+use crate::output::write_chunk;
+use crate::run::exit_byte;
+use crate::terminal::{stdin_chunks, stdin_is_tty, window_size, RawMode};
 
 /// Size used when we have no terminal to measure.
 const DEFAULT_SIZE: WindowSize = WindowSize { rows: 24, cols: 80 };
@@ -24,7 +25,7 @@ const DETACH_BYTE: u8 = 0x1d;
 const EOF_BYTE: u8 = 0x04;
 
 /// Opens a terminal running `spec` (or the login shell) and joins it.
-pub(super) async fn shell(client: &Client, mut spec: ProcessSpec) -> anyhow::Result<u8> {
+pub(crate) async fn shell(client: &Client, mut spec: ProcessSpec) -> anyhow::Result<u8> {
     if let Some(term) = std::env::var_os("TERM") {
         // Ahead of the user's --env so theirs wins.
         spec.env
@@ -40,7 +41,7 @@ pub(super) async fn shell(client: &Client, mut spec: ProcessSpec) -> anyhow::Res
 }
 
 /// Joins the running terminal `pid`.
-pub(super) async fn attach(client: &Client, pid: i32) -> anyhow::Result<u8> {
+pub(crate) async fn attach(client: &Client, pid: i32) -> anyhow::Result<u8> {
     let pid = Pid(pid);
     if let Some(size) = window_size() {
         client

@@ -1,5 +1,5 @@
 //! `sandboxctl`'s command line, as clap types. Validation that clap cannot do (the
-//! agent URL, timeouts) happens in [`super::run`].
+//! agent URL, timeouts) happens in [`crate::run`].
 
 use std::path::PathBuf;
 

@@ -7,9 +7,11 @@ use anyhow::Context;
 use sandbox_protocol::{ExecReply, ExecRequest, ProcessSpec};
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::args::RunArgs;
-use super::{exit_byte, seconds, write_chunk, EXIT_TIMED_OUT};
-use crate::client::{Client, ExecEvent};
+use sandbox_vmm::client::{Client, ExecEvent};
+
+use crate::args::RunArgs;
+use crate::output::{self, write_chunk};
+use crate::run::{exit_byte, seconds, EXIT_TIMED_OUT};
 
 /// How long to wait for the agent to confirm a cancel after Ctrl-C.
 const CANCEL_WAIT_SECS: u64 = 5;
@@ -18,7 +20,7 @@ const CANCEL_WAIT_SECS: u64 = 5;
 const EXIT_INTERRUPTED: u8 = 130;
 
 /// Runs `spec` with live output; returns the command's exit code.
-pub(super) async fn exec(client: &Client, spec: ProcessSpec, run: &RunArgs) -> anyhow::Result<u8> {
+pub(crate) async fn exec(client: &Client, spec: ProcessSpec, run: &RunArgs) -> anyhow::Result<u8> {
     let timeout = run
         .timeout
         .map(|secs| seconds("--timeout", secs))
@@ -87,9 +89,9 @@ fn finish(reply: &ExecReply, timeout: Option<Duration>) -> u8 {
 }
 
 /// Starts `spec` detached and prints its pid.
-pub(super) async fn spawn(client: &Client, spec: ProcessSpec) -> anyhow::Result<u8> {
+pub(crate) async fn spawn(client: &Client, spec: ProcessSpec) -> anyhow::Result<u8> {
     let pid = client.spawn(spec).await.context("spawn failed")?;
-    println!("{pid}");
+    output::print(&format!("{pid}\n"))?;
     Ok(0)
 }
 

@@ -1,23 +1,34 @@
-//! File commands (`put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`) and the
-//! guest-wide `resume` and `shutdown`.
+//! File commands: `put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`.
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::Context;
+use sandbox_vmm::client::{Client, ClientError};
 use serde::Serialize;
 
-use super::args::{GetArgs, LsArgs, MkdirArgs, PutArgs, RmArgs, StatArgs, WriteArgs};
-use super::json::print_line;
-use crate::client::Client;
-
-/// Bytes of fresh entropy `resume` hands the guest.
-const RESUME_ENTROPY_BYTES: usize = 64;
+use crate::args::{GetArgs, LsArgs, MkdirArgs, PutArgs, RmArgs, StatArgs, WriteArgs};
+use crate::output::{self, print_json_line, OutputError};
 
 fn is_stdio(path: &Path) -> bool {
     path.as_os_str() == "-"
+}
+
+/// What `path` is when it exists and is neither a regular file nor a directory.
+fn special_file(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let file_type = std::fs::metadata(path).ok()?.file_type();
+    if file_type.is_file() || file_type.is_dir() {
+        None
+    } else if file_type.is_fifo() {
+        Some("FIFO")
+    } else if file_type.is_socket() {
+        Some("socket")
+    } else {
+        Some("device")
+    }
 }
 
 fn rate(bytes: u64, started: Instant) -> String {
@@ -28,7 +39,7 @@ fn rate(bytes: u64, started: Instant) -> String {
     )
 }
 
-pub(super) async fn put(client: &Client, args: &PutArgs) -> anyhow::Result<u8> {
+pub(crate) async fn put(client: &Client, args: &PutArgs) -> anyhow::Result<u8> {
     let started = Instant::now();
     let (bytes, mode) = if is_stdio(&args.local) {
         client
@@ -52,14 +63,26 @@ pub(super) async fn put(client: &Client, args: &PutArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-pub(super) async fn get(client: &Client, args: &GetArgs) -> anyhow::Result<u8> {
+pub(crate) async fn get(client: &Client, args: &GetArgs) -> anyhow::Result<u8> {
     let started = Instant::now();
     let what = || format!("get {} failed", args.remote.display());
     let (bytes, _) = if is_stdio(&args.local) {
-        client
-            .get(&args.remote, tokio::io::stdout())
+        match client.get(&args.remote, tokio::io::stdout()).await {
+            Ok(done) => done,
+            // Writing to our stdout is the only local I/O here: a reader that went
+            // away (`get FILE - | head`) ends the run quietly.
+            Err(ClientError::Local { error, .. }) => return Err(OutputError::Stdout(error).into()),
+            Err(error) => return Err(error).with_context(what),
+        }
+    } else if let Some(kind) = special_file(&args.local) {
+        // A device, FIFO or socket is written into, as `cp` does: renaming a file
+        // over it would destroy it (`get FILE /dev/null` would replace /dev/null).
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(&args.local)
             .await
-            .with_context(what)?
+            .with_context(|| format!("Cannot open the {kind} {}", args.local.display()))?;
+        client.get(&args.remote, file).await.with_context(what)?
     } else {
         // Write beside the target and rename, so a failed get leaves no half file.
         let name = args
@@ -91,20 +114,16 @@ pub(super) async fn get(client: &Client, args: &GetArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-pub(super) async fn cat(client: &Client, path: &Path) -> anyhow::Result<u8> {
+pub(crate) async fn cat(client: &Client, path: &Path) -> anyhow::Result<u8> {
     let data = client
         .read_file(path)
         .await
         .with_context(|| format!("cat {} failed", path.display()))?;
-    let mut stdout = std::io::stdout().lock();
-    stdout
-        .write_all(&data)
-        .and_then(|()| stdout.flush())
-        .context("Cannot write to stdout")?;
+    output::stdout(&data)?;
     Ok(0)
 }
 
-pub(super) async fn write(client: &Client, args: &WriteArgs) -> anyhow::Result<u8> {
+pub(crate) async fn write(client: &Client, args: &WriteArgs) -> anyhow::Result<u8> {
     client
         .put(&args.path, args.mode, tokio::io::stdin())
         .await
@@ -119,7 +138,7 @@ struct EntryView {
     size: u64,
 }
 
-pub(super) async fn ls(client: &Client, args: &LsArgs) -> anyhow::Result<u8> {
+pub(crate) async fn ls(client: &Client, args: &LsArgs) -> anyhow::Result<u8> {
     let entries = client
         .list_dir(&args.path)
         .await
@@ -133,16 +152,18 @@ pub(super) async fn ls(client: &Client, args: &LsArgs) -> anyhow::Result<u8> {
                 size: e.size,
             })
             .collect();
-        print_line(&views)?;
+        print_json_line(&views)?;
         return Ok(0);
     }
-    let mut stdout = std::io::stdout().lock();
+    let mut listing = Vec::new();
     for entry in entries {
-        write!(stdout, "{:<8}{:>12}  ", entry.kind.as_str(), entry.size)?;
+        // Writing into a Vec cannot fail.
+        let _ = write!(listing, "{:<8}{:>12}  ", entry.kind.as_str(), entry.size);
         // Names go out as raw bytes: a name that is not UTF-8 stays what it is.
-        stdout.write_all(&entry.name)?;
-        stdout.write_all(b"\n")?;
+        listing.extend_from_slice(&entry.name);
+        listing.push(b'\n');
     }
+    output::stdout(&listing)?;
     Ok(0)
 }
 
@@ -157,7 +178,7 @@ struct StatView {
     symlink_target: Option<String>,
 }
 
-pub(super) async fn stat(client: &Client, args: &StatArgs) -> anyhow::Result<u8> {
+pub(crate) async fn stat(client: &Client, args: &StatArgs) -> anyhow::Result<u8> {
     let stat = client
         .stat(&args.path)
         .await
@@ -175,21 +196,26 @@ pub(super) async fn stat(client: &Client, args: &StatArgs) -> anyhow::Result<u8>
             .map(|t| String::from_utf8_lossy(t).into_owned()),
     };
     if args.json {
-        print_line(&view)?;
+        print_json_line(&view)?;
     } else {
-        println!("kind      {}", view.kind);
-        println!("size      {}", view.size);
-        println!("mode      {}", view.mode);
-        println!("owner     {}:{}", view.uid, view.gid);
-        println!("modified  {} ms since the epoch", view.modified_ms);
-        if let Some(target) = &view.symlink_target {
-            println!("target    {target}");
-        }
+        output::print(&human_stat(&view))?;
     }
     Ok(0)
 }
 
-pub(super) async fn rm(client: &Client, args: &RmArgs) -> anyhow::Result<u8> {
+/// `stat` as `key  value` lines.
+fn human_stat(view: &StatView) -> String {
+    let mut text = format!(
+        "kind      {}\nsize      {}\nmode      {}\nowner     {}:{}\nmodified  {} ms since the epoch\n",
+        view.kind, view.size, view.mode, view.uid, view.gid, view.modified_ms
+    );
+    if let Some(target) = &view.symlink_target {
+        text.push_str(&format!("target    {target}\n"));
+    }
+    text
+}
+
+pub(crate) async fn rm(client: &Client, args: &RmArgs) -> anyhow::Result<u8> {
     client
         .remove(&args.path, args.recursive)
         .await
@@ -197,33 +223,11 @@ pub(super) async fn rm(client: &Client, args: &RmArgs) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-pub(super) async fn mkdir(client: &Client, args: &MkdirArgs) -> anyhow::Result<u8> {
+pub(crate) async fn mkdir(client: &Client, args: &MkdirArgs) -> anyhow::Result<u8> {
     client
         .mkdir(&args.path, args.parents, args.mode)
         .await
         .with_context(|| format!("mkdir {} failed", args.path.display()))?;
-    Ok(0)
-}
-
-pub(super) async fn resume(client: &Client, new_identity: bool) -> anyhow::Result<u8> {
-    let mut entropy = vec![0u8; RESUME_ENTROPY_BYTES];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut entropy))
-        .context("Cannot read entropy from /dev/urandom")?;
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .context("the clock is before 1970")?;
-    let wall_clock_ns = u64::try_from(now.as_nanos()).context("the clock is past 2554")?;
-    let info = client
-        .resumed(wall_clock_ns, entropy, new_identity)
-        .await
-        .context("resume failed")?;
-    println!("generation {}", info.generation);
-    Ok(0)
-}
-
-pub(super) async fn shutdown(client: &Client, reboot: bool) -> anyhow::Result<u8> {
-    client.shutdown(reboot).await.context("shutdown failed")?;
     Ok(0)
 }
 

@@ -10,7 +10,7 @@ use sandbox_protocol::{
 
 /// One row of `ps --json`.
 #[derive(Debug, Serialize)]
-pub(super) struct ProcessView<'a> {
+pub(crate) struct ProcessView<'a> {
     pub pid: i32,
     pub kind: &'static str,
     pub argv: &'a [String],
@@ -42,7 +42,7 @@ impl<'a> From<&'a ProcessInfo> for ProcessView<'a> {
 
 /// How a process ended.
 #[derive(Debug, Serialize)]
-pub(super) struct ExitView {
+pub(crate) struct ExitView {
     pub code: Option<i32>,
     pub signal: Option<i32>,
 }
@@ -58,7 +58,7 @@ impl From<ExitStatus> for ExitView {
 
 /// One output chunk.
 #[derive(Debug, Serialize)]
-pub(super) struct ChunkView {
+pub(crate) struct ChunkView {
     pub stream: &'static str,
     pub offset: u64,
     pub data: String,
@@ -76,7 +76,7 @@ impl From<&OutputChunk> for ChunkView {
 
 /// A logs batch (an event while following, or the final reply with `done`).
 #[derive(Debug, Serialize)]
-pub(super) struct LogsView {
+pub(crate) struct LogsView {
     pub chunks: Vec<ChunkView>,
     pub dropped: u64,
     pub end: u64,
@@ -99,7 +99,7 @@ impl LogsView {
 
 /// `info --json`.
 #[derive(Debug, Serialize)]
-pub(super) struct InfoView<'a> {
+pub(crate) struct InfoView<'a> {
     pub agent_version: &'a str,
     pub protocol_version: u32,
     pub boot_id: &'a str,
@@ -133,17 +133,10 @@ impl<'a> InfoView<'a> {
     }
 }
 
-pub(super) fn stream_name(stream: Stream) -> &'static str {
+pub(crate) fn stream_name(stream: Stream) -> &'static str {
     match stream {
         Stream::Stdout => "stdout",
         Stream::Stderr => "stderr",
         Stream::Pty => "pty",
     }
-}
-
-/// Prints one JSON value on its own line.
-pub(super) fn print_line<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    let line = serde_json::to_string(value)?;
-    println!("{line}");
-    Ok(())
 }

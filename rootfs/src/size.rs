@@ -1,5 +1,9 @@
 //! VM sizes: vCPUs and guest memory, by preset name or custom.
 //!
+//! One type for the builder, which records a template's default size in
+//! `template.json` (checked when the template is built, so a bad size fails the build
+//! rather than a boot), and for the launcher, which boots it.
+//!
 //! | preset | vCPUs | memory |
 //! | --- | --- | --- |
 //! | `small` | 1 | 512 MiB |
@@ -151,6 +155,25 @@ impl FromStr for Size {
         let vcpus = vcpus.parse().map_err(|_| unknown())?;
         let mib = mib.parse().map_err(|_| unknown())?;
         Self::new(vcpus, mib)
+    }
+}
+
+/// Serde form of a [`Size`] as its name (`"small"`, `"3x1536"`), as `template.json`
+/// writes it: `#[serde(with = "size::as_name")]`. Reading checks the limits.
+pub mod as_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Size;
+
+    /// Writes the preset name or `VCPUSxMIB`.
+    pub fn serialize<S: Serializer>(size: &Size, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(size)
+    }
+
+    /// Parses a preset name or `VCPUSxMIB`, refusing sizes out of range.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Size, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
     }
 }
 

@@ -3,24 +3,26 @@
 use anyhow::Context;
 use sandbox_protocol::{ExitStatus, Pid, ProcessInfo, ProcessState};
 
-use super::json::{print_line, ProcessView};
-use crate::client::Client;
+use sandbox_vmm::client::Client;
+
+use crate::json::ProcessView;
+use crate::output::{self, print_json_line};
 
 /// Lists tracked processes as a table or JSON.
-pub(super) async fn ps(client: &Client, json: bool) -> anyhow::Result<u8> {
+pub(crate) async fn ps(client: &Client, json: bool) -> anyhow::Result<u8> {
     let mut list = client.ps().await.context("ps failed")?;
     list.sort_by_key(|info| (info.started_at_ms, info.pid));
     if json {
         let views: Vec<ProcessView<'_>> = list.iter().map(ProcessView::from).collect();
-        print_line(&views)?;
+        print_json_line(&views)?;
     } else {
-        print!("{}", table(&list));
+        output::print(&table(&list))?;
     }
     Ok(0)
 }
 
 /// Signals a process's group.
-pub(super) async fn kill(client: &Client, pid: i32, signal: i32) -> anyhow::Result<u8> {
+pub(crate) async fn kill(client: &Client, pid: i32, signal: i32) -> anyhow::Result<u8> {
     client
         .kill(Pid(pid), signal)
         .await

@@ -4,17 +4,19 @@ use std::fmt::Write;
 
 use anyhow::Context;
 
-use super::json::{print_line, InfoView};
-use crate::client::Client;
+use sandbox_vmm::client::Client;
+
+use crate::json::InfoView;
+use crate::output::{self, print_json_line};
 
 /// Prints the agent's description as `key  value` lines or JSON.
-pub(super) async fn info(client: &Client, json: bool) -> anyhow::Result<u8> {
+pub(crate) async fn info(client: &Client, json: bool) -> anyhow::Result<u8> {
     let info = client.info().await.context("info failed")?;
     let view = InfoView::new(&info, client.hello());
     if json {
-        print_line(&view)?;
+        print_json_line(&view)?;
     } else {
-        print!("{}", human(&view));
+        output::print(&human(&view))?;
     }
     Ok(0)
 }

@@ -3,33 +3,40 @@
 use anyhow::Context;
 use sandbox_protocol::{LogsBatch, Pid};
 
-use super::args::LogsArgs;
-use super::json::{print_line, LogsView};
-use super::write_chunk;
-use crate::client::{Client, LogsEvent};
+use sandbox_vmm::client::{Client, LogsEvent};
+
+use crate::args::LogsArgs;
+use crate::json::LogsView;
+use crate::output::{self, print_json_line, write_chunk};
 
 /// Prints output raw (stdout and stderr to ours) or as JSON.
-pub(super) async fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<u8> {
+pub(crate) async fn logs(client: &Client, args: &LogsArgs) -> anyhow::Result<u8> {
     let pid = Pid(args.pid);
     let failed = || format!("logs {pid} failed");
     if !args.follow {
         let reply = client.logs(pid, args.cursor).await.with_context(failed)?;
         if args.json {
-            print_line(&LogsView::new(&reply.batch, true, reply.exit))?;
+            print_json_line(&LogsView::new(&reply.batch, true, reply.exit))?;
         } else {
             print_batch(&reply.batch)?;
         }
         return Ok(0);
     }
     let mut stream = client.logs_follow(pid, args.cursor).with_context(failed)?;
+    let stdout_closed = output::stdout_closed();
+    tokio::pin!(stdout_closed);
     loop {
-        match stream.next().await.with_context(failed)? {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            closed = &mut stdout_closed => return Err(closed.into()),
+        };
+        match event.with_context(failed)? {
             LogsEvent::Batch(batch) if args.json => {
-                print_line(&LogsView::new(&batch, false, None))?
+                print_json_line(&LogsView::new(&batch, false, None))?
             }
             LogsEvent::Batch(batch) => print_batch(&batch)?,
             LogsEvent::Finished(reply) if args.json => {
-                print_line(&LogsView::new(&reply.batch, true, reply.exit))?;
+                print_json_line(&LogsView::new(&reply.batch, true, reply.exit))?;
                 return Ok(0);
             }
             LogsEvent::Finished(reply) => {

@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use crate::launcher::{accel, Launcher, LauncherConfig, TemplateRef};
+use sandbox_vmm::launcher::{accel, Launcher, LauncherConfig, TemplateRef};
+
+use crate::output;
 
 /// One check: what, whether it is fine, and the detail or the remedy.
 struct Check {
@@ -20,7 +22,7 @@ fn version_of(program: &Path, arg: &str) -> Option<String> {
     (output.status.success() || !line.is_empty()).then_some(line)
 }
 
-pub(super) async fn doctor() -> anyhow::Result<u8> {
+pub(crate) async fn doctor() -> anyhow::Result<u8> {
     let config = LauncherConfig::from_env()?;
     let mut checks = Vec::new();
     let program = |what, path: &Path, arg, remedy: &str| {
@@ -97,14 +99,16 @@ pub(super) async fn doctor() -> anyhow::Result<u8> {
         });
     }
     let mut all_ok = true;
+    let mut report = String::new();
     for check in &checks {
         all_ok &= check.ok;
-        println!(
-            "{:<4}{:<20}{}",
+        report.push_str(&format!(
+            "{:<4}{:<20}{}\n",
             if check.ok { "ok" } else { "--" },
             check.what,
             check.detail
-        );
+        ));
     }
+    output::print(&report)?;
     Ok(if all_ok { 0 } else { 1 })
 }

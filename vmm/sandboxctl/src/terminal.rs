@@ -21,7 +21,7 @@ static HOOK: Once = Once::new();
 
 /// Stdin in raw mode until dropped.
 #[derive(Debug)]
-pub(super) struct RawMode {
+pub(crate) struct RawMode {
     _private: (),
 }
 
@@ -68,12 +68,12 @@ fn restore() {
 }
 
 /// True when stdin is a terminal.
-pub(super) fn stdin_is_tty() -> bool {
+pub(crate) fn stdin_is_tty() -> bool {
     std::io::stdin().is_terminal()
 }
 
 /// The size of the terminal on stdin, stdout or stderr, whichever is one.
-pub(super) fn window_size() -> Option<WindowSize> {
+pub(crate) fn window_size() -> Option<WindowSize> {
     for fd in [libc::STDIN_FILENO, libc::STDOUT_FILENO, libc::STDERR_FILENO] {
         let mut size = libc::winsize {
             ws_row: 0,
@@ -98,7 +98,7 @@ pub(super) fn window_size() -> Option<WindowSize> {
 /// Reads stdin on a plain thread (a blocking read cannot be cancelled, so it must not
 /// hold up the runtime's shutdown) and hands over chunks; the channel closes at end
 /// of input.
-pub(super) fn stdin_chunks() -> mpsc::Receiver<std::io::Result<Vec<u8>>> {
+pub(crate) fn stdin_chunks() -> mpsc::Receiver<std::io::Result<Vec<u8>>> {
     let (tx, rx) = mpsc::channel(16);
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin();

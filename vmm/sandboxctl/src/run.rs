@@ -1,41 +1,14 @@
-//! `sandboxctl`: the command-line face of the client.
-//!
-//! # Layout
-//! - [`args`]: the clap types.
-//! - this module: [`run`] (runtime, connection, dispatch) and what commands share
-//!   (building a `ProcessSpec`, writing output chunks).
-//! - `exec`: `exec`, `sh`, `spawn`. `procs`: `ps`, `kill`. `logs`: `logs`.
-//!   `files`: `put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`, and the
-//!   guest-wide `resume` and `shutdown`. `vm`: `vm run|start|ls|stop` and `--vm ID`.
-//!   `doctor`: what is present or missing to boot microVMs.
-//!   `shell`: `shell`, `attach`. `terminal`: raw mode, window size, stdin pump.
-//!   `info`: `info`. `json`: the JSON views of protocol types.
-//!
-//! Exit codes: a command's own code for `exec`/`sh`/`shell`/`attach` (128+N when
-//! killed by signal N, 124 on timeout); 0 for the rest on success; 1 when the tool
-//! itself fails (bad URL, agent unreachable, agent error), reported by the binary.
+//! One run of `sandboxctl`: the runtime, connecting to the agent, dispatching to the
+//! command modules, and what commands share (building a `ProcessSpec`, exit bytes).
 
-pub mod args;
-mod doctor;
-mod exec;
-mod files;
-mod info;
-mod json;
-mod logs;
-mod procs;
-mod shell;
-mod terminal;
-mod vm;
-
-use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use sandbox_protocol::{Command as Cmd, OutputChunk, ProcessSpec, Stream, User};
+use sandbox_protocol::{Command as Cmd, ProcessSpec, User};
+use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 
-use crate::client::{AgentUrl, Client, ConnectOptions};
-pub use args::Cli;
-use args::{Command, ProcessArgs};
+use crate::args::{Cli, Command, ProcessArgs};
+use crate::{doctor, exec, files, info, logs, procs, shell, system, vm};
 
 /// Exit code when `exec`/`sh` hit their timeout (as coreutils `timeout` does).
 pub const EXIT_TIMED_OUT: u8 = 124;
@@ -93,8 +66,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Stat(args) => files::stat(&client, &args).await,
         Command::Rm(args) => files::rm(&client, &args).await,
         Command::Mkdir(args) => files::mkdir(&client, &args).await,
-        Command::Resume(args) => files::resume(&client, args.new_identity).await,
-        Command::Shutdown(args) => files::shutdown(&client, args.reboot).await,
+        Command::Resume(args) => system::resume(&client, args.new_identity).await,
+        Command::Shutdown(args) => system::shutdown(&client, args.reboot).await,
         // Handled before connecting.
         Command::Vm(_) | Command::Doctor => Ok(0),
     }
@@ -126,14 +99,14 @@ async fn connect(cli: &Cli) -> anyhow::Result<Client> {
 }
 
 /// A positive, finite number of seconds as a duration.
-fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
+pub(crate) fn seconds(flag: &str, secs: f64) -> anyhow::Result<Duration> {
     if !(secs.is_finite() && secs > 0.0) {
         bail!("{flag} must be a positive number of seconds, not {secs}");
     }
     Duration::try_from_secs_f64(secs).with_context(|| format!("{flag} {secs} is out of range"))
 }
 
-fn process_spec(command: Cmd, args: ProcessArgs) -> ProcessSpec {
+pub(crate) fn process_spec(command: Cmd, args: ProcessArgs) -> ProcessSpec {
     ProcessSpec {
         command: Some(command),
         env: args.env,
@@ -145,22 +118,7 @@ fn process_spec(command: Cmd, args: ProcessArgs) -> ProcessSpec {
     }
 }
 
-/// Writes a chunk to our stdout or stderr, as the agent tagged it, and flushes so
-/// output shows up live.
-fn write_chunk(chunk: &OutputChunk) -> anyhow::Result<()> {
-    match chunk.stream {
-        Stream::Stdout | Stream::Pty => write_flushed(&mut std::io::stdout().lock(), &chunk.data),
-        Stream::Stderr => write_flushed(&mut std::io::stderr().lock(), &chunk.data),
-    }
-}
-
-fn write_flushed(out: &mut impl Write, data: &[u8]) -> anyhow::Result<()> {
-    out.write_all(data)
-        .and_then(|()| out.flush())
-        .context("Cannot write output")
-}
-
 /// Converts a status code into a process exit code (0..=255).
-fn exit_byte(code: i32) -> u8 {
+pub(crate) fn exit_byte(code: i32) -> u8 {
     u8::try_from(code.rem_euclid(256)).unwrap_or(u8::MAX)
 }

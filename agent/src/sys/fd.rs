@@ -1,0 +1,58 @@
+//! File descriptors: non-blocking mode, single reads and writes, and registration
+//! with tokio's reactor.
+//!
+//! A terminal's master end has no tokio type of its own, so the process layer drives
+//! it through an [`AsyncFd`] and these single `read`/`write` calls inside `try_io`.
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use tokio::io::unix::AsyncFd;
+
+/// Puts `fd` into non-blocking mode (for tokio's [`AsyncFd`]).
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL)?;
+    let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETFL(flags))?;
+    Ok(())
+}
+
+/// One `read(2)` into `buf`: the bytes read, 0 at end of file. `WouldBlock` on a
+/// non-blocking descriptor with nothing to read, as `AsyncFd::try_io` expects.
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    Ok(nix::unistd::read(fd.as_raw_fd(), buf)?)
+}
+
+/// One `write(2)` of (a prefix of) `buf`: the bytes written.
+pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    Ok(nix::unistd::write(fd, buf)?)
+}
+
+/// Hands `fd` to tokio's reactor. The caller must be inside a tokio runtime.
+pub fn register_async(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: `register` needs the descriptor to stay open and the same for the life
+    // of the `AsyncFd`: an `OwnedFd` returns one descriptor until dropped, and the
+    // `AsyncFd` owns it from here on, so nothing else can close it.
+    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_pipe_reads_what_was_written_and_would_block_when_empty() {
+        let (reader, writer) = nix::unistd::pipe().unwrap();
+        set_nonblocking(reader.as_fd()).unwrap();
+        assert_eq!(write(writer.as_fd(), b"hi").unwrap(), 2);
+        let mut buf = [0u8; 8];
+        assert_eq!(read(reader.as_fd(), &mut buf).unwrap(), 2);
+        assert_eq!(&buf[..2], b"hi");
+        let empty = read(reader.as_fd(), &mut buf).unwrap_err();
+        assert_eq!(empty.kind(), io::ErrorKind::WouldBlock);
+        drop(writer);
+        assert_eq!(read(reader.as_fd(), &mut buf).unwrap(), 0);
+    }
+}

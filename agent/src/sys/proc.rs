@@ -1,0 +1,113 @@
+//! Processes: the child subreaper, signalling process groups, and what a forked
+//! child does between `fork` and `exec`.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+use super::check;
+
+/// Makes this process adopt orphaned descendants, as PID 1 does, so the one reaper
+/// sees every exit in the sandbox even when the agent is not init.
+pub fn set_child_subreaper() -> io::Result<()> {
+    Ok(nix::sys::prctl::set_child_subreaper(true)?)
+}
+
+/// Sends `signal` to every process in process group `pgid`. Takes a raw number
+/// rather than `nix`'s `Signal` because clients may send real-time signals, which
+/// that enum cannot name.
+pub fn kill_process_group(pgid: i32, signal: i32) -> io::Result<()> {
+    if pgid <= 1 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: kill takes plain integers; a negative pid addresses the group.
+    check(unsafe { libc::kill(-pgid, signal) })?;
+    Ok(())
+}
+
+/// The uid, gid and supplementary groups a child switches to, resolved before
+/// `fork` (reading the group database allocates and takes locks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChildUser {
+    /// The user id.
+    pub uid: u32,
+    /// The primary group id.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<libc::gid_t>,
+}
+
+/// What a child does in the forked process before `exec`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreExec {
+    /// Start a new session with stdin (a pty slave) as its controlling terminal.
+    pub take_terminal: bool,
+    /// Become this user.
+    pub user: Option<ChildUser>,
+}
+
+impl PreExec {
+    /// Whether there is anything to do; without a hook, std starts the child with
+    /// `posix_spawn`, which is much cheaper than `fork`.
+    pub fn is_empty(&self) -> bool {
+        !self.take_terminal && self.user.is_none()
+    }
+}
+
+/// Has `command` carry out `steps` in the child before `exec`. Adds no hook when
+/// there is nothing to do, so std keeps its faster `posix_spawn` path.
+pub fn set_pre_exec(command: &mut Command, steps: PreExec) {
+    if steps.is_empty() {
+        return;
+    }
+    // SAFETY: `pre_exec` requires the closure to be async-signal-safe, since it runs
+    // in the forked child of a possibly multi-threaded parent: it only makes the raw
+    // calls of `child_take_terminal` and `child_switch_user` (no allocation, no locks),
+    // and everything it reads (`steps`, the group list) was built before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            if steps.take_terminal {
+                super::pty::child_take_terminal()?;
+            }
+            if let Some(user) = &steps.user {
+                child_switch_user(user)?;
+            }
+            Ok(())
+        });
+    }
+}
+
+/// In a forked child: become `user`. Groups first, then gid, then uid: once the uid
+/// is dropped the others can no longer be changed. Async-signal-safe.
+fn child_switch_user(user: &ChildUser) -> io::Result<()> {
+    // SAFETY: setgroups reads `groups.len()` gids from a live slice.
+    check(unsafe { libc::setgroups(user.groups.len(), user.groups.as_ptr()) })?;
+    // SAFETY: setgid and setuid take plain integers.
+    check(unsafe { libc::setgid(user.gid) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::setuid(user.uid) })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_groups_up_to_init_are_refused() {
+        for pgid in [-5, 0, 1] {
+            let error = kill_process_group(pgid, 0).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+        }
+    }
+
+    #[test]
+    fn nothing_to_do_before_exec_keeps_the_fast_path() {
+        assert!(PreExec::default().is_empty());
+        assert!(!PreExec {
+            take_terminal: true,
+            user: None
+        }
+        .is_empty());
+    }
+}

@@ -1,0 +1,61 @@
+//! Requests about the whole guest machine rather than one process or file.
+//!
+//! - `info` (no request body) answers with [`AgentInfo`]: the agent's identity and
+//!   version, and the machine's load, memory and process counts.
+//! - `resumed` ([`ResumedRequest`]) is sent after a snapshot restore or a fork,
+//!   before the guest is used again: the agent sets the wall clock, reseeds the
+//!   kernel's random pool and, for a fork, writes a new machine id, then answers
+//!   with [`AgentInfo`] (its `generation` bumped).
+//! - `shutdown` ([`ShutdownRequest`]) stops every process and powers the guest off
+//!   or reboots it; the agent answers before it goes.
+//!
+//! Which module a type sits in is not on the wire (postcard encodes variant
+//! indexes and field order, see the crate docs); the crate root re-exports these.
+
+use serde::{Deserialize, Serialize};
+
+/// What `info` reports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// The agent's crate version.
+    pub agent_version: String,
+    /// The protocol version it speaks.
+    pub protocol_version: u32,
+    /// Random per boot of the agent.
+    pub boot_id: String,
+    /// Whether the agent is the guest's init.
+    pub is_init: bool,
+    /// Milliseconds since the agent started.
+    pub uptime_ms: u64,
+    /// Bumped by each restore from a snapshot (0 on a fresh boot).
+    pub generation: u64,
+    /// 1, 5 and 15 minute load averages.
+    pub load: [f64; 3],
+    /// Total memory in bytes.
+    pub mem_total_bytes: u64,
+    /// Available memory in bytes.
+    pub mem_available_bytes: u64,
+    /// Tracked processes not yet reaped.
+    pub processes_running: u32,
+    /// Tracked processes exited and not yet forgotten.
+    pub processes_exited: u32,
+}
+
+/// Sent after a snapshot restore or a fork, before the guest is used again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumedRequest {
+    /// The host's wall clock, nanoseconds since the Unix epoch.
+    pub wall_clock_ns: u64,
+    /// Fresh random bytes to mix into the guest kernel's pool (and force a reseed).
+    #[serde(with = "serde_bytes")]
+    pub entropy: Vec<u8>,
+    /// Write a new `/etc/machine-id`: this guest is a new machine (a fork).
+    pub new_identity: bool,
+}
+
+/// Stop every process and power the guest off (or reboot it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownRequest {
+    /// Reboot instead of powering off.
+    pub reboot: bool,
+}

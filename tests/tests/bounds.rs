@@ -1,0 +1,290 @@
+//! What one hostile connection can make the agent hold: floods of pipelined requests
+//! whose replies are never read, and connections that announce large frames and stall.
+//! Memory is read from /proc/PID/status (VmRSS), before, at the peak and after.
+
+// Helpers outside `#[test]` fns unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::frame::encode;
+use sandbox_protocol::limits::MAX_FRAME_BYTES;
+use sandbox_protocol::{ClientFrame, ClientMsg, Hello, PathRequest, Request, RequestId};
+use sandbox_tests::TestAgent;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+
+const MIB: u64 = 1024 * 1024;
+
+/// The bound the hardening work promises for one client's abuse, over the idle size.
+const GROWTH_BOUND_BYTES: u64 = 64 * MIB;
+
+/// Resident memory of `pid` in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|line| line.starts_with("VmRSS:"))
+        .unwrap();
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+fn frame(id: u64, msg: ClientMsg) -> Vec<u8> {
+    encode(
+        &ClientFrame {
+            id: RequestId(id),
+            msg,
+        },
+        MAX_FRAME_BYTES,
+    )
+    .unwrap()
+}
+
+async fn hello(agent: &TestAgent) -> UnixStream {
+    let mut stream = UnixStream::connect(agent.socket()).await.unwrap();
+    stream
+        .write_all(&frame(0, ClientMsg::Hello(Hello::new(None))))
+        .await
+        .unwrap();
+    stream
+}
+
+/// Samples the agent's RSS every 20 ms for `time`, returning the largest.
+async fn peak_rss(pid: u32, time: Duration) -> u64 {
+    let deadline = Instant::now() + time;
+    let mut peak = rss(pid);
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        peak = peak.max(rss(pid));
+    }
+    peak
+}
+
+/// How much a flood may leave behind once its client is gone (allocator slack).
+const RESIDUAL_BOUND_BYTES: u64 = 8 * MIB;
+
+/// One flood: 600 read_file requests of 1 MiB pipelined on one connection, replies
+/// never read. Returns the peak RSS while it stands and the RSS after it is gone.
+async fn flood(agent: &TestAgent, file: &std::path::Path, idle: u64) -> (u64, u64) {
+    let pid = agent.pid();
+    let mut stream = hello(agent).await;
+    let mut bytes = Vec::new();
+    for id in 1..=600 {
+        let path = file.as_os_str().as_encoded_bytes().to_vec();
+        bytes.extend(frame(
+            id,
+            ClientMsg::Request(Request::ReadFile(PathRequest { path })),
+        ));
+    }
+    let writer = tokio::spawn(async move {
+        // The agent stops reading once its slots hold unread replies, so this write
+        // may never finish: the task is aborted, closing the connection.
+        let _ = stream.write_all(&bytes).await;
+        std::future::pending::<()>().await;
+    });
+    let peak = peak_rss(pid, Duration::from_secs(3)).await;
+    writer.abort();
+    let _ = writer.await;
+    // The agent notices the hang-up once its writer fails; give it time to let go.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let now = rss(pid);
+        if now.saturating_sub(idle) <= RESIDUAL_BOUND_BYTES || Instant::now() > deadline {
+            return (peak, now);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn pipelined_reads_whose_replies_are_never_read_stay_bounded() {
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let file = agent.dir().join("one-mib");
+    std::fs::write(&file, vec![7u8; usize::try_from(MIB).unwrap()]).unwrap();
+    // Warm up: one full read, so the idle figure includes the allocator's arenas.
+    let client = agent.client().await;
+    client.read_file(&file).await.unwrap();
+    let idle = rss(pid);
+
+    let mut residuals = Vec::new();
+    for round in 1..=2 {
+        let (peak, after) = flood(&agent, &file, idle).await;
+        eprintln!(
+            "flood {round}: agent RSS idle {} MiB, peak {} MiB, after the client went {} MiB",
+            idle / MIB,
+            peak / MIB,
+            after / MIB
+        );
+        assert!(
+            peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
+            "the agent grew by {} MiB under one connection's flood",
+            peak.saturating_sub(idle) / MIB
+        );
+        assert!(
+            after.saturating_sub(idle) <= RESIDUAL_BOUND_BYTES,
+            "the agent kept {} MiB after the flooding client went",
+            after.saturating_sub(idle) / MIB
+        );
+        residuals.push(after);
+        // Others are served after (and, with its slots full, during) a flood.
+        tokio::time::timeout(Duration::from_secs(10), client.ps())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // A second flood reuses what the first left: nothing accumulates.
+    assert!(
+        residuals[1] <= residuals[0] + 4 * MIB,
+        "memory grew from flood to flood: {residuals:?}"
+    );
+}
+
+#[tokio::test]
+async fn connections_announcing_large_frames_then_stalling_cost_a_chunk_each() {
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let client = agent.client().await;
+    let idle = rss(pid);
+    // 100 connections: half announce a 4 MiB Hello (refused at once: over the
+    // pre-Hello cap), half say Hello and then announce a 4 MiB request; none sends
+    // the body.
+    let mut stalled = Vec::new();
+    for n in 0..100 {
+        let mut stream = if n % 2 == 0 {
+            UnixStream::connect(agent.socket()).await.unwrap()
+        } else {
+            hello(&agent).await
+        };
+        let len = u32::try_from(MAX_FRAME_BYTES).unwrap();
+        // The agent may already have refused and closed: writes may fail.
+        let _ = stream.write_all(&len.to_le_bytes()).await;
+        let _ = stream.write_all(&[1, 2]).await;
+        stalled.push(stream);
+    }
+    let peak = peak_rss(pid, Duration::from_secs(1)).await;
+    eprintln!(
+        "agent RSS idle {} MiB, with 100 stalled large frames {} MiB",
+        idle / MIB,
+        peak / MIB
+    );
+    assert!(
+        peak.saturating_sub(idle) <= 16 * MIB,
+        "100 stalled frames cost {} MiB",
+        peak.saturating_sub(idle) / MIB
+    );
+    tokio::time::timeout(Duration::from_secs(10), client.ps())
+        .await
+        .unwrap()
+        .unwrap();
+    drop(stalled);
+}
+
+/// Reads frames until the agent closes; returns the connection-level errors it sent.
+async fn drain_until_closed(stream: &mut UnixStream) -> Vec<sandbox_protocol::WireError> {
+    use sandbox_protocol::frame::Decoded;
+    use sandbox_protocol::transport::FrameReader;
+    use sandbox_protocol::{AgentFrame, AgentMsg};
+    let mut reader = FrameReader::new(stream, MAX_FRAME_BYTES);
+    let mut errors = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), reader.read::<AgentFrame>())
+            .await
+            .expect("the agent neither answered nor closed")
+        {
+            Ok(Some(Decoded::Frame(AgentFrame {
+                id: RequestId::CONNECTION,
+                msg: AgentMsg::Error(error),
+            }))) => errors.push(error),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => return errors,
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_full_table_of_idle_connections_makes_room_for_a_newcomer() {
+    use sandbox_protocol::limits::MAX_CONNECTIONS;
+    let agent = TestAgent::start();
+    // Every place taken by an idle connection: half said Hello, half said nothing.
+    let mut idle = Vec::new();
+    for n in 0..MAX_CONNECTIONS {
+        idle.push(if n % 2 == 0 {
+            hello(&agent).await
+        } else {
+            UnixStream::connect(agent.socket()).await.unwrap()
+        });
+    }
+    // The newcomer is served; the oldest idle connection is told why and closed.
+    let client = tokio::time::timeout(Duration::from_secs(10), agent.client())
+        .await
+        .expect("a newcomer was locked out by idle connections");
+    client.ps().await.unwrap();
+    let errors = drain_until_closed(&mut idle[0]).await;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.kind == sandbox_protocol::ErrorKind::Busy && e.message.contains("idle")),
+        "{errors:?}"
+    );
+}
+
+#[tokio::test]
+async fn when_every_connection_is_busy_a_newcomer_is_refused_at_once() {
+    use sandbox_protocol::limits::MAX_CONNECTIONS;
+    use sandbox_protocol::{Command, ExecRequest, ProcessSpec};
+    let agent = TestAgent::start();
+    let mut busy = Vec::new();
+    for id in 0..MAX_CONNECTIONS {
+        let mut stream = hello(&agent).await;
+        let exec = ExecRequest {
+            spec: ProcessSpec::new(Command::Argv(vec!["sleep".into(), "30".into()])),
+            stdin: vec![],
+            timeout_ms: None,
+            stream: false,
+        };
+        stream
+            .write_all(&frame(
+                u64::try_from(id).unwrap() + 1,
+                ClientMsg::Request(Request::Exec(exec)),
+            ))
+            .await
+            .unwrap();
+        busy.push(stream);
+    }
+    // Wait until all of them run (each connection's exec shows in ps... through a
+    // connection we cannot open yet): poll the process count under the agent.
+    let pid = agent.pid();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if children.split_whitespace().count() >= MAX_CONNECTIONS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the execs did not all start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut newcomer = UnixStream::connect(agent.socket()).await.unwrap();
+    let errors = drain_until_closed(&mut newcomer).await;
+    assert!(
+        errors
+            .iter()
+            .any(
+                |e| e.kind == sandbox_protocol::ErrorKind::Busy && e.message.contains("busy")
+                    || e.message.contains("in flight")
+            ),
+        "{errors:?}"
+    );
+    // Once the busy connections go (their execs are killed), newcomers are served.
+    drop(busy);
+    let client = tokio::time::timeout(Duration::from_secs(20), agent.client())
+        .await
+        .unwrap();
+    client.ps().await.unwrap();
+}
