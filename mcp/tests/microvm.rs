@@ -5,9 +5,8 @@
 //! the client, that a SIGKILLed client's sandbox is destroyed within 2 s even with an
 //! `exec` in flight. Claim latency and the exec round trip are measured by `benches/mcp.rs`.
 //!
-//! Needs QEMU, `vhost-device-vsock` and the `default` template (built by
-//! `sandbox-rootfs`). A missing prerequisite fails the test with what to install;
-//! `SANDBOX_SKIP_VM_TESTS=1` skips these tests explicitly.
+//! Needs what `sandbox_tests::vm::gate` checks: a missing prerequisite fails the test
+//! with what to install; `SANDBOX_SKIP_VM_TESTS=1` skips these tests explicitly.
 
 // Test code: a failed unwrap is a failed test, with the value in the message.
 #![allow(clippy::unwrap_used)]
@@ -23,15 +22,12 @@ use support::{eventually, McpServer, RawServer};
 /// How long the first warm VM may take (TCG on a busy 2-core host is slow).
 const WARM_WITHIN: Duration = Duration::from_secs(180);
 
-/// A short private run folder for the server's VMs once the prerequisites are
-/// checked, or `None` when the microVM tests are explicitly skipped.
+/// A short private run folder for the server's VMs once the shared microVM gate
+/// (`sandbox_tests::vm::require`) is open; `None`, after a loud `SKIPPED` line, when
+/// the microVM tests are explicitly skipped (libtest's harness cannot mark a test
+/// ignored at run time, so it then counts as passed).
 fn prerequisites(tag: &str) -> Option<PathBuf> {
-    if std::env::var("SANDBOX_SKIP_VM_TESTS").as_deref() == Ok("1") {
-        eprintln!("SANDBOX_SKIP_VM_TESTS=1: skipping the microVM test");
-        return None;
-    }
-    support::require_microvms();
-    Some(support::run_dir(tag))
+    sandbox_tests::vm::require(&format!("mcp::microvm::{tag}")).then(|| support::run_dir(tag))
 }
 
 /// Pids of live processes whose arguments mention `needle`.

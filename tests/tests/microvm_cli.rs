@@ -1,5 +1,6 @@
 //! `sandboxctl vm …` on real microVMs: the README's main job (`vm run`), and that a
-//! `vm run` stopped by SIGTERM leaves no QEMU, daemon or run folder behind.
+//! `vm run` stopped by SIGTERM leaves no QEMU, daemon or run folder behind, and that a
+//! VM whose guest powered off or panicked is reported as such.
 
 #![allow(clippy::unwrap_used)] // Tests fail by panicking, with the error in the message.
 
@@ -7,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox_tests::binaries;
-use sandbox_tests::vm::VmHost;
+use sandbox_tests::suite::{vm_main, VmTest};
+use sandbox_tests::{binaries, wait_child};
 
 /// A private run root for one test, so its emptiness proves the cleanup.
 fn run_root(tag: &str) -> PathBuf {
@@ -47,11 +48,24 @@ fn sandboxctl(root: &Path) -> Command {
     command
 }
 
-#[test]
+fn main() -> std::process::ExitCode {
+    vm_main(&[
+        VmTest {
+            name: "vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code",
+            run: vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code,
+        },
+        VmTest {
+            name: "vm_run_stopped_by_sigterm_cleans_up_everything",
+            run: vm_run_stopped_by_sigterm_cleans_up_everything,
+        },
+        VmTest {
+            name: "a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125",
+            run: a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125,
+        },
+    ])
+}
+
 fn vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code() {
-    if VmHost::get("microvm_cli::vm_run").is_none() {
-        return;
-    }
     let root = run_root("run");
     let output = sandboxctl(&root)
         .args(["vm", "run", "--", "sh", "-c", "uname -sr; exit 3"])
@@ -77,11 +91,7 @@ fn vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
-#[test]
 fn vm_run_stopped_by_sigterm_cleans_up_everything() {
-    if VmHost::get("microvm_cli::sigterm").is_none() {
-        return;
-    }
     let root = run_root("term");
     let mut child = sandboxctl(&root)
         .args(["vm", "run", "--", "sh", "-c", "echo started; sleep 600"])
@@ -99,17 +109,8 @@ fn vm_run_stopped_by_sigterm_cleans_up_everything() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sandboxctl did not stop after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_child(&mut child, Duration::from_secs(30))
+        .expect("sandboxctl did not stop within 30 s of SIGTERM");
     assert_eq!(status.code(), Some(143));
     assert!(
         entries(&root).is_empty(),
@@ -147,11 +148,7 @@ fn wait_no_qemu(root: &Path) {
     }
 }
 
-#[test]
 fn a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125() {
-    if VmHost::get("microvm_cli::vm_gone").is_none() {
-        return;
-    }
     let root = run_root("gone");
     let cases = [
         ("poweroff", "the guest powered off", "reboot: Power down"),

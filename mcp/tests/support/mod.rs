@@ -382,73 +382,19 @@ pub fn text(result: &CallToolResult) -> String {
         .join("\n")
 }
 
-/// Polls `check` every 100 ms until it returns `Some` or `within` passes.
-pub async fn eventually<T, F, Fut>(within: Duration, what: &str, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    eventually_every(Duration::from_millis(100), within, what, check).await
-}
+/// The tests' condition waits, shared with the end-to-end tests (each test crate
+/// uses a different part).
+#[allow(unused_imports)]
+pub use sandbox_tests::{eventually, eventually_every};
 
-/// Polls `check` every `step` until it returns `Some` or `within` passes; a short
-/// step where the wait itself is being measured.
-pub async fn eventually_every<T, F, Fut>(
-    step: Duration,
-    within: Duration,
-    what: &str,
-    mut check: F,
-) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(step).await;
-    }
-}
-
-/// The launcher configuration from the environment, once QEMU, `qemu-img`,
-/// `vhost-device-vsock` and the `default` template are known to be there; panics
-/// naming what is missing and how to get it.
+/// The launcher configuration from the environment, once the shared microVM gate
+/// (`sandbox_tests::vm`) finds nothing missing; panics naming what is missing and
+/// how to get it. For benchmarks, which `SANDBOX_SKIP_VM_TESTS` does not skip.
 pub fn require_microvms() -> LauncherConfig {
-    let config = LauncherConfig::from_env().expect("cannot find the sandbox home");
-    let mut missing = Vec::new();
-    for program in [&config.qemu_path, &config.qemu_img_path, &config.vhost_path] {
-        if !on_path(program) {
-            missing.push(format!("{} (run scripts/setup.sh)", program.display()));
-        }
+    if let Some(what) = sandbox_tests::vm::missing() {
+        panic!("{what} (benchmarks cannot be skipped)");
     }
-    let template = config
-        .templates_root()
-        .join("default")
-        .join("template.json");
-    if !template.is_file() {
-        missing.push(format!(
-            "{} (build the default template with sandbox-rootfs)",
-            template.display()
-        ));
-    }
-    assert!(
-        missing.is_empty(),
-        "microVMs need: {}; set SANDBOX_SKIP_VM_TESTS=1 to skip the tests explicitly \
-         (benchmarks cannot be skipped)",
-        missing.join(", ")
-    );
-    config
-}
-
-fn on_path(program: &Path) -> bool {
-    if program.components().count() > 1 {
-        return program.is_file();
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+    LauncherConfig::from_env().expect("cannot find the sandbox home")
 }
 
 /// A fresh, short private run folder for a server's VMs (their sockets must fit in
