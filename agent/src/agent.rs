@@ -12,7 +12,14 @@ use crate::init::PowerAction;
 use crate::process::table::ProcessTable;
 
 /// Capabilities announced in the handshake.
-pub const CAPABILITIES: &[&str] = &["exec", "exec_stream", "spawn", "logs_follow", "pty"];
+pub const CAPABILITIES: &[&str] = &[
+    "exec",
+    "exec_stream",
+    "spawn",
+    "logs_follow",
+    "pty",
+    sandbox_protocol::limits::STREAM_WINDOW_CAPABILITY,
+];
 
 /// The agent's crate version.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -275,3 +275,113 @@ async fn when_every_connection_is_busy_a_newcomer_is_refused_at_once() {
         .unwrap();
     client.ps().await.unwrap();
 }
+
+#[tokio::test]
+async fn get_into_a_stalled_reader_holds_a_window_not_the_file() {
+    use std::io::Read;
+    let agent = TestAgent::start();
+    let file = agent.dir().join("big.bin");
+    let size = 256 * MIB;
+    {
+        let file = std::fs::File::create(&file).unwrap();
+        file.set_len(size).unwrap();
+    }
+    // `sandboxctl get FILE -` into a pipe nobody reads for a while.
+    let mut child = std::process::Command::new(&sandbox_tests::binaries().sandboxctl)
+        .arg("--agent")
+        .arg(agent.url())
+        .args(["get", file.to_str().unwrap(), "-"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let client_rss = rss(child.id());
+    let agent_rss = rss(agent.pid());
+    eprintln!(
+        "stalled get of {} MiB: sandboxctl RSS {} MiB, agent RSS {} MiB",
+        size / MIB,
+        client_rss / MIB,
+        agent_rss / MIB
+    );
+    assert!(
+        client_rss <= 48 * MIB,
+        "the client buffered {} MiB for a reader that reads nothing",
+        client_rss / MIB
+    );
+    // The reader wakes up: every byte arrives.
+    let mut stdout = child.stdout.take().unwrap();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = stdout.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+    }
+    assert!(child.wait().unwrap().success());
+    assert_eq!(total, size);
+}
+
+/// Open descriptors of `pid`.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_execs_and_a_thousand_spawns_leak_nothing() {
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let client = agent.client().await;
+    // Warm up the allocator and the process table's paths.
+    for _ in 0..100 {
+        client.exec(sandbox_tests::exec_sh("true")).await.unwrap();
+    }
+    let (fds, memory) = (fd_count(pid), rss(pid));
+
+    for _ in 0..10_000 {
+        let reply = client
+            .exec(sandbox_protocol::ExecRequest {
+                spec: sandbox_tests::argv(&["true"]),
+                stdin: Vec::new(),
+                timeout_ms: None,
+                stream: false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(reply.exit.and_then(|exit| exit.code), Some(0));
+    }
+    // 1,000 spawns at once (the client holds back what the agent's in-flight cap
+    // would refuse), each ending by itself.
+    let spawns: Vec<_> = (0..1_000)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.spawn(sandbox_tests::shell("exit 0")).await })
+        })
+        .collect();
+    let mut pids = Vec::new();
+    for spawn in spawns {
+        pids.push(spawn.await.unwrap().unwrap());
+    }
+    for spawned in pids {
+        sandbox_tests::wait_exit(&client, spawned).await;
+    }
+    let (fds_after, memory_after) = (fd_count(pid), rss(pid));
+    eprintln!(
+        "after 10,000 execs and 1,000 spawns: fds {fds} -> {fds_after}, RSS {} -> {} MiB",
+        memory / MIB,
+        memory_after / MIB
+    );
+    assert_eq!(fds_after, fds, "descriptors leaked");
+    // Exited processes stay listed (and their output kept within its budget) until
+    // they are forgotten; that is bounded, a leak is not.
+    assert!(
+        memory_after <= memory + 32 * MIB,
+        "RSS grew from {} to {} MiB",
+        memory / MIB,
+        memory_after / MIB
+    );
+}
