@@ -1,6 +1,6 @@
 //! `sandboxctl vm …` on real microVMs: the README's main job (`vm run`), and that a
 //! `vm run` stopped by SIGTERM leaves no QEMU, daemon or run folder behind, and that a
-//! VM whose guest powered off or panicked is reported as such.
+//! VM whose guest powered off or panicked is reported as such, its daemon stopped.
 
 #![allow(clippy::unwrap_used)] // Tests fail by panicking, with the error in the message.
 
@@ -139,6 +139,18 @@ fn start_detached(root: &Path) -> String {
     stdout.split('\t').next().unwrap().trim().to_owned()
 }
 
+/// True while `pid` is the vsock daemon of the run folder `dir` (not a zombie).
+fn daemon_alive(pid: u64, dir: &Path) -> bool {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let cmdline = std::fs::read(proc_dir.join("cmdline")).unwrap_or_default();
+    let state = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+    let zombie = state
+        .rsplit(')')
+        .next()
+        .is_some_and(|rest| rest.trim_start().starts_with('Z'));
+    !zombie && String::from_utf8_lossy(&cmdline).contains(&*dir.to_string_lossy())
+}
+
 /// Waits until no QEMU runs under `root`.
 fn wait_no_qemu(root: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -166,6 +178,19 @@ fn a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125() 
             .output()
             .unwrap();
         wait_no_qemu(&root);
+        // Nobody owns a detached VM, yet its daemon goes with its QEMU.
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.join(&id).join("vm.json")).unwrap())
+                .unwrap();
+        let daemon = record["daemon_pid"].as_u64().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while daemon_alive(daemon, &root.join(&id)) {
+            assert!(
+                Instant::now() < deadline,
+                "{script}: the vsock daemon {daemon} outlived its VM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let output = sandboxctl(&root)
             .args(["--vm", &id, "sh", "echo still there"])
             .output()
