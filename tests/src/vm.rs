@@ -103,6 +103,13 @@ impl VmHost {
     /// Boots `template` and connects a client; panics with the console tail when the
     /// boot fails.
     pub async fn boot(&self, template: TemplateRef) -> TestVm {
+        self.boot_spec(BootSpec::new(template)).await
+    }
+
+    /// Boots what `spec` says (its ready timeout raised to the tests' own) and
+    /// connects a client.
+    pub async fn boot_spec(&self, mut spec: BootSpec) -> TestVm {
+        let template = spec.template.clone();
         let loaded = match self.launcher.template(&template) {
             Ok(loaded) => loaded,
             Err(error) => panic!(
@@ -125,7 +132,6 @@ impl VmHost {
              with scripts/setup.sh)"
         );
         let lease = Lease::take(self.launcher);
-        let mut spec = BootSpec::new(template.clone());
         spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
         let vm = match self.launcher.boot(spec).await {
             Ok(vm) => vm,

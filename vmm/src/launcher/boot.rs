@@ -46,6 +46,11 @@ pub struct BootSpec {
     /// during the boot leaves a running VM: `list` shows it and `stop` ends it. A
     /// front end should catch Ctrl-C and drop the boot future instead of dying.
     pub detached: bool,
+    /// Where the template disk's copy-on-write overlay lives when it must outlive the
+    /// VM: created there on first use, reused as it is by later boots (the guest's
+    /// writes persist, as on a real disk), and never removed by the launcher. `None`:
+    /// a fresh overlay in the run folder, gone with the VM. Ignored without a disk.
+    pub persistent_disk: Option<PathBuf>,
 }
 
 impl BootSpec {
@@ -57,6 +62,7 @@ impl BootSpec {
             extra_cmdline: String::new(),
             ready_timeout: Duration::from_secs(DEFAULT_READY_TIMEOUT_SECS),
             detached: false,
+            persistent_disk: None,
         }
     }
 }
@@ -159,9 +165,14 @@ impl Launcher {
         })?;
         dir.write_token(&token)?;
 
-        let overlay = match &template.disk {
-            Some(disk) => Some(self.create_overlay(disk, &dir).await?),
-            None => None,
+        let overlay = match (&template.disk, &spec.persistent_disk) {
+            (Some(_), Some(kept)) if kept.is_file() => Some(kept.clone()),
+            (Some(disk), Some(kept)) => Some(self.create_overlay(disk, kept, &dir).await?),
+            (Some(disk), None) => Some(
+                self.create_overlay(disk, &dir.file(DISK_OVERLAY), &dir)
+                    .await?,
+            ),
+            (None, _) => None,
         };
         let ready = ReadyListener::bind(&dir.file(&format!("{VSOCK_SOCKET}_{READY_PORT}")))
             .map_err(LaunchError::ListenReady)?;
@@ -320,8 +331,14 @@ impl Launcher {
     }
 
     /// `qemu-img create -f qcow2 -F <fmt> -b DISK RUN/overlay.qcow2`.
-    async fn create_overlay(&self, disk: &Path, dir: &RunDir) -> Result<PathBuf, LaunchError> {
-        let overlay = dir.file(DISK_OVERLAY);
+    /// Creates a qcow2 overlay at `overlay` backed by the template's `disk`.
+    async fn create_overlay(
+        &self,
+        disk: &Path,
+        overlay: &Path,
+        dir: &RunDir,
+    ) -> Result<PathBuf, LaunchError> {
+        let overlay = overlay.to_owned();
         let log_path = dir.file(QEMU_IMG_LOG);
         let failed = |detail: String| LaunchError::CreateOverlay {
             disk: disk.to_owned(),
