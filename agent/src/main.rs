@@ -21,6 +21,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 fn main() -> ExitCode {
     sandbox_agent::sys::return_large_allocations_to_the_kernel();
+    sandbox_agent::sys::raise_open_file_limit();
     if init::is_pid1() {
         let action = std::panic::catch_unwind(run_as_init).unwrap_or_else(|panic| {
             // Not eprintln!: it panics when the console is gone, and this is outside

@@ -200,27 +200,77 @@ async fn drain_until_closed(raw: &mut RawConnection) -> Vec<WireError> {
 async fn a_full_table_of_idle_connections_makes_room_for_a_newcomer() {
     use sandbox_protocol::limits::MAX_CONNECTIONS;
     let agent = TestAgent::start();
-    // Every place taken by an idle connection: half said Hello, half said nothing.
+    // Every place taken by an idle connection that said Hello.
     let mut idle = Vec::new();
-    for n in 0..MAX_CONNECTIONS {
-        idle.push(if n % 2 == 0 {
-            hello(&agent).await
-        } else {
-            RawConnection::unix(agent.socket()).await
-        });
+    for _ in 0..MAX_CONNECTIONS {
+        idle.push(hello(&agent).await);
     }
+    // Peers without a Hello (so without the token) only displace each other: 200 of
+    // them leave every served connection alone.
+    let mut strangers = Vec::new();
+    for _ in 0..200 {
+        strangers.push(RawConnection::unix(agent.socket()).await);
+    }
+    let mut oldest = idle.remove(0);
+    oldest.send(1, ClientMsg::Request(Request::Ps)).await;
+    loop {
+        // Its Hello reply first, then the answer.
+        let frame = oldest
+            .read()
+            .await
+            .expect("a served connection was displaced");
+        if frame.id == RequestId(1) {
+            assert!(matches!(frame.msg, AgentMsg::Reply(_)), "{frame:?}");
+            break;
+        }
+    }
+    drop(strangers);
     // The newcomer is served; the oldest idle connection is told why and closed.
     let client = tokio::time::timeout(Duration::from_secs(10), agent.client())
         .await
         .expect("a newcomer was locked out by idle connections");
     client.ps().await.unwrap();
-    let errors = drain_until_closed(&mut idle[0]).await;
+    let errors = drain_until_closed(&mut oldest).await;
     assert!(
         errors
             .iter()
             .any(|e| e.kind == sandbox_protocol::ErrorKind::Busy && e.message.contains("idle")),
         "{errors:?}"
     );
+}
+
+/// Late `Hello`s fill a connection's write queue with errors it never reads.
+#[tokio::test]
+async fn an_evicted_connection_that_reads_nothing_is_closed_not_kept() {
+    use sandbox_protocol::limits::MAX_CONNECTIONS;
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let fds = fd_count(pid);
+    let mut stuck = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        let mut raw = hello(&agent).await;
+        for _ in 0..64 {
+            raw.send(0, ClientMsg::Hello(Hello::new(None))).await;
+        }
+        stuck.push(raw);
+    }
+    // Newcomers evict them; each evicted one must really close.
+    let mut newcomers = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        newcomers.push(
+            tokio::time::timeout(Duration::from_secs(10), agent.client())
+                .await
+                .unwrap(),
+        );
+    }
+    drop(newcomers);
+    eventually(
+        Duration::from_secs(20),
+        "the evicted connections to close",
+        || async { (fd_count(pid) <= fds + 8).then_some(()) },
+    )
+    .await;
+    drop(stuck);
 }
 
 #[tokio::test]
@@ -257,7 +307,8 @@ async fn when_every_connection_is_busy_a_newcomer_is_refused_at_once() {
         },
     )
     .await;
-    let mut newcomer = RawConnection::unix(agent.socket()).await;
+    // A newcomer with a good Hello: there is no room and nobody to displace.
+    let mut newcomer = hello(&agent).await;
     let errors = drain_until_closed(&mut newcomer).await;
     assert!(
         errors
@@ -384,4 +435,47 @@ async fn ten_thousand_execs_and_a_thousand_spawns_leak_nothing() {
         memory / MIB,
         memory_after / MIB
     );
+}
+
+#[tokio::test]
+async fn empty_put_frames_cost_their_share_and_overrun_the_window() {
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let idle = rss(pid);
+    let mut raw = hello(&agent).await;
+    let path = agent.dir().join("put-target");
+    raw.send(
+        1,
+        ClientMsg::Request(Request::Put(sandbox_protocol::PutRequest {
+            path: path.as_os_str().as_encoded_bytes().to_vec(),
+            mode: None,
+        })),
+    )
+    .await;
+    // A million empty Data frames, never acknowledged work for the agent's disk.
+    let frame = frame(1, ClientMsg::Data(Vec::new()));
+    let burst: Vec<u8> = frame.repeat(10_000);
+    for _ in 0..100 {
+        if raw.try_write(&burst).await.is_err() {
+            break;
+        }
+    }
+    let answer = loop {
+        let Some(frame) = raw.read().await else {
+            panic!("the connection closed without an answer to the put");
+        };
+        if frame.id == RequestId(1) {
+            if let AgentMsg::Error(error) = frame.msg {
+                break error;
+            }
+        }
+    };
+    assert!(answer.message.contains("beyond"), "{answer}");
+    let grown = rss(pid).saturating_sub(idle);
+    eprintln!(
+        "a million empty put frames grew the agent by {} MiB",
+        grown / MIB
+    );
+    assert!(grown <= 32 * MIB, "grew by {} MiB", grown / MIB);
+    assert!(!path.exists());
 }

@@ -580,3 +580,34 @@ fn a_file_rewritten_while_it_is_read_fails_the_get() {
         .assert_code(0);
     assert!(std::fs::read_to_string(&back).unwrap().contains("Pid:"));
 }
+
+#[test]
+fn get_never_makes_a_setuid_file_and_honours_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let agent = TestAgent::start();
+    let remote = agent.dir().join("tool");
+    std::fs::write(&remote, b"#!/bin/sh\nid\n").unwrap();
+    std::fs::set_permissions(&remote, std::fs::Permissions::from_mode(0o6777)).unwrap();
+    let local = agent.dir().join("fetched");
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), local.to_str().unwrap()])
+        .assert_code(0);
+    let umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    nix::sys::stat::umask(umask);
+    let mode = std::fs::metadata(&local).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o777 & !umask.bits(), "{mode:o}");
+    // A get onto a directory fails and leaves no temporary file behind.
+    let dir = agent.dir().join("a-dir");
+    std::fs::create_dir(&dir).unwrap();
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), dir.to_str().unwrap()])
+        .assert_code(1);
+    let leftovers: Vec<_> = std::fs::read_dir(agent.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".part"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

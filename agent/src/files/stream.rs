@@ -18,6 +18,9 @@ use super::atomic::AtomicFile;
 use super::{absolute_path, display, FileError};
 use crate::events::Events;
 
+/// The least a queued put frame counts against the window (see [`PutSender::data`]).
+const FRAME_COST_FLOOR_BYTES: u64 = 4096;
+
 /// What the connection forwards to a running put.
 #[derive(Debug)]
 enum Input {
@@ -56,8 +59,10 @@ pub fn put_channel() -> (PutSender, PutReceiver) {
 impl PutSender {
     /// Queues a chunk; false once the put is over (or overran its window).
     pub fn data(&self, data: Vec<u8>) -> bool {
-        let queued =
-            self.queued.fetch_add(data.len() as u64, Ordering::Relaxed) + data.len() as u64;
+        // Each queued frame costs at least a page: empty `Data` frames must not grow
+        // the queue for free.
+        let cost = (data.len() as u64).max(FRAME_COST_FLOOR_BYTES);
+        let queued = self.queued.fetch_add(cost, Ordering::Relaxed) + cost;
         if queued > 2 * PUT_WINDOW_BYTES {
             let _ = self.tx.send(Input::Overrun);
             return false;
@@ -85,7 +90,9 @@ pub async fn put(
             Some(Input::Data(data)) => {
                 let len = data.len() as u64;
                 file = blocking(move || file.write(&data).map(|()| file)).await?;
-                input.queued.fetch_sub(len, Ordering::Relaxed);
+                input
+                    .queued
+                    .fetch_sub(len.max(FRAME_COST_FLOOR_BYTES), Ordering::Relaxed);
                 events.send(Event::Acked(file.written())).await;
             }
             Some(Input::End) => return blocking(move || file.commit()).await,
@@ -120,9 +127,11 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
                 path: display(&open_path),
             });
         }
+        // Non-blocking: the workload may swap a FIFO in after the check above, and a
+        // blocking open of a FIFO would hang a blocking-pool thread for good.
         let file = OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK)
             .open(&open_path)
             .map_err(|error| FileError::io("open", &open_path, error))?;
         // What was opened counts, not what the path named a moment before.
@@ -186,9 +195,9 @@ pub(super) fn check_unchanged(
         )
     } else if (after.mtime(), after.mtime_nsec()) != (before.mtime(), before.mtime_nsec()) {
         String::from("it was modified")
-    } else if sent != before.len() && before.len() != 0 {
-        // (Pseudo-files in /proc and /sys say 0 bytes and have content: only a
-        // file that announced a size is held to it.)
+    } else if sent < before.len() && !is_pseudo_file(before) {
+        // A file cut short and regrown within one mtime tick; pseudo-files in /proc
+        // and /sys announce sizes (0, 4096) that have nothing to do with their content.
         format!("{sent} bytes were read of {}", before.len())
     } else {
         return Ok(());
@@ -197,6 +206,15 @@ pub(super) fn check_unchanged(
         path: display(path),
         what,
     })
+}
+
+/// True for files of the kernel's pseudo-filesystems (procfs, sysfs), whose
+/// announced sizes do not describe their content. They live on devices with major
+/// number 0 (anonymous), as every virtual filesystem does; so do tmpfs files, whose
+/// sizes are real, which is why only a short read is checked this way.
+fn is_pseudo_file(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    libc::major(meta.dev()) == 0 && meta.blocks() == 0
 }
 
 /// Runs blocking file I/O on tokio's blocking pool.
@@ -236,9 +254,15 @@ mod tests {
         let error = check_unchanged(&path, &before, &after, 10).unwrap_err();
         assert!(error.to_string().contains("from 10 to 13"), "{error}");
         assert_eq!(error.to_wire().kind, sandbox_protocol::ErrorKind::Conflict);
-        // /proc files say 0 bytes and have content.
-        let status = std::path::Path::new("/proc/self/status");
-        let meta = std::fs::metadata(status).unwrap();
-        check_unchanged(status, &meta, &meta, 1234).unwrap();
+        // /proc files say 0 bytes and /sys files 4096, whatever their content.
+        for pseudo in [
+            "/proc/self/status",
+            "/sys/kernel/mm/transparent_hugepage/enabled",
+        ] {
+            let pseudo = std::path::Path::new(pseudo);
+            if let Ok(meta) = std::fs::metadata(pseudo) {
+                check_unchanged(pseudo, &meta, &meta, 20).unwrap();
+            }
+        }
     }
 }

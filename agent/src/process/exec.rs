@@ -71,7 +71,13 @@ pub async fn exec(
     let mut timed_out = false;
     loop {
         tokio::select! {
-            Some(chunk) = recv(&mut chunks) => { events.send(Event::Output(chunk)).await; }
+            Some(chunk) = recv(&mut chunks) => {
+                // A reader that does not keep up must not hold off the deadline.
+                tokio::select! {
+                    _ = events.send(Event::Output(chunk)) => {}
+                    () = &mut timer => { timed_out = true; break; }
+                }
+            }
             () = finished(&mut progress) => break,
             () = &mut timer => { timed_out = true; break; }
         }
@@ -93,10 +99,18 @@ pub async fn exec(
             tracing::warn!(pid = %record.pid, "timed-out exec still not reaped after SIGKILL");
         }
     }
-    // Everything the pumps sent before finishing is queued; forward the rest.
+    // Everything the pumps sent before finishing is queued; forward the rest (after a
+    // timeout only for as long as a reader keeps up: the ring still has it all).
     if let Some(rx) = chunks.as_mut() {
-        while let Ok(chunk) = rx.try_recv() {
-            events.send(Event::Output(chunk)).await;
+        let forward = async {
+            while let Ok(chunk) = rx.try_recv() {
+                events.send(Event::Output(chunk)).await;
+            }
+        };
+        if timed_out {
+            let _ = tokio::time::timeout(Duration::from_millis(500), forward).await;
+        } else {
+            forward.await;
         }
     }
     drop(kill_guard);

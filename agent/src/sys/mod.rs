@@ -21,12 +21,14 @@
 //! - [`random`]: random bytes and ids, and feeding and reseeding the kernel's pool.
 //! - [`clock`]: reading and setting the wall clock.
 //! - [`alloc`]: allocator tuning (large buffers go back to the kernel).
+//! - [`limits`]: the agent's own resource limits (open files).
 
 #![allow(unsafe_code)]
 
 pub mod alloc;
 pub mod clock;
 pub mod fd;
+pub mod limits;
 pub mod net;
 pub mod proc;
 pub mod pty;
@@ -37,6 +39,7 @@ use std::io;
 pub use alloc::return_large_allocations_to_the_kernel;
 pub use clock::{set_wall_clock, unix_time_ms};
 pub use fd::{read, register_async, set_nonblocking, write};
+pub use limits::raise_open_file_limit;
 pub use net::{interface_flags, set_interface_flags};
 pub use proc::{kill_process_group, set_child_subreaper, set_pre_exec, ChildUser, PreExec};
 pub use pty::{open_pty, set_window_size, PtyPair};
