@@ -67,8 +67,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     on_listening: impl FnOnce(&Agent),
 ) -> Result<Arc<Agent>, RunError> {
-    let agent = Arc::new(Agent::new(
-        config.forget_after,
+    // Before any child starts: each one joins a cgroup of this tree.
+    let confinement = process::cgroup::Confinement::set_up(config.is_init);
+    let agent = Arc::new(Agent::with_table(
+        process::table::ProcessTable::with_confinement(config.forget_after, confinement),
         config.token.clone(),
         config.is_init,
     ));

@@ -192,10 +192,7 @@ async fn exec_three_ways(
         if let Some(token) = &token {
             command.args(["--token", token]);
         }
-        let status = command
-            .args(["sh", "true"])
-            .status()
-            .unwrap();
+        let status = command.args(["sh", "true"]).status().unwrap();
         assert!(status.success(), "sandboxctl sh true: {status}");
     };
     for _ in 0..10 {

@@ -13,11 +13,11 @@ use crate::files::{
     WriteFileRequest,
 };
 use crate::hello::{Hello, HelloReply};
-use crate::machine::{AgentInfo, ResumedRequest, ShutdownRequest};
+use crate::machine::{AgentInfo, Confinement, ResumedRequest, ShutdownRequest};
 use crate::output::{LogsBatch, LogsReply, LogsRequest, OutputChunk};
 use crate::process::{
-    ExecReply, ExecRequest, KillRequest, Pid, ProcessInfo, PtyInputRequest, PtyOpenRequest,
-    PtyResizeRequest, SpawnRequest,
+    ExecReply, ExecRequest, KillRequest, Pid, ProcessDetail, ProcessInfo, PtyInputRequest,
+    PtyOpenRequest, PtyResizeRequest, SpawnRequest,
 };
 
 /// Names one request and everything sent about it.
@@ -125,6 +125,12 @@ pub enum Request {
     Resumed(ResumedRequest),
     /// Stop everything and power off; reply [`Reply::Done`] first.
     Shutdown(ShutdownRequest),
+    /// `ps` with each process's cgroup, what it left behind and OOM kills; reply
+    /// [`Reply::PsDetail`]. (A new request rather than new fields in `ps`: see the
+    /// crate docs.)
+    PsDetail,
+    /// How the agent confines processes; reply [`Reply::Confinement`].
+    Confinement,
 }
 
 impl Request {
@@ -151,6 +157,8 @@ impl Request {
             Self::Get(_) => "get",
             Self::Resumed(_) => "resumed",
             Self::Shutdown(_) => "shutdown",
+            Self::PsDetail => "ps_detail",
+            Self::Confinement => "confinement",
         }
     }
 }
@@ -200,4 +208,8 @@ pub enum Reply {
         /// Its permission bits.
         mode: u32,
     },
+    /// Every tracked process with its cgroup's state.
+    PsDetail(Vec<ProcessDetail>),
+    /// How the agent confines processes.
+    Confinement(Confinement),
 }

@@ -1,10 +1,18 @@
 //! `exec` and `spawn`: start a command; for exec, wait for it and collect its output.
 //!
 //! An exec waits until the process has exited and its output is drained, or until
-//! its deadline. At the deadline the whole process group gets `SIGKILL` and the reply
-//! (output so far, `timed_out`) follows within [`EXEC_DEADLINE_GRACE_SECS`]. If the
-//! request is cancelled or its connection drops first, the process group is killed:
-//! nobody is left to read the result. Spawned processes survive all of that.
+//! its deadline. At the deadline everything it started is killed: its whole cgroup
+//! (background, double-forked and `setsid`'d children included) when the agent
+//! confines in cgroups, else its process group; the reply (output so far,
+//! `timed_out`) follows within [`EXEC_DEADLINE_GRACE_SECS`], once the cgroup is
+//! empty. If the request is cancelled or its connection drops first, the same kill
+//! happens: nobody is left to read the result. Spawned processes survive all of that.
+//!
+//! An exec that *finishes* may leave background children running (`sh -c 'server
+//! &'`): they stay in its cgroup, its record stays listed while they live, and
+//! `kill` of its pid ends them (see [`super::cgroup`]). When the OOM killer struck in
+//! its cgroup, the reply shows `SIGKILL` and `ps_detail` tells why (the reply cannot
+//! grow a field; see the protocol's evolution rule).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +31,6 @@ use super::pump::{pump, Source};
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
 use crate::events::Events;
-use crate::sys;
 
 /// Chunks a streaming exec may have in flight before the child is made to wait.
 const STREAM_QUEUE_CHUNKS: usize = 16;
@@ -42,7 +49,7 @@ pub async fn exec(
         stdin: !request.stdin.is_empty(),
     };
     let (record, pipes) = launch::start(table, plan, ProcessKind::Exec, stdio, capture)?;
-    let kill_guard = KillGroupOnDrop(Some(record.clone()));
+    let kill_guard = KillOnDrop(Some(record.clone()));
 
     let (sink, mut chunks) = if request.stream {
         events.send(Event::Started(record.pid)).await;
@@ -77,7 +84,7 @@ pub async fn exec(
         }
     }
     if timed_out {
-        if let Err(error) = sys::kill_process_group(record.pid.0, libc::SIGKILL) {
+        if let Err(error) = record.kill_all_of_it() {
             tracing::warn!(pid = %record.pid, %error, "killing a timed-out exec failed");
         }
         let grace = Duration::from_secs(EXEC_DEADLINE_GRACE_SECS) - Duration::from_millis(500);
@@ -88,6 +95,7 @@ pub async fn exec(
                     () = finished(&mut progress) => break,
                 }
             }
+            cgroup_emptied(&record).await;
         };
         if tokio::time::timeout(grace, drained).await.is_err() {
             tracing::warn!(pid = %record.pid, "timed-out exec still not reaped after SIGKILL");
@@ -100,6 +108,9 @@ pub async fn exec(
         }
     }
     drop(kill_guard);
+    if let Some(oom) = record.oom_kill() {
+        tracing::info!(pid = %record.pid, kills = oom.kills, "exec hit the OOM killer");
+    }
 
     let capture = record.take_capture();
     Ok(ExecReply {
@@ -168,15 +179,31 @@ async fn finished(progress: &mut tokio::sync::watch::Receiver<super::table::Prog
     let _ = progress.wait_for(|p| p.finished()).await;
 }
 
-/// Kills the process group when dropped before the process exited: the exec's
-/// request was cancelled or its connection dropped.
-struct KillGroupOnDrop(Option<Arc<ProcessRecord>>);
+/// How often a timed-out exec looks whether its cgroup emptied. `cgroup.kill` has
+/// sent every member `SIGKILL`; they are gone within milliseconds.
+const CGROUP_EMPTY_POLL: Duration = Duration::from_millis(5);
 
-impl Drop for KillGroupOnDrop {
+/// Resolves once the record's cgroup holds no process (at once without a cgroup), so
+/// the reply to a timed-out exec means "nothing of it is left".
+async fn cgroup_emptied(record: &ProcessRecord) {
+    let Some(cgroup) = &record.cgroup else {
+        return;
+    };
+    while cgroup.populated() {
+        tokio::time::sleep(CGROUP_EMPTY_POLL).await;
+    }
+}
+
+/// Kills the process and all it started (see [`ProcessRecord::kill_all_of_it`]) when
+/// dropped before the process exited: the exec's request was cancelled or its
+/// connection dropped.
+struct KillOnDrop(Option<Arc<ProcessRecord>>);
+
+impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Some(record) = self.0.take() {
             if record.progress().exit.is_none() {
-                if let Err(error) = sys::kill_process_group(record.pid.0, libc::SIGKILL) {
+                if let Err(error) = record.kill_all_of_it() {
                     tracing::debug!(pid = %record.pid, %error, "killing an abandoned exec failed");
                 }
             }

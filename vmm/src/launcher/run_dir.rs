@@ -17,8 +17,8 @@
 //!   of a caller killed by `SIGKILL`, whose children died by their death signal).
 
 use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
