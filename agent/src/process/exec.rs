@@ -9,8 +9,12 @@
 //! happens: nobody is left to read the result. Spawned processes survive all of that.
 //!
 //! An exec that *finishes* may leave background children running (`sh -c 'server
-//! &'`): they stay in its cgroup, its record stays listed while they live, and
-//! `kill` of its pid ends them (see [`super::cgroup`]). When the OOM killer struck in
+//! &'`): they stay in its cgroup until the exec's deadline (its timeout, by default
+//! the 5-minute maximum), when the cgroup is killed as for a timeout: an exec's
+//! deadline bounds everything it started, and long-lived work belongs to `spawn`.
+//! Until then its record stays listed (`ps_detail` counts them) and `kill` of its
+//! pid ends them (see [`super::cgroup`]). Without cgroups they are left alone, as
+//! they always were. When the OOM killer struck in
 //! its cgroup, the reply shows `SIGKILL` and `ps_detail` tells why (the reply cannot
 //! grow a field; see the protocol's evolution rule).
 
@@ -108,6 +112,9 @@ pub async fn exec(
         }
     }
     drop(kill_guard);
+    if !timed_out {
+        kill_leftovers_at(record.clone(), started + deadline);
+    }
     if let Some(oom) = record.oom_kill() {
         tracing::info!(pid = %record.pid, kills = oom.kills, "exec hit the OOM killer");
     }
@@ -177,6 +184,23 @@ async fn recv(rx: &mut Option<mpsc::Receiver<OutputChunk>>) -> Option<OutputChun
 /// Resolves once the process exited and its output is drained (or can never be).
 async fn finished(progress: &mut tokio::sync::watch::Receiver<super::table::Progress>) {
     let _ = progress.wait_for(|p| p.finished()).await;
+}
+
+/// Kills what a finished exec left in its cgroup once its deadline `at` passes (see
+/// the module docs). Nothing to do without a cgroup or leftovers.
+fn kill_leftovers_at(record: Arc<ProcessRecord>, at: Instant) {
+    if !record.has_leftovers() {
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep_until(at.into()).await;
+        if record.has_leftovers() {
+            tracing::info!(pid = %record.pid, "killing what a finished exec left at its deadline");
+            if let Err(error) = record.kill_all_of_it() {
+                tracing::warn!(pid = %record.pid, %error, "killing an exec's leftovers failed");
+            }
+        }
+    });
 }
 
 /// How often a timed-out exec looks whether its cgroup emptied. `cgroup.kill` has

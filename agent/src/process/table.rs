@@ -148,12 +148,16 @@ impl ProcessRecord {
     }
 
     /// Kills the process and everything it started: its whole cgroup when it has
-    /// one, else its process group (a child that called `setsid` escapes that).
+    /// one, else its process group (a child that called `setsid` escapes that) while
+    /// the process runs. Once it exited its pid may name another process's group, so
+    /// without a cgroup nothing is signalled.
     pub fn kill_all_of_it(&self) -> std::io::Result<()> {
-        let group = crate::sys::kill_process_group(self.pid.0, libc::SIGKILL);
         match &self.cgroup {
             Some(cgroup) => cgroup.kill(),
-            None => group,
+            None if self.progress().exit.is_none() => {
+                crate::sys::kill_process_group(self.pid.0, libc::SIGKILL)
+            }
+            None => Ok(()),
         }
     }
 

@@ -1,0 +1,269 @@
+//! Confinement in cgroups v2, in a real microVM whose agent is this workspace's: a
+//! timeout or a deadline reaches background, double-forked and `setsid`'d children;
+//! a fork bomb neither starves the agent nor outlives its exec; a memory hog is
+//! reported as killed by the OOM killer; what a finished exec leaves behind is listed
+//! and killable; the agent sits in its own cgroup and survives all of it.
+//!
+//! The test builds its own template (the busybox base with the agent built from this
+//! checkout) into a folder of its own, so it never touches the shared `default`.
+//! Measured figures (the worst `ps` round trip under the fork bomb, how long killing a
+//! cgroup took) are printed; run with `--nocapture` to see them.
+
+// Helpers unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::{ConfinementMode, ExecReply, Pid, ProcessDetail, ProcessState};
+use sandbox_tests::vm::{build_template, VmHost, CONNECT_SECS, POWER_OFF_SECS, READY_TIMEOUT_SECS};
+use sandbox_tests::{exec_sh, TempDir};
+use sandbox_vmm::client::{Client, ConnectOptions};
+use sandbox_vmm::launcher::{BootSpec, TemplateRef};
+
+/// The longest a `ps` round trip may take while a fork bomb runs.
+const PS_UNDER_BOMB_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long the fork bomb's cgroup may take to empty after its deadline: every task
+/// has `SIGKILL` at once, but under TCG each exit costs a few milliseconds of
+/// emulated CPU (about 3 s for 1,000 tasks measured), and the bomb reaches
+/// `pids.max` (thousands). Under KVM it empties well within the exec's grace.
+const BOMB_EMPTY_SECS: u64 = 30;
+
+/// Runs `script` with a timeout and returns the reply and its wall time.
+async fn exec_timed(client: &Client, script: &str, timeout: Duration) -> (ExecReply, Duration) {
+    let mut request = exec_sh(script);
+    request.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap());
+    let started = Instant::now();
+    let reply = client.exec(request).await.unwrap();
+    (reply, started.elapsed())
+}
+
+/// Runs `script` and returns its stdout, asserting it exited 0.
+async fn sh(client: &Client, script: &str) -> String {
+    let reply = client.exec(exec_sh(script)).await.unwrap();
+    assert_eq!(
+        reply.exit.unwrap().code,
+        Some(0),
+        "{script}: {}",
+        String::from_utf8_lossy(&reply.stderr)
+    );
+    String::from_utf8(reply.stdout).unwrap()
+}
+
+/// How many `sleep` processes run in the guest (read from /proc, not `ps`).
+async fn sleeps(client: &Client) -> usize {
+    let script = r#"for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && echo $p; done; true"#;
+    sh(client, script).await.lines().count()
+}
+
+/// The `ps_detail` row of `pid`.
+async fn detail(client: &Client, pid: Pid) -> ProcessDetail {
+    let rows = client.ps_detail().await.unwrap().expect("no ps_detail");
+    rows.into_iter()
+        .find(|row| row.info.pid == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not listed by ps_detail"))
+}
+
+/// Polls `check` every 50 ms until it holds or `limit` passed; returns whether it held.
+async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_are_confined_in_cgroups() {
+    let Some(host) = VmHost::get("microvm_cgroups") else {
+        return;
+    };
+    let scratch = TempDir::new("cgroups");
+    let name = format!("e2e-cgroups-{}", std::process::id());
+    let built = build_template(&name, "busybox", &scratch.path().join("template"));
+    // The launcher directly (not `VmHost::boot`): each VM has its own token, which
+    // `Vm::client` presents.
+    let mut spec = BootSpec::new(TemplateRef::Path(built.dir.clone()));
+    spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+    let mut vm = host.launcher().boot(spec).await.unwrap();
+    let options = ConnectOptions {
+        connect_timeout: Duration::from_secs(CONNECT_SECS),
+        ..ConnectOptions::default()
+    };
+    let client = vm.client(&options).await.unwrap();
+
+    // The agent is in its own leaf, every exec in a cgroup of its own.
+    let hello = client.hello();
+    assert!(
+        hello.capabilities.iter().any(|c| c == "cgroups"),
+        "{hello:?}"
+    );
+    let confinement = client.confinement().await.unwrap().unwrap();
+    assert_eq!(
+        confinement.mode,
+        ConfinementMode::Cgroups,
+        "{confinement:?}"
+    );
+    let memory_max = confinement.memory_max_bytes.unwrap();
+    eprintln!(
+        "workload limits: memory.max {} MiB, pids.max {}",
+        memory_max >> 20,
+        confinement.pids_max.unwrap()
+    );
+    assert_eq!(sh(&client, "cat /proc/1/cgroup").await, "0::/agent\n");
+    let own = sh(&client, "cat /proc/self/cgroup").await;
+    assert!(own.starts_with("0::/workload/exec-"), "{own}");
+
+    // A finished exec's leftover is listed, and `kill` of the exec's pid ends it.
+    let (reply, _) = exec_timed(&client, "sleep 1000 & echo bg", Duration::from_secs(120)).await;
+    assert_eq!(reply.exit.unwrap().code, Some(0));
+    let row = detail(&client, reply.pid).await;
+    assert!(matches!(row.info.state, ProcessState::Exited(_)), "{row:?}");
+    assert_eq!(row.live_pids, 1, "{row:?}");
+    assert_eq!(sleeps(&client).await, 1);
+    client.kill(reply.pid, libc::SIGKILL).await.unwrap();
+    let client2 = client.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { detail(&client, reply.pid).await.live_pids == 0 }
+        })
+        .await,
+        "the leftover survived kill"
+    );
+    assert_eq!(sleeps(&client).await, 0);
+
+    // `sh -c 'sleep 1000 & echo started'` returns at once; at its deadline the sleep goes.
+    let deadline = Duration::from_secs(3);
+    let started = Instant::now();
+    let (reply, took) = exec_timed(&client, "sleep 1000 & echo started", deadline).await;
+    assert!(
+        !reply.timed_out && took < deadline,
+        "{reply:?} after {took:?}"
+    );
+    assert_eq!(String::from_utf8_lossy(&reply.stdout), "started\n");
+    assert_eq!(
+        sleeps(&client).await,
+        1,
+        "the background sleep is not running"
+    );
+    tokio::time::sleep_until((started + deadline).into()).await;
+    let client2 = client.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { sleeps(&client).await == 0 }
+        })
+        .await,
+        "a background sleep outlived its exec's deadline"
+    );
+    eprintln!(
+        "leftover of a finished exec gone {:.2?} after its deadline",
+        started.elapsed() - deadline
+    );
+
+    // A `setsid`'d child (its own session and process group) dies at the timeout too.
+    let (reply, took) = exec_timed(&client, "setsid sleep 999 & sleep 1000", deadline).await;
+    assert!(reply.timed_out, "{reply:?}");
+    assert_eq!(
+        sleeps(&client).await,
+        0,
+        "a setsid'd child escaped the timeout"
+    );
+    eprintln!(
+        "setsid'd child: reply (cgroup empty) {:.2?} after the deadline",
+        took - deadline
+    );
+
+    // A memory hog under a lowered limit is reported as OOM-killed.
+    let hog = "echo 33554432 > /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max; \
+               head -c 200000000 /dev/zero | tail; echo survived";
+    let (reply, _) = exec_timed(&client, hog, Duration::from_secs(60)).await;
+    assert!(!reply.timed_out, "{reply:?}");
+    assert_eq!(reply.exit.unwrap().signal, Some(libc::SIGKILL), "{reply:?}");
+    let oom = client
+        .exec_oom_kill(&reply)
+        .await
+        .expect("no OOM kill reported");
+    assert!(oom.kills >= 1);
+    assert_eq!(oom.memory_max_bytes, Some(32 << 20));
+    let text = oom.to_string();
+    assert!(
+        text.starts_with("killed by the OOM killer (") && text.contains("memory limit 32 MiB"),
+        "{text}"
+    );
+    assert_eq!(detail(&client, reply.pid).await.oom, Some(oom));
+    eprintln!("memory hog: {text}");
+
+    // A fork bomb under a 10 s timeout: the agent answers `ps` throughout, and at the
+    // deadline everything in its cgroup is gone.
+    let bomb_timeout = Duration::from_secs(10);
+    let bomb_client = client.clone();
+    let bomb_started = Instant::now();
+    let bomb = tokio::spawn(async move {
+        exec_timed(
+            &bomb_client,
+            "(f() { f | f & }; f) 2>/dev/null; exec sleep 100",
+            bomb_timeout,
+        )
+        .await
+    });
+    let prober = vm.client(&options).await.unwrap();
+    let mut worst = Duration::ZERO;
+    let mut probes = 0;
+    while !bomb.is_finished() {
+        let sent = Instant::now();
+        prober.ps().await.unwrap();
+        worst = worst.max(sent.elapsed());
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (reply, took) = bomb.await.unwrap();
+    assert!(reply.timed_out, "{reply:?}");
+    // Every task in the cgroup got SIGKILL at the deadline (cgroup.kill also stops
+    // forks racing it); exiting thousands of tasks takes a while on an emulated CPU.
+    let client2 = client.clone();
+    let emptied = eventually(Duration::from_secs(BOMB_EMPTY_SECS), || {
+        let client = client2.clone();
+        async move { detail(&client, reply.pid).await.live_pids == 0 }
+    })
+    .await;
+    let bomb_gone = bomb_started.elapsed().saturating_sub(bomb_timeout);
+    let row = detail(&client, reply.pid).await;
+    let cgroup = row.cgroup.clone().unwrap();
+    let peak = sh(&client, &format!("cat /sys/fs/cgroup{cgroup}/pids.peak")).await;
+    eprintln!(
+        "fork bomb: {} tasks at its peak; worst ps round trip {worst:.2?} over {probes} \
+         probes; reply {:.2?} and every task gone {bomb_gone:.2?} after the deadline",
+        peak.trim(),
+        took.saturating_sub(bomb_timeout),
+    );
+    assert!(emptied, "the fork bomb's cgroup still holds tasks: {row:?}");
+    assert!(
+        worst < PS_UNDER_BOMB_LIMIT,
+        "ps took {worst:?} under the fork bomb"
+    );
+    assert_eq!(
+        sh(&client, &format!("cat /sys/fs/cgroup{cgroup}/cgroup.procs")).await,
+        ""
+    );
+
+    // The agent survived all of it, still in its own cgroup.
+    assert_eq!(sh(&client, "cat /proc/1/cgroup").await, "0::/agent\n");
+    assert!(client.info().await.unwrap().is_init);
+    let _ = tokio::time::timeout(Duration::from_secs(10), client.shutdown(false)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(POWER_OFF_SECS), vm.wait_exit()).await;
+    drop(vm);
+    std::fs::remove_dir_all(&built.dir).unwrap();
+    // Only succeeds when empty: the launcher's run root of this test process.
+    let _ = std::fs::remove_dir(&host.launcher().config().run_root);
+}
