@@ -51,8 +51,9 @@ pub enum ClientMsg {
     Hello(Hello),
     /// Start a request under a fresh id.
     Request(Request),
-    /// Stop the request with this frame's id: a running exec has its process group
-    /// killed, a follow stream ends. The request still gets its final `Error(Cancelled)`.
+    /// Stop the request with this frame's id: a running exec is killed with all it
+    /// started (its cgroup, or its process group on an agent without cgroups), a
+    /// follow stream ends. The request still gets its final `Error(Cancelled)`.
     Cancel,
     /// Bytes for the request with this frame's id (the content of a `put`).
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
@@ -93,7 +94,7 @@ pub enum Request {
     Logs(LogsRequest),
     /// List tracked processes; reply [`Reply::Ps`].
     Ps,
-    /// Signal a process group; reply [`Reply::Done`].
+    /// Signal a process's cgroup (or process group); reply [`Reply::Done`].
     Kill(KillRequest),
     /// Open a terminal; reply [`Reply::PtyOpened`]. Read it with `Logs { follow }`.
     PtyOpen(PtyOpenRequest),

@@ -120,7 +120,8 @@ pub struct ExecReply {
     pub stderr_truncated: bool,
     /// How it ended; `None` only if it could not be reaped after a timeout.
     pub exit: Option<ExitStatus>,
-    /// The deadline passed and the process group was killed.
+    /// The deadline passed and the process was killed with all it started (its
+    /// cgroup, or its process group on an agent without cgroups).
     pub timed_out: bool,
     /// Wall time from start to the reply, in microseconds.
     pub duration_us: u64,
@@ -173,7 +174,9 @@ pub struct PtyResizeRequest {
 /// The largest signal number a [`KillRequest`] may carry (Linux's `SIGRTMAX`).
 pub const MAX_SIGNAL: i32 = 64;
 
-/// Send a signal to a tracked process's whole process group.
+/// Send a signal to everything a tracked process started: every process in its
+/// cgroup (also after it exited, to what it left behind), or its process group on an
+/// agent without cgroups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KillRequest {
     /// The tracked process.

@@ -433,6 +433,17 @@ pub struct ProcessCgroup {
 }
 
 impl ProcessCgroup {
+    /// A cgroup at `path` (for tests of its users: a plain directory stands in).
+    #[cfg(test)]
+    pub(crate) fn at(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            relative: path.display().to_string(),
+            mount: PathBuf::from("/"),
+            has_kill: false,
+        }
+    }
+
     /// Its path relative to the mount (`/workload/exec-3`), as `/proc/PID/cgroup` shows it.
     pub fn relative(&self) -> &str {
         &self.relative

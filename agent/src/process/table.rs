@@ -568,4 +568,33 @@ mod tests {
         assert!(table.get(Pid(2)).is_ok());
         assert_eq!(table.counts(), (1, 0));
     }
+
+    #[test]
+    fn a_record_with_leftovers_is_kept_and_its_cgroup_removed_once_forgotten() {
+        // A plain directory stands in for the cgroup: `cgroup.events` says populated.
+        let dir = std::env::temp_dir().join(format!("sbx-forget-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let events = dir.join("cgroup.events");
+        std::fs::write(&events, "populated 1\nfrozen 0\n").unwrap();
+        let table = ProcessTable::new(Duration::from_secs(60));
+        let rec = ProcessRecord::new(Pid(7), ProcessKind::Exec, vec![], 0, None, None)
+            .with_cgroup(Some(ProcessCgroup::at(&dir)));
+        let rec = Arc::new(rec);
+        rec.mark_exited(ExitStatus {
+            code: Some(0),
+            signal: None,
+        });
+        table.insert(rec.clone());
+        let later = Instant::now() + Duration::from_secs(61);
+        assert!(rec.has_leftovers());
+        assert_eq!(table.forget_expired(later), 0);
+        assert!(table.get(Pid(7)).is_ok());
+        // Its last process gone (no events file, no cgroup.procs: empty), it goes,
+        // and so does its directory.
+        std::fs::remove_file(&events).unwrap();
+        assert!(!rec.has_leftovers());
+        assert_eq!(table.forget_expired(later), 1);
+        assert!(table.get(Pid(7)).is_err());
+        assert!(!dir.exists());
+    }
 }

@@ -2,7 +2,8 @@
 //! [`ExecStream`] and [`LogsStream`] built on it.
 //!
 //! Dropping a handle before its final frame arrived sends `Cancel`, so abandoning a
-//! streaming exec kills its process group and abandoning a follow ends it on the agent.
+//! streaming exec kills it with all it started, and abandoning a follow ends it on the
+//! agent.
 
 use std::sync::Arc;
 
