@@ -24,9 +24,12 @@
 //! # Lifecycle of a process's cgroup
 //! - A timed-out or cancelled exec has its whole cgroup killed (`cgroup.kill`, else
 //!   `SIGKILL` to every member while the cgroup is frozen, until it is empty).
-//! - A finished exec's leftovers (`sh -c 'server &'`) keep running in its cgroup;
-//!   the exec's record is then not forgotten while the cgroup has processes, so `ps`
-//!   lists it (`ps_detail` counts them) and `kill PID` ends them all.
+//! - A finished exec's leftovers (`sh -c 'server &'`) keep running in its cgroup
+//!   until the exec's deadline, when the cgroup is killed (see
+//!   [`super::exec`]); the exec's record is not forgotten while the cgroup has
+//!   processes, so `ps` lists it (`ps_detail` counts them) and `kill PID` ends them
+//!   all. A spawn or a terminal has no deadline: what it leaves stays, listed and
+//!   killable the same way.
 //! - Once the record is forgotten (its cgroup empty, the forget delay passed) the
 //!   cgroup directory is removed: no directory outlives its record.
 //! - The OOM killer is reported per cgroup (`oom_kill` in `memory.events`), and
