@@ -14,9 +14,12 @@
 
 use std::time::{Duration, Instant};
 
-use sandbox_protocol::{ConfinementMode, ExecReply, Pid, ProcessDetail, ProcessState};
+use sandbox_protocol::{
+    Command, ConfinementMode, ExecReply, Pid, ProcessDetail, ProcessSpec, ProcessState,
+    PtyOpenRequest, WindowSize,
+};
 use sandbox_tests::vm::{build_template, VmHost, CONNECT_SECS, POWER_OFF_SECS, READY_TIMEOUT_SECS};
-use sandbox_tests::{exec_sh, TempDir};
+use sandbox_tests::{binaries, exec_sh, TempDir};
 use sandbox_vmm::client::{Client, ConnectOptions};
 use sandbox_vmm::launcher::{BootSpec, TemplateRef};
 
@@ -188,6 +191,40 @@ async fn workloads_are_confined_in_cgroups() {
     let own = sh(&client, "cat /proc/self/cgroup").await;
     assert!(own.starts_with("0::/workload/exec-"), "{own}");
 
+    // Spawns and terminals get a cgroup of their own too.
+    let spawned = client
+        .spawn(ProcessSpec::new(Command::Shell("exec sleep 1000".into())))
+        .await
+        .unwrap();
+    let terminal = client
+        .pty_open(PtyOpenRequest {
+            spec: ProcessSpec::new(Command::Shell("exec sleep 1001".into())),
+            size: WindowSize { rows: 24, cols: 80 },
+        })
+        .await
+        .unwrap();
+    for (pid, kind) in [(spawned, "spawn"), (terminal, "pty")] {
+        let cgroup = client
+            .read_file(&format!("/proc/{pid}/cgroup"))
+            .await
+            .unwrap();
+        let cgroup = String::from_utf8(cgroup).unwrap();
+        assert!(
+            cgroup.starts_with(&format!("0::/workload/{kind}-")),
+            "{cgroup}"
+        );
+        client.kill(pid, libc::SIGKILL).await.unwrap();
+    }
+    let client2 = client.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { sleeps(&client).await == 0 }
+        })
+        .await,
+        "a killed spawn or terminal survived"
+    );
+
     // A finished exec's leftover is listed, and `kill` of the exec's pid ends it.
     let (reply, _) = exec_timed(&client, "sleep 1000 & echo bg", Duration::from_secs(120)).await;
     assert_eq!(reply.exit.unwrap().code, Some(0));
@@ -268,6 +305,34 @@ async fn workloads_are_confined_in_cgroups() {
     );
     assert_eq!(detail(&client, reply.pid).await.oom, Some(oom));
     eprintln!("memory hog: {text}");
+
+    // sandboxctl says so after the command's output, in `ps`, and `info` names the mode.
+    let sandboxctl = |args: &[&str]| {
+        let output = std::process::Command::new(&binaries().sandboxctl)
+            .arg("--agent")
+            .arg(vm.agent_url())
+            .args(["--token", vm.token()])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, _, stderr) = tokio::task::block_in_place(|| sandboxctl(&["sh", hog]));
+    assert_eq!(code, Some(137), "{stderr}");
+    assert!(stderr.contains(": killed by the OOM killer ("), "{stderr}");
+    let (_, ps, _) = tokio::task::block_in_place(|| sandboxctl(&["ps"]));
+    assert!(ps.contains(": killed by the OOM killer ("), "{ps}");
+    let (_, info, _) = tokio::task::block_in_place(|| sandboxctl(&["info"]));
+    assert!(
+        info.lines()
+            .any(|l| l.starts_with("confinement") && l.contains("cgroups (workload memory.max")),
+        "{info}"
+    );
 
     // A fork bomb under a 10 s timeout, twice: as reported (the shell returns at once
     // and the bomb runs on: killed at the exec's deadline) and with the shell still
