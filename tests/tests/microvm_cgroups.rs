@@ -20,7 +20,7 @@ use sandbox_protocol::{
 };
 use sandbox_tests::vm::{build_template, VmHost, CONNECT_SECS, POWER_OFF_SECS, READY_TIMEOUT_SECS};
 use sandbox_tests::{binaries, exec_sh, TempDir};
-use sandbox_vmm::client::{Client, ConnectOptions};
+use sandbox_vmm::client::{Client, ConnectOptions, ExecEvent};
 use sandbox_vmm::launcher::{BootSpec, TemplateRef};
 
 /// The longest a `ps` round trip may take while a fork bomb runs.
@@ -284,6 +284,33 @@ async fn workloads_are_confined_in_cgroups() {
     eprintln!(
         "setsid'd child: reply (cgroup empty) {:.2?} after the deadline",
         took - deadline
+    );
+
+    // A cancelled exec goes with everything it started, as a timed-out one does.
+    let mut request = exec_sh("setsid sleep 1002 & sleep 1000");
+    request.stream = true;
+    let mut stream = client.exec_stream(request).unwrap();
+    assert!(matches!(
+        stream.next().await.unwrap(),
+        ExecEvent::Started(_)
+    ));
+    let client2 = client.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { sleeps(&client).await == 2 }
+        })
+        .await,
+        "the cancel test's sleeps did not start"
+    );
+    stream.cancel().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { sleeps(&client).await == 0 }
+        })
+        .await,
+        "a setsid'd child outlived its cancelled exec"
     );
 
     // A memory hog under a lowered limit is reported as OOM-killed.

@@ -14,9 +14,12 @@
 //! deadline bounds everything it started, and long-lived work belongs to `spawn`.
 //! Until then its record stays listed (`ps_detail` counts them) and `kill` of its
 //! pid ends them (see [`super::cgroup`]). Without cgroups they are left alone, as
-//! they always were. When the OOM killer struck in
-//! its cgroup, the reply shows `SIGKILL` and `ps_detail` tells why (the reply cannot
-//! grow a field; see the protocol's evolution rule).
+//! they always were. A cancelled exec has its cgroup killed even when its own
+//! process already exited.
+//!
+//! When the OOM killer struck in its cgroup, the reply shows `SIGKILL` and
+//! `ps_detail` tells why (the reply cannot grow a field; see the protocol's
+//! evolution rule).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -111,7 +114,7 @@ pub async fn exec(
             events.send(Event::Output(chunk)).await;
         }
     }
-    drop(kill_guard);
+    kill_guard.disarm();
     if !timed_out {
         kill_leftovers_at(record.clone(), started + deadline);
     }
@@ -204,7 +207,8 @@ fn kill_leftovers_at(record: Arc<ProcessRecord>, at: Instant) {
 }
 
 /// How often a timed-out exec looks whether its cgroup emptied. `cgroup.kill` has
-/// sent every member `SIGKILL`; they are gone within milliseconds.
+/// sent every member `SIGKILL` at once; a few go in milliseconds, the thousands of a
+/// fork bomb in seconds on an emulated CPU (about 2.5 ms per task under TCG).
 const CGROUP_EMPTY_POLL: Duration = Duration::from_millis(5);
 
 /// Resolves once the record's cgroup holds no process (at once without a cgroup), so
@@ -219,17 +223,23 @@ async fn cgroup_emptied(record: &ProcessRecord) {
 }
 
 /// Kills the process and all it started (see [`ProcessRecord::kill_all_of_it`]) when
-/// dropped before the process exited: the exec's request was cancelled or its
-/// connection dropped.
+/// dropped before [`Self::disarm`]: the exec's request was cancelled or its
+/// connection dropped. Its cgroup goes even when the process itself already exited
+/// (the cancel came while its output was drained): nobody is left to want it.
 struct KillOnDrop(Option<Arc<ProcessRecord>>);
+
+impl KillOnDrop {
+    /// The exec ran to its end: what it left is for its deadline to deal with.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Some(record) = self.0.take() {
-            if record.progress().exit.is_none() {
-                if let Err(error) = record.kill_all_of_it() {
-                    tracing::debug!(pid = %record.pid, %error, "killing an abandoned exec failed");
-                }
+            if let Err(error) = record.kill_all_of_it() {
+                tracing::debug!(pid = %record.pid, %error, "killing an abandoned exec failed");
             }
         }
     }

@@ -3,9 +3,9 @@
 //! Every child gets a clean environment (below), its own cgroup when the agent
 //! confines in cgroups (joined in the forked child before `exec`, see
 //! [`super::cgroup`]), its own process group (exec, spawn) or its own session with
-//! the terminal as controlling tty (pty), the default OOM
-//! score instead of the agent's shield (lowered for the start under the spawn gate,
-//! see [`super::gate`]), and the requested user. Everything that reads files (the
+//! the terminal as controlling tty (pty), the default OOM score instead of the
+//! agent's shield (lowered for the start under the spawn gate, see
+//! [`super::gate`]), and the requested user. Everything that reads files (the
 //! passwd entry, supplementary groups) happens before `fork`; the child only makes
 //! async-signal-safe calls (see [`crate::sys`]).
 //!
