@@ -13,7 +13,14 @@ use crate::process::table::ProcessTable;
 
 /// Capabilities announced in the handshake (plus [`CGROUPS_CAPABILITY`] when the
 /// agent confines in cgroups).
-pub const CAPABILITIES: &[&str] = &["exec", "exec_stream", "spawn", "logs_follow", "pty"];
+pub const CAPABILITIES: &[&str] = &[
+    "exec",
+    "exec_stream",
+    "spawn",
+    "logs_follow",
+    "pty",
+    sandbox_protocol::limits::STREAM_WINDOW_CAPABILITY,
+];
 
 /// Announced when every process runs in its own cgroup: timeouts and kills reach
 /// all it started, and OOM kills are reported (`ps_detail`, `confinement`).

@@ -21,6 +21,8 @@
 //! 2. The client sends `ClientMsg::Request`s under fresh non-zero ids. The agent answers
 //!    each with zero or more `Event`s, then one `Reply` or `Error`.
 //! 3. `ClientMsg::Cancel` with a request's id stops it; it still gets a final frame.
+//!    `ClientMsg::Consumed` reports how much of a stream's payload the client has
+//!    used; the agent keeps at most `STREAM_WINDOW_BYTES` unreported in flight.
 //! 4. A frame that cannot be decoded gets an `Error` under its id (or id 0 when even
 //!    the id is unreadable) and the connection goes on.
 //!
@@ -72,6 +74,15 @@ mod wire_tests {
 
     fn bytes<T: serde::Serialize>(msg: &T) -> Vec<u8> {
         encode(msg, MAX_FRAME_BYTES).unwrap()
+    }
+
+    #[test]
+    fn consumed_bytes_are_pinned() {
+        let consumed = ClientFrame {
+            id: RequestId(3),
+            msg: ClientMsg::Consumed(300),
+        };
+        assert_eq!(bytes(&consumed), [4, 0, 0, 0, 3, 5, 0xAC, 2]);
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub enum ClientMsg {
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     /// No more `Data` for the request with this frame's id.
     DataEnd,
+    /// The client has consumed this many bytes (cumulative) of the request's event
+    /// payloads ([`Event::payload_bytes`]). The agent sends at most
+    /// [`STREAM_WINDOW_BYTES`](crate::limits::STREAM_WINDOW_BYTES) beyond the last
+    /// count, so a slow reader slows the stream instead of growing either side.
+    Consumed(u64),
 }
 
 /// A frame from the agent to the client.
@@ -177,6 +182,20 @@ pub enum Event {
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     /// This many bytes of a `put` have been written to the file so far.
     Acked(u64),
+}
+
+impl Event {
+    /// The bytes of output or file content this event carries: what stream flow
+    /// control counts (see [`ClientMsg::Consumed`]).
+    pub fn payload_bytes(&self) -> u64 {
+        let bytes = match self {
+            Self::Output(chunk) => chunk.data.len(),
+            Self::Logs(batch) => batch.chunks.iter().map(|chunk| chunk.data.len()).sum(),
+            Self::Data(data) => data.len(),
+            Self::Started(_) | Self::Acked(_) => 0,
+        };
+        bytes as u64
+    }
 }
 
 /// Final successful answers. Append only.

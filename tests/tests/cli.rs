@@ -555,6 +555,11 @@ fn a_file_rewritten_while_it_is_read_fails_the_get() {
             }
         }
     });
+    // Start once the writer has appended: a get that finished before its first
+    // append would see an unchanged file (a wait on the condition, not a sleep).
+    while std::fs::metadata(&remote).unwrap().len() <= 8 << 20 {
+        std::thread::yield_now();
+    }
     let back = agent.dir().join("back.log");
     let output = agent
         .sandboxctl()

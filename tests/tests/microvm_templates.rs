@@ -6,7 +6,7 @@
 //!
 //! Needs what `sandbox_tests::vm` needs, plus the host's static busybox (Debian's
 //! `busybox-static`, which the default template uses too); `SANDBOX_SKIP_VM_TESTS=1`
-//! skips, saying so.
+//! marks them ignored (this target runs on `libtest-mimic`).
 
 // Helpers unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -15,8 +15,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use sandbox_protocol::FileKind;
+use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use sandbox_tests::vm::{build_template, build_template_with, TestVm, VmHost};
-use sandbox_tests::{exec_sh, TempDir};
+use sandbox_tests::{sh, TempDir};
 use sandbox_vmm::client::Client;
 use sandbox_vmm::launcher::{Template, TemplateRef};
 
@@ -33,18 +34,6 @@ fn busybox() -> Vec<u8> {
              or set SANDBOX_SKIP_VM_TESTS=1 to skip the microVM tests"
         )
     })
-}
-
-/// Runs `script` in the guest and returns its stdout, asserting it exited 0.
-async fn sh(client: &Client, script: &str) -> String {
-    let reply = client.exec(exec_sh(script)).await.unwrap();
-    assert_eq!(
-        reply.exit.unwrap().code,
-        Some(0),
-        "{script}: {}",
-        String::from_utf8_lossy(&reply.stderr)
-    );
-    String::from_utf8(reply.stdout).unwrap()
 }
 
 /// Names in a guest directory.
@@ -79,11 +68,23 @@ fn remove_template(dir: PathBuf) {
     assert!(!dir.exists());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+fn main() -> std::process::ExitCode {
+    vm_main(&[
+        VmTest {
+            name: "a_template_built_from_a_directory_on_a_root_disk_boots_with_its_files",
+            run: || {
+                block_on(a_template_built_from_a_directory_on_a_root_disk_boots_with_its_files())
+            },
+        },
+        VmTest {
+            name: "a_template_built_from_an_image_tarball_honours_whiteouts",
+            run: || block_on(a_template_built_from_an_image_tarball_honours_whiteouts()),
+        },
+    ])
+}
+
 async fn a_template_built_from_a_directory_on_a_root_disk_boots_with_its_files() {
-    let Some(host) = VmHost::get("microvm_templates::directory") else {
-        return;
-    };
+    let host = VmHost::get("microvm_templates::directory").expect("run only with the gate open");
     let scratch = TempDir::new("tpl-dir");
     let base = scratch.path().join("base");
     std::fs::create_dir_all(base.join("bin")).unwrap();
@@ -199,11 +200,8 @@ fn append_symlink<W: std::io::Write>(tar: &mut tar::Builder<W>, path: &str, targ
     tar.append_link(&mut header, path, target).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_built_from_an_image_tarball_honours_whiteouts() {
-    let Some(host) = VmHost::get("microvm_templates::image") else {
-        return;
-    };
+    let host = VmHost::get("microvm_templates::image").expect("run only with the gate open");
     let scratch = TempDir::new("tpl-img");
     let marker = format!("from an image, test {}\n", std::process::id());
 

@@ -16,6 +16,9 @@
 //!   get `Busy`, while `Cancel` and put data are still read;
 //! - at most [`WRITE_QUEUE_FRAMES`] frames wait for the socket, and every handler
 //!   that produces output waits when they do (backpressure from a slow reader);
+//! - every stream (exec output, a follow, `get`) keeps at most
+//!   [`STREAM_WINDOW_BYTES`](sandbox_protocol::limits::STREAM_WINDOW_BYTES) of payload
+//!   beyond what the client reported consumed ([`Events`]);
 //! - an oversize length prefix loses frame sync: the sender gets `TooLarge` under the
 //!   request id it named, and the connection closes.
 
@@ -31,7 +34,7 @@ use sandbox_protocol::{
     WireError, MAGIC, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::AbortHandle;
 
 use super::admission::{Admission, Full};
@@ -49,11 +52,13 @@ const WRITE_QUEUE_FRAMES: usize = 16;
 /// Bytes batched into one write before flushing.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 
-/// A running request: how to cancel it, and where a put's data goes.
+/// A running request: how to cancel it, where a put's data goes, and where the
+/// client's consumption reports go (its stream window).
 #[derive(Debug)]
 struct Running {
     abort: AbortHandle,
     put: Option<PutSender>,
+    consumed: watch::Sender<u64>,
 }
 
 type InFlight = Arc<Mutex<HashMap<RequestId, Running>>>;
@@ -293,6 +298,24 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             Decoded::Frame(ClientFrame {
                 id,
+                msg: ClientMsg::Consumed(bytes),
+            }) => {
+                // Unknown ids are fine: the stream may have just ended.
+                if let Some(running) = in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&id)
+                {
+                    running.consumed.send_if_modified(|consumed| {
+                        let grew = bytes > *consumed;
+                        *consumed = (*consumed).max(bytes);
+                        grew
+                    });
+                }
+                None
+            }
+            Decoded::Frame(ClientFrame {
+                id,
                 msg: ClientMsg::Hello(_),
             }) => Some((
                 id,
@@ -412,7 +435,8 @@ fn start_request(
             ),
         ));
     };
-    let events = Events::new(id, tx.clone());
+    let (consumed, consumed_rx) = watch::channel(0);
+    let events = Events::new(id, tx.clone(), consumed_rx);
     let handler_agent = agent.clone();
     let (put, input) = match request {
         Request::Put(_) => {
@@ -430,6 +454,7 @@ fn start_request(
         Running {
             abort: handler.abort_handle(),
             put,
+            consumed,
         },
     );
     drop(requests);

@@ -32,6 +32,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Doctor => return doctor::doctor().await,
         _ => {}
     }
+    // A failure on `--vm ID` whose VM has stopped is that VM's end, not the command's.
+    let vm_id = cli.vm.clone();
+    let result = on_agent(cli).await;
+    match (result, vm_id) {
+        (Err(error), Some(id)) => Err(vm::explain_failure(&id, error)),
+        (result, _) => result,
+    }
+}
+
+/// Connects to the agent and runs one command on it.
+async fn on_agent(cli: Cli) -> anyhow::Result<u8> {
     let client = connect(&cli).await?;
     match cli.command {
         Command::Exec(args) => {

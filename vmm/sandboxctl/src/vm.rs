@@ -8,7 +8,8 @@ use serde::Serialize;
 use sandbox_protocol::Command as Cmd;
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 use sandbox_vmm::launcher::{
-    BootSpec, Launcher, LauncherConfig, Size, StopOutcome, TemplateRef, Vm, VmId, VmStatus,
+    BootSpec, GuestEnd, Launcher, LauncherConfig, PostMortem, Size, StopOutcome, TemplateRef, Vm,
+    VmId, VmStatus,
 };
 
 use crate::args::{VmBootArgs, VmCommand, VmLsArgs, VmRunArgs, VmStopArgs};
@@ -63,6 +64,45 @@ fn launcher() -> anyhow::Result<Launcher> {
     Ok(Launcher::new(
         LauncherConfig::from_env().context("Cannot configure the launcher")?,
     ))
+}
+
+/// Exit code when the VM behind `--vm ID` is no longer running (its guest powered off
+/// or panicked): apart from 1 (the tool failed) and from the command's own codes.
+pub(crate) const EXIT_VM_GONE: u8 = 125;
+
+/// Console lines quoted when a VM is found stopped.
+const GONE_CONSOLE_LINES: usize = 12;
+
+/// The VM behind `--vm ID` stopped; says how and quotes its console.
+#[derive(Debug, thiserror::Error)]
+#[error("VM {id} is not running: {end}. The last console lines:\n{console}")]
+pub(crate) struct VmGone {
+    id: String,
+    end: GuestEnd,
+    console: String,
+}
+
+/// Turns `error` (from a command on VM `id`) into a [`VmGone`] when the VM has
+/// stopped, so the report names the cause rather than a lost connection.
+pub(crate) fn explain_failure(id: &str, error: anyhow::Error) -> anyhow::Error {
+    let Ok(launcher) = launcher() else {
+        return error;
+    };
+    let Ok(entries) = launcher.list() else {
+        return error;
+    };
+    match entries.into_iter().find(|entry| entry.name == id) {
+        Some(entry) if entry.status != VmStatus::Running => {
+            let report = PostMortem::read(&entry.path);
+            anyhow::Error::new(VmGone {
+                id: id.to_owned(),
+                end: report.end,
+                console: report.excerpt(GONE_CONSOLE_LINES),
+            })
+            .context(format!("{error:#}"))
+        }
+        _ => error,
+    }
 }
 
 /// Where VM `id`'s agent listens and the token it requires, from its run folder.

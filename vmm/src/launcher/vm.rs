@@ -25,6 +25,9 @@ use super::{LaunchError, AGENT_PORT, CONSOLE_LOG, VSOCK_SOCKET};
 /// How long QEMU gets to exit on `SIGTERM` once the grace period is over.
 const QEMU_TERM_GRACE: Duration = Duration::from_secs(1);
 
+/// How long a detached VM's daemon gets to exit on `SIGTERM` after QEMU exited.
+const DAEMON_STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// How a VM's QEMU ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopOutcome {
@@ -211,6 +214,9 @@ impl Vm {
         if !self.record.detached {
             return Err(Box::new(self));
         }
+        // Nobody will own this VM: a watcher stops its daemon when QEMU exits (the
+        // guest powered off or panicked), so no daemon outlives its VM.
+        self.watch_daemon();
         if let Some(qemu) = self.qemu.take() {
             qemu.release();
         }
@@ -221,6 +227,23 @@ impl Vm {
             dir.keep();
         }
         Ok(self.record.clone())
+    }
+
+    /// Starts the watcher that stops the daemon once QEMU exits (best effort: without
+    /// it, `Launcher::stop` or the next sweep still stop the daemon).
+    fn watch_daemon(&self) {
+        let (Some(qemu), Some(daemon)) = (&self.qemu, &self.daemon) else {
+            return;
+        };
+        let watched = super::sys::PidFd::open(qemu.pid())
+            .and_then(|qemu| Ok((qemu, super::sys::PidFd::open(daemon.pid())?)))
+            .and_then(|(qemu, daemon)| {
+                let grace = i32::try_from(DAEMON_STOP_GRACE.as_millis()).unwrap_or(i32::MAX);
+                super::sys::spawn_exit_watcher(&qemu, &daemon, grace)
+            });
+        if let Err(error) = watched {
+            tracing::warn!(%error, id = %self.record.id, "cannot watch the detached VM's QEMU; its daemon stops only with `stop`");
+        }
     }
 
     /// Reaps QEMU (already stopped), stops the daemon, removes the run folder.
