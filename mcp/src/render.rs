@@ -273,7 +273,8 @@ pub struct KillResult {
 impl Render for KillResult {
     fn render(&self) -> String {
         format!(
-            "signal {} sent to process group {} (a no-op if it had already exited)",
+            "signal {} sent to process {} and everything it started (a no-op if all of \
+             it had already exited)",
             self.signal, self.pid
         )
     }

@@ -232,9 +232,10 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Send a signal to a tracked process's whole process group. signal: 15 \
-        (SIGTERM, default), 2 (SIGINT), 9 or 0 (SIGKILL). Killing a process that already \
-        exited is a successful no-op.",
+        description = "Send a signal to a tracked process and everything it started (its \
+        cgroup: background and setsid'd children too, also after the process itself \
+        exited). signal: 15 (SIGTERM, default), 2 (SIGINT), 9 or 0 (SIGKILL). Killing what \
+        already exited is a successful no-op.",
         output_schema = schema_for_output::<KillResult>(),
         annotations(destructive_hint = true)
     )]
