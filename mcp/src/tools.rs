@@ -96,7 +96,8 @@ impl SandboxServer {
         (default and max 300). Each stream keeps its first 1 MiB (truncated is set past \
         that). A non-zero exit_code is a normal result. A run cut off by its timeout or a \
         lost connection is an error result that still carries the output collected so far. \
-        For servers or jobs longer than 5 minutes use spawn.",
+        Background children (cmd &) are killed at the timeout too; a command the OOM killer \
+        ended has oom_killed set. For servers or jobs longer than 5 minutes use spawn.",
         output_schema = schema_for_output::<ExecResult>()
     )]
     async fn exec(
