@@ -13,11 +13,11 @@ use crate::files::{
     WriteFileRequest,
 };
 use crate::hello::{Hello, HelloReply};
-use crate::machine::{AgentInfo, ResumedRequest, ShutdownRequest};
+use crate::machine::{AgentInfo, Confinement, ResumedRequest, ShutdownRequest};
 use crate::output::{LogsBatch, LogsReply, LogsRequest, OutputChunk};
 use crate::process::{
-    ExecReply, ExecRequest, KillRequest, Pid, ProcessInfo, PtyInputRequest, PtyOpenRequest,
-    PtyResizeRequest, SpawnRequest,
+    ExecReply, ExecRequest, KillRequest, Pid, ProcessDetail, ProcessInfo, PtyInputRequest,
+    PtyOpenRequest, PtyResizeRequest, SpawnRequest,
 };
 
 /// Names one request and everything sent about it.
@@ -51,8 +51,9 @@ pub enum ClientMsg {
     Hello(Hello),
     /// Start a request under a fresh id.
     Request(Request),
-    /// Stop the request with this frame's id: a running exec has its process group
-    /// killed, a follow stream ends. The request still gets its final `Error(Cancelled)`.
+    /// Stop the request with this frame's id: a running exec is killed with all it
+    /// started (its cgroup, or its process group on an agent without cgroups), a
+    /// follow stream ends. The request still gets its final `Error(Cancelled)`.
     Cancel,
     /// Bytes for the request with this frame's id (the content of a `put`).
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
@@ -98,7 +99,7 @@ pub enum Request {
     Logs(LogsRequest),
     /// List tracked processes; reply [`Reply::Ps`].
     Ps,
-    /// Signal a process group; reply [`Reply::Done`].
+    /// Signal a process's cgroup (or process group); reply [`Reply::Done`].
     Kill(KillRequest),
     /// Open a terminal; reply [`Reply::PtyOpened`]. Read it with `Logs { follow }`.
     PtyOpen(PtyOpenRequest),
@@ -130,6 +131,12 @@ pub enum Request {
     Resumed(ResumedRequest),
     /// Stop everything and power off; reply [`Reply::Done`] first.
     Shutdown(ShutdownRequest),
+    /// `ps` with each process's cgroup, what it left behind and OOM kills; reply
+    /// [`Reply::PsDetail`]. (A new request rather than new fields in `ps`: see the
+    /// crate docs.)
+    PsDetail,
+    /// How the agent confines processes; reply [`Reply::Confinement`].
+    Confinement,
 }
 
 impl Request {
@@ -156,6 +163,8 @@ impl Request {
             Self::Get(_) => "get",
             Self::Resumed(_) => "resumed",
             Self::Shutdown(_) => "shutdown",
+            Self::PsDetail => "ps_detail",
+            Self::Confinement => "confinement",
         }
     }
 }
@@ -219,4 +228,8 @@ pub enum Reply {
         /// Its permission bits.
         mode: u32,
     },
+    /// Every tracked process with its cgroup's state.
+    PsDetail(Vec<ProcessDetail>),
+    /// How the agent confines processes.
+    Confinement(Confinement),
 }

@@ -43,7 +43,7 @@ use tokio::task::AbortHandle;
 
 use super::admission::{Admission, Full};
 use super::dispatch;
-use crate::agent::{Agent, AGENT_VERSION, CAPABILITIES};
+use crate::agent::{Agent, AGENT_VERSION};
 use crate::events::Events;
 use crate::files::stream::{put_channel, PutSender};
 
@@ -290,7 +290,7 @@ fn check_hello(hello: &Hello, agent: &Agent) -> Result<HelloReply, WireError> {
         version: PROTOCOL_VERSION,
         agent_version: AGENT_VERSION.to_owned(),
         boot_id: agent.boot_id.clone(),
-        capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+        capabilities: agent.capabilities(),
     })
 }
 

@@ -2,9 +2,9 @@
 //! [`ExecStream`] and [`LogsStream`] built on it.
 //!
 //! Dropping a handle before its final frame arrived sends `Cancel`, so abandoning a
-//! streaming exec kills its process group and abandoning a follow ends it on the agent.
-//! Each handle reports the payload it has handed out (`Consumed`), which is what
-//! lets the agent send more: a stream runs at the speed of its reader.
+//! streaming exec kills it with all it started, and abandoning a follow ends it on the
+//! agent. Each handle reports the payload it has handed out (`Consumed`), which is
+//! what lets the agent send more: a stream runs at the speed of its reader.
 
 use std::sync::Arc;
 
