@@ -379,10 +379,27 @@ impl Launcher {
 /// process (a VM detached here and stopped here).
 async fn stop_foreign(pid: u32, needle: &str, grace: Duration) -> StopOutcome {
     let outcome = signal_foreign(pid, needle, grace).await;
-    if outcome != StopOutcome::NotRunning {
+    // A VM process that had already exited (a detached VM's daemon, stopped by its
+    // exit watcher when QEMU went) is a zombie whose command line is gone: known by
+    // its name instead, so a VM detached here leaves no zombie behind.
+    if outcome != StopOutcome::NotRunning || is_vm_zombie(pid) {
         reap_if_child(pid);
     }
     outcome
+}
+
+/// True when `pid` is a zombie named like a VM process (QEMU or the vsock daemon).
+fn is_vm_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return false;
+    };
+    let comm = &stat[open + 1..close];
+    let zombie = stat[close + 1..].trim_start().starts_with('Z');
+    zombie && (comm.starts_with("qemu-system") || comm.starts_with("vhost-device"))
 }
 
 async fn signal_foreign(pid: u32, needle: &str, grace: Duration) -> StopOutcome {
