@@ -76,6 +76,16 @@ pub enum FileError {
         /// What changed.
         what: String,
     },
+    /// A directory holds more names than one reply can carry.
+    #[error(
+        "{path} holds more entries than one listing can carry (over {entries} read); list it with exec, e.g. `ls -f`"
+    )]
+    ListingTooLarge {
+        /// The directory.
+        path: String,
+        /// Entries read before giving up.
+        entries: usize,
+    },
     /// A directory operation met something else.
     #[error("{path} is not a directory")]
     NotDirectory {
@@ -132,7 +142,7 @@ impl FileError {
             Self::NotAbsolute { .. } | Self::RemoveRoot | Self::WindowExceeded { .. } => {
                 ErrorKind::BadRequest
             }
-            Self::TooLarge { .. } => ErrorKind::TooLarge,
+            Self::TooLarge { .. } | Self::ListingTooLarge { .. } => ErrorKind::TooLarge,
             Self::IsDirectory { .. }
             | Self::NotRegular { .. }
             | Self::NotReplaceable { .. }

@@ -4,6 +4,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 
+use sandbox_protocol::limits::MAX_FRAME_BYTES;
 use sandbox_protocol::{DirEntry, FileKind, FileStat, MkdirRequest, RemoveRequest, RenameRequest};
 
 use super::{absolute_path, display, FileError};
@@ -23,6 +24,9 @@ fn kind_of(file_type: std::fs::FileType) -> FileKind {
     }
 }
 
+/// Wire bytes of one listed entry besides its name (kind, size, length prefixes).
+const LIST_ENTRY_OVERHEAD_BYTES: usize = 16;
+
 /// One level of a directory, sorted by name; names keep their raw bytes.
 pub fn list_dir(path: &[u8]) -> Result<Vec<DirEntry>, FileError> {
     let path = absolute_path(path)?;
@@ -34,10 +38,21 @@ pub fn list_dir(path: &[u8]) -> Result<Vec<DirEntry>, FileError> {
     }
     let entries = std::fs::read_dir(&path).map_err(|error| FileError::io("list", &path, error))?;
     let mut out = Vec::new();
+    // What the reply will take on the wire, roughly: a listing that cannot fit one
+    // frame is refused as soon as that is clear, not after building all of it (a
+    // directory of millions of names must not cost the agent their whole list).
+    let mut reply_bytes = 0usize;
     for entry in entries {
         let entry = entry.map_err(|error| FileError::io("list", &path, error))?;
         // An entry removed while listing is simply skipped.
         let Ok(meta) = entry.metadata() else { continue };
+        reply_bytes += entry.file_name().len() + LIST_ENTRY_OVERHEAD_BYTES;
+        if reply_bytes > MAX_FRAME_BYTES {
+            return Err(FileError::ListingTooLarge {
+                path: display(&path),
+                entries: out.len(),
+            });
+        }
         out.push(DirEntry {
             name: entry.file_name().as_bytes().to_vec(),
             kind: kind_of(meta.file_type()),
@@ -198,5 +213,23 @@ mod tests {
             missing.to_wire().kind,
             sandbox_protocol::ErrorKind::NotFound
         );
+    }
+
+    #[test]
+    fn a_directory_too_big_for_one_reply_is_refused_early() {
+        let dir = tempfile::tempdir().unwrap();
+        // Long names, so a few thousand entries pass the frame limit.
+        let name_len = 250;
+        let count = MAX_FRAME_BYTES / (name_len + LIST_ENTRY_OVERHEAD_BYTES) + 10;
+        for n in 0..count {
+            let name = format!("{n:0>width$}", width = name_len);
+            std::fs::File::create(dir.path().join(name)).unwrap();
+        }
+        let error = list_dir(dir.path().as_os_str().as_bytes()).unwrap_err();
+        assert!(
+            matches!(error, FileError::ListingTooLarge { .. }),
+            "{error}"
+        );
+        assert_eq!(error.to_wire().kind, sandbox_protocol::ErrorKind::TooLarge);
     }
 }
