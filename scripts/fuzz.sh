@@ -81,6 +81,11 @@ for target in "${TARGETS[@]}"; do
     echo "fuzz: FAILED: $target crashed; the input is in fuzz/artifacts/$target (log: $work.log)" >&2
     exit 1
   }
+  # agent_dispatch's scratch directories (one per fuzzer process, named after its
+  # pid) outlive it: libFuzzer exits without running destructors.
+  for dir in "${TMPDIR:-/tmp}"/sandbox-fuzz-dispatch-*; do
+    if [ -d "$dir" ] && ! kill -0 "${dir##*-}" 2>/dev/null; then rm -rf "$dir"; fi
+  done
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work.log" | tail -n 1)
   speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work.log" | tail -n 1)
   SUMMARY[$target]="${runs:-?} executions in ${secs}s (${speed:-?}/s)"
