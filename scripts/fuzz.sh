@@ -82,9 +82,13 @@ for target in "${TARGETS[@]}"; do
     exit 1
   }
   # agent_dispatch's scratch directories (one per fuzzer process, named after its
-  # pid) outlive it: libFuzzer exits without running destructors.
+  # pid; a file when an input replaced it) outlive it: libFuzzer exits without
+  # running destructors. Remove those whose fuzzer is gone (its pid is free or
+  # reused by another program).
   for dir in "${TMPDIR:-/tmp}"/sandbox-fuzz-dispatch-*; do
-    if [ -d "$dir" ] && ! kill -0 "${dir##*-}" 2>/dev/null; then rm -rf "$dir"; fi
+    [ -e "$dir" ] || continue
+    comm=$(cat "/proc/${dir##*-}/comm" 2>/dev/null || true)
+    [ "$comm" = agent_dispatch ] || rm -rf "$dir"
   done
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work.log" | tail -n 1)
   speed=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work.log" | tail -n 1)
