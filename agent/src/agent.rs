@@ -11,8 +11,20 @@ use tokio::sync::watch;
 use crate::init::PowerAction;
 use crate::process::table::ProcessTable;
 
-/// Capabilities announced in the handshake.
-pub const CAPABILITIES: &[&str] = &["exec", "exec_stream", "spawn", "logs_follow", "pty"];
+/// Capabilities announced in the handshake (plus [`CGROUPS_CAPABILITY`] when the
+/// agent confines in cgroups).
+pub const CAPABILITIES: &[&str] = &[
+    "exec",
+    "exec_stream",
+    "spawn",
+    "logs_follow",
+    "pty",
+    sandbox_protocol::limits::STREAM_WINDOW_CAPABILITY,
+];
+
+/// Announced when every process runs in its own cgroup: timeouts and kills reach
+/// all it started, and OOM kills are reported (`ps_detail`, `confinement`).
+pub const CGROUPS_CAPABILITY: &str = "cgroups";
 
 /// The agent's crate version.
 pub const AGENT_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -34,10 +46,16 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Fresh state: an empty table forgetting exited processes after `forget_after`.
+    /// Fresh state: an empty table forgetting exited processes after `forget_after`,
+    /// confining by process group.
     pub fn new(forget_after: Duration, token: Option<String>, is_init: bool) -> Self {
+        Self::with_table(ProcessTable::new(forget_after), token, is_init)
+    }
+
+    /// Fresh state around `table`.
+    pub fn with_table(table: ProcessTable, token: Option<String>, is_init: bool) -> Self {
         Self {
-            table: Arc::new(ProcessTable::new(forget_after)),
+            table: Arc::new(table),
             boot_id: crate::sys::random_hex(16),
             is_init,
             token,
@@ -45,6 +63,15 @@ impl Agent {
             generation: AtomicU64::new(0),
             shutdown: watch::channel(None).0,
         }
+    }
+
+    /// The capabilities this agent announces.
+    pub fn capabilities(&self) -> Vec<String> {
+        let mut capabilities: Vec<String> = CAPABILITIES.iter().map(|c| (*c).to_owned()).collect();
+        if self.table.confinement().mode() == sandbox_protocol::ConfinementMode::Cgroups {
+            capabilities.push(CGROUPS_CAPABILITY.to_owned());
+        }
+        capabilities
     }
 
     /// Counts one more restore from a snapshot.

@@ -10,8 +10,8 @@
 //! - [`server`]: listeners, the accept loop, and per-connection multiplexing
 //!   ([`server::connection`]) that routes requests to handlers ([`server::dispatch`]).
 //! - [`process`]: the process table, the single reaper, the spawn gate that
-//!   serialises child starts (and the OOM unshield around each), and the exec, spawn,
-//!   pty, logs and kill handlers.
+//!   serialises child starts (and the OOM unshield around each), confinement in
+//!   cgroups ([`process::cgroup`]), and the exec, spawn, pty, logs and kill handlers.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
@@ -21,6 +21,17 @@
 //!   the host the agent listens.
 //! - [`sys`]: every raw system call, behind safe functions; the only module where
 //!   the compiler admits `unsafe` (the crate root denies `unsafe_code`).
+//!
+//! # Confinement
+//! As the machine's init the agent mounts cgroup2, moves itself into an `agent` leaf
+//! (`memory.min` 32 MiB, `cpu.weight` 1000) and starts every exec, spawn and pty in a
+//! cgroup of its own under `workload` (`memory.max` = RAM − 64 MiB − RAM/32,
+//! `pids.max` 4096 or less where the kernel allows fewer tasks). A timeout or cancel
+//! kills the whole cgroup, `setsid`'d children included; a finished exec's leftovers
+//! live on, listed and killable, until its deadline; OOM kills are counted per
+//! cgroup and reported by `ps_detail`. Elsewhere (a Unix socket in development, PID 1
+//! of a namespace in tests, a kernel without cgroup2) it keeps to process groups.
+//! `confinement` and the `cgroups` capability say which. See [`process::cgroup`].
 //!
 //! # Robustness
 //! As PID 1, the agent must never exit: a panic in a request handler is caught by its
@@ -67,8 +78,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     on_listening: impl FnOnce(&Agent),
 ) -> Result<Arc<Agent>, RunError> {
-    let agent = Arc::new(Agent::new(
-        config.forget_after,
+    // Before any child starts: each one joins a cgroup of this tree.
+    let confinement = process::cgroup::Confinement::set_up(config.is_init);
+    let agent = Arc::new(Agent::with_table(
+        process::table::ProcessTable::with_confinement(config.forget_after, confinement),
         config.token.clone(),
         config.is_init,
     ));

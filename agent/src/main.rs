@@ -21,6 +21,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 fn main() -> ExitCode {
     sandbox_agent::sys::return_large_allocations_to_the_kernel();
+    sandbox_agent::sys::raise_open_file_limit();
     if init::is_pid1() {
         let action = std::panic::catch_unwind(run_as_init).unwrap_or_else(|panic| {
             // Not eprintln!: it panics when the console is gone, and this is outside
@@ -78,7 +79,7 @@ fn run_as_init() -> PowerAction {
                     ready::notify_host(port, &ready::ready_message(boot_id)).await;
                 }
             });
-            let result = run(config, shutdown_signal(), |agent| {
+            let result = run(config, init_shutdown_signal(), |agent| {
                 let _ = listening_tx.send(agent.boot_id.clone());
             })
             .await;
@@ -122,6 +123,27 @@ async fn shutdown_signal() {
                 "cannot watch SIGTERM/SIGINT; only a shutdown request will stop the agent"
             );
             std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// As init: SIGTERM or SIGINT, and the signals busybox's `halt` (SIGUSR1) and
+/// `poweroff` (SIGUSR2) send to PID 1. Each powers the guest off (busybox's `reboot`
+/// sends SIGTERM; a microVM has nothing to reboot into, QEMU runs with -no-reboot).
+async fn init_shutdown_signal() {
+    let halt = signal(SignalKind::user_defined1());
+    let power_off = signal(SignalKind::user_defined2());
+    match (halt, power_off) {
+        (Ok(mut halt), Ok(mut power_off)) => {
+            tokio::select! {
+                () = shutdown_signal() => {}
+                _ = halt.recv() => tracing::info!("SIGUSR1 (halt)"),
+                _ = power_off.recv() => tracing::info!("SIGUSR2 (poweroff)"),
+            }
+        }
+        _ => {
+            tracing::error!("cannot watch SIGUSR1/SIGUSR2: `halt` and `poweroff` will not work");
+            shutdown_signal().await;
         }
     }
 }

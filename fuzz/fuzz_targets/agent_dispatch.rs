@@ -9,6 +9,8 @@
 #![no_main]
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -19,7 +21,7 @@ use sandbox_agent::files::stream::put_channel;
 use sandbox_agent::server::dispatch;
 use sandbox_fuzz::scratch::confine_request;
 use sandbox_protocol::{ErrorKind, Request, RequestId};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Requests per input, at most: enough for mkdir, write, list, rename, remove.
 const MAX_REQUESTS: usize = 16;
@@ -81,7 +83,9 @@ fuzz_target!(|data: &[u8]| {
 async fn run(request: Request, put_data: Option<Vec<u8>>) {
     let name = request.name();
     let (tx, mut rx) = mpsc::channel(8);
-    let events = Events::new(RequestId(1), tx);
+    // No stream window: the events are drained at once, as fast as they come.
+    let (_report, consumed) = watch::channel(0);
+    let events = Events::new(RequestId(1), tx, consumed, Arc::new(AtomicBool::new(false)));
     let input = if matches!(request, Request::Put(_)) {
         let (sender, receiver) = put_channel();
         // With no data the put sees its queue close: an incomplete transfer.

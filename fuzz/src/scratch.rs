@@ -44,6 +44,8 @@ pub fn confine_request(root: &Path, request: Request) -> Option<Request> {
         | Request::PtyInput(_)
         | Request::PtyResize(_)
         | Request::Ps
+        | Request::PsDetail
+        | Request::Confinement
         | Request::Info => {}
         Request::WriteFile(request) => fix(&mut request.path),
         Request::ReadFile(request)

@@ -61,6 +61,8 @@ pub fn requests() -> Vec<(&'static str, Request)> {
         }),
         Request::PtyResize(PtyResizeRequest { pid: Pid(7), size }),
         Request::Info,
+        Request::PsDetail,
+        Request::Confinement,
         Request::WriteFile(WriteFileRequest {
             path: path("/a/f"),
             data: b"hello".to_vec(),
@@ -114,6 +116,7 @@ pub fn client_frames() -> Vec<(String, ClientFrame)> {
             frame(3, ClientMsg::Data(b"chunk".to_vec())),
         ),
         ("data_end".to_owned(), frame(3, ClientMsg::DataEnd)),
+        ("consumed".to_owned(), frame(3, ClientMsg::Consumed(4096))),
     ];
     for (i, (name, request)) in (1..).zip(requests()) {
         out.push((

@@ -155,8 +155,9 @@ async fn stop_server(server: McpServer) {
     assert!(status.success(), "sandbox-mcp exited with {status}");
 }
 
-/// The agent URL of the VM behind a claimed `sbx-<vm id>`, from its run folder.
-fn agent_url(config: &LauncherConfig, sandbox_id: &str) -> String {
+/// The agent URL and token of the VM behind a claimed `sbx-<vm id>`, from its run
+/// folder.
+fn agent_address(config: &LauncherConfig, sandbox_id: &str) -> (String, Option<String>) {
     let vm_id = sandbox_id.strip_prefix("sbx-").expect("a VM sandbox id");
     let listed = Launcher::new(config.clone())
         .list()
@@ -164,24 +165,34 @@ fn agent_url(config: &LauncherConfig, sandbox_id: &str) -> String {
     listed
         .iter()
         .find(|entry| entry.name == vm_id)
-        .and_then(|entry| entry.record.as_ref())
-        .map(|record| record.agent_url.clone())
+        .and_then(|entry| Some((entry.record.as_ref()?.agent_url.clone(), entry.token())))
         .unwrap_or_else(|| panic!("no run folder for {sandbox_id} in {listed:?}"))
 }
 
 /// Interleaves the `exec` tool, the client and `sandboxctl` on `sandbox_id` (whose
 /// agent is at `url`), `runs` times each, and prints them with their ratios.
-async fn exec_three_ways(server: &McpServer, sandbox_id: &str, url: &str, runs: usize) {
-    let client = Client::connect(&url.parse().expect("agent URL"), &ConnectOptions::default())
+async fn exec_three_ways(
+    server: &McpServer,
+    sandbox_id: &str,
+    (url, token): (&str, Option<String>),
+    runs: usize,
+) {
+    let options = ConnectOptions {
+        token: token.clone(),
+        ..ConnectOptions::default()
+    };
+    let client = Client::connect(&url.parse().expect("agent URL"), &options)
         .await
         .unwrap_or_else(|error| panic!("cannot connect to {url}: {}", error_chain(&error)));
     let sandboxctl = &sandbox_tests::binaries().sandboxctl;
     let tool_args = json!({"sandbox_id": sandbox_id, "command": "true"});
     let cli = || {
-        let status = std::process::Command::new(sandboxctl)
-            .args(["--agent", url, "sh", "true"])
-            .status()
-            .unwrap();
+        let mut command = std::process::Command::new(sandboxctl);
+        command.args(["--agent", url]);
+        if let Some(token) = &token {
+            command.args(["--token", token]);
+        }
+        let status = command.args(["sh", "true"]).status().unwrap();
         assert!(status.success(), "sandboxctl sh true: {status}");
     };
     for _ in 0..10 {
@@ -269,9 +280,9 @@ async fn microvms(config: &LauncherConfig) {
     );
 
     let id = kept["sandbox_id"].as_str().unwrap().to_owned();
-    let url = agent_url(config, &id);
+    let (url, token) = agent_address(config, &id);
     println!("exec of true on the claimed microVM {id}");
-    exec_three_ways(&server, &id, &url, VM_EXECS).await;
+    exec_three_ways(&server, &id, (&url, token), VM_EXECS).await;
     release(&server, &kept).await;
     stop_server(server).await;
 }
@@ -281,7 +292,7 @@ async fn local_agent() {
     let log = agent.dir().join("mcp.log");
     let server = McpServer::start(&["--agent", &agent.url()], &[], &log).await;
     println!("exec of true on a local agent (attach mode, Unix socket, no VM)");
-    exec_three_ways(&server, "attached", &agent.url(), LOCAL_EXECS).await;
+    exec_three_ways(&server, "attached", (&agent.url(), None), LOCAL_EXECS).await;
     stop_server(server).await;
 }
 

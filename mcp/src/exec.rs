@@ -4,14 +4,16 @@
 //!
 //! Each stream keeps its first [`EXEC_OUTPUT_CAP_BYTES`]; the rest is read and
 //! dropped with `truncated` set, as the agent does for a collected exec. The agent
-//! kills the process group at the timeout and replies within
-//! [`EXEC_DEADLINE_GRACE_SECS`]; if it does not, this side gives up one second later
-//! and cancels the request, which also kills the group.
+//! kills the command and all it started (its cgroup, or its process group on an agent
+//! without cgroups) at the timeout and replies within [`EXEC_DEADLINE_GRACE_SECS`];
+//! if it does not, this side gives up one second later and cancels the request,
+//! which kills the same way. A command that ended by `SIGKILL` is looked up once
+//! more (`ps_detail`), so a kill by the OOM killer is reported as such.
 
 use std::time::Duration;
 
 use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_OUTPUT_CAP_BYTES};
-use sandbox_protocol::{ExecReply, ExecRequest, OutputChunk, Stream};
+use sandbox_protocol::{ExecReply, ExecRequest, OomKill, OutputChunk, Stream};
 use sandbox_vmm::client::{Client, ClientError, ExecEvent};
 use tokio::time::Instant;
 
@@ -45,6 +47,8 @@ pub struct Collected {
     pub started: bool,
     /// How it ended.
     pub end: End,
+    /// Set when the OOM killer ended it.
+    pub oom: Option<OomKill>,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -64,9 +68,10 @@ impl Collected {
                 result.exit_code = reply.exit.map(|exit| exit.shell_code());
                 result.signal = reply.exit.and_then(|exit| exit.signal);
                 result.timed_out = reply.timed_out;
+                result.oom_killed = self.oom.map(|oom| oom.to_string());
                 if reply.timed_out {
                     result.error = Some(format!(
-                        "Timed out after {} s and the process group was killed; the output \
+                        "Timed out after {} s and it was killed with all it started; the output \
                          above is what it printed until then. Re-run with a larger \
                          timeout_seconds (at most 300), or start it with spawn and poll \
                          with logs.",
@@ -106,6 +111,7 @@ pub async fn run(client: &Client, mut request: ExecRequest, timeout: Duration) -
         truncated: false,
         started: false,
         end: End::NoReply,
+        oom: None,
         elapsed: Duration::ZERO,
     };
     let mut stream = match client.exec_stream(request) {
@@ -130,6 +136,7 @@ pub async fn run(client: &Client, mut request: ExecRequest, timeout: Duration) -
             Ok(ExecEvent::Started(_)) => collected.started = true,
             Ok(ExecEvent::Output(chunk)) => collected.push(chunk),
             Ok(ExecEvent::Finished(reply)) => {
+                collected.oom = client.exec_oom_kill(&reply).await;
                 collected.end = End::Finished(reply);
                 break;
             }
@@ -168,6 +175,7 @@ mod tests {
             truncated: false,
             started: true,
             end: End::NoReply,
+            oom: None,
             elapsed: Duration::ZERO,
         }
     }

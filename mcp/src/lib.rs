@@ -3,7 +3,11 @@
 //! claim a VM, run commands and move files in it, and throw it away.
 //!
 //! # How data flows
-//! The client speaks JSON-RPC on stdin/stdout; logs go to stderr only. `rmcp` routes
+//! The client speaks JSON-RPC on stdin/stdout, one message per line; logs go to
+//! stderr only. The [`stdio`] front reads stdin first: it answers what `rmcp` would
+//! drop without a word (a line over [`stdio::MAX_LINE_BYTES`], invalid JSON, JSON
+//! that is no JSON-RPC message) with JSON-RPC errors, hands every valid line to
+//! `rmcp` through an in-memory pipe, and is the one writer of stdout. `rmcp` routes
 //! each `tools/call` to a method of [`tools::SandboxServer`], which checks its
 //! arguments, looks the sandbox up in the [`registry`], and calls the sandbox's agent
 //! through the `sandbox-vmm` client over the VM's hybrid vsock (or the attached
@@ -15,10 +19,14 @@
 //! template and size (claims in milliseconds), refilled in the background, or a cold
 //! boot for anything else, all within `--max-sandboxes`. In attach mode one existing
 //! agent is the only sandbox. Each claim lives until `release`, its TTL, or the end of
-//! the session; [`run`] destroys every VM when the client disconnects (stdin EOF) or
-//! the shutdown signal fires, and every VM handle kills its VM on drop as a backstop.
+//! the session; [`run`] destroys every VM when the client disconnects (stdin EOF, seen
+//! by the front, cancels `rmcp` without waiting for calls in flight) or the shutdown
+//! signal fires, and every VM handle kills its VM on drop as a backstop.
 //!
 //! # Layout
+//! - [`stdio`]: the line filter between stdin/stdout and `rmcp`: the line cap, error
+//!   replies ([`stdio::line`]), the streaming id scan of oversize lines
+//!   ([`stdio::scan`]), the single stdout writer.
 //! - [`config`]: command-line arguments and environment fallbacks → [`config::Config`].
 //! - [`node`]: where sandboxes come from; `create_sandbox`, `release`, `node_info`.
 //! - [`pool`]: capacity (a semaphore), cold boots and the warm pool's refiller, behind
@@ -39,6 +47,7 @@ pub mod pool;
 pub mod registry;
 pub mod render;
 pub mod sandbox;
+pub mod stdio;
 pub mod tools;
 pub mod util;
 
@@ -61,12 +70,20 @@ pub enum ServeError {
 
 /// Serves MCP on stdin/stdout until the client disconnects or `shutdown` resolves,
 /// then destroys every sandbox and warm VM.
+///
+/// A closed stdin means the client is gone (it exited, or was killed: its end of
+/// the pipe closes either way), so nobody will read the answers of calls still in
+/// flight. rmcp, left to notice by itself, gives those calls up to 5 s to finish
+/// (and an `exec` runs up to 5 minutes); here the service is cancelled and the VMs
+/// destroyed at once, which also ends those calls.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
     let node = node::Node::start(config).await;
     let server = tools::SandboxServer::new(node.clone());
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let (mut front, transport) = stdio::Front::start(stdin, stdout);
     tokio::pin!(shutdown);
     let result = tokio::select! {
-        service = server.serve(rmcp::transport::stdio_pipes()) => match service {
+        service = server.serve(transport) => match service {
             Ok(service) => {
                 let cancel = service.cancellation_token();
                 tokio::select! {
@@ -77,6 +94,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                         }
                         Err(error) => Err(ServeError::Service(error)),
                     },
+                    () = front.closed() => {
+                        tracing::info!("client disconnected (stdin closed)");
+                        // Not awaited: the service's drain waits on the calls that
+                        // destroying the VMs is about to end.
+                        cancel.cancel();
+                        Ok(())
+                    }
                     () = &mut shutdown => {
                         tracing::info!("shutdown signal");
                         cancel.cancel();
@@ -84,8 +108,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                     }
                 }
             }
+            // The handshake fails when stdin closes first; that is a disconnect.
+            Err(_) if front.is_closed() => {
+                tracing::info!("client disconnected before it initialized");
+                Ok(())
+            }
             Err(error) => Err(ServeError::Initialize(Box::new(error))),
         },
+        () = front.closed() => {
+            tracing::info!("client disconnected before it initialized");
+            Ok(())
+        }
         () = &mut shutdown => {
             tracing::info!("shutdown signal before the client initialized");
             Ok(())

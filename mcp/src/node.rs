@@ -188,7 +188,10 @@ impl Node {
         // The sandbox keeps its own handle on the connection the VM came with.
         let agent = (
             lease.vm().url.clone(),
-            ConnectOptions::default(),
+            lease
+                .vm()
+                .vm
+                .connect_options(ConnectOptions::default().connect_timeout),
             Some(lease.vm().client.clone()),
         );
         let sandbox = Sandbox::new(

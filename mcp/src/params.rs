@@ -86,8 +86,9 @@ pub struct ExecParams {
     /// Extra environment variables, applied over a clean default environment.
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
-    /// Seconds before the command's process group is killed; default and maximum
-    /// 300. For longer jobs use spawn and poll with logs.
+    /// Seconds before the command is killed with everything it started (background
+    /// children too); default and maximum 300. For longer jobs use spawn and poll
+    /// with logs.
     #[serde(default, alias = "timeout")]
     pub timeout_seconds: Option<u64>,
     /// Text written to the command's standard input, which is then closed.
@@ -140,8 +141,8 @@ pub struct LogsParams {
 pub struct KillParams {
     /// The sandbox, as returned by create_sandbox.
     pub sandbox_id: String,
-    /// The process, as returned by spawn or listed by ps; its whole process group is
-    /// signalled.
+    /// The process, as returned by spawn or listed by ps; every process it started is
+    /// signalled (also what an exited one left running).
     pub pid: i32,
     /// Signal number: 15 (SIGTERM, the default), 2 (SIGINT), 9 or 0 (SIGKILL).
     #[serde(default)]

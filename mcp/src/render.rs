@@ -107,18 +107,25 @@ pub struct ExecResult {
     pub signal: Option<i32>,
     /// A stream went past 1 MiB; the rest was read and dropped.
     pub truncated: bool,
-    /// The timeout passed and the process group was killed.
+    /// The timeout passed and the command was killed with all it started.
     pub timed_out: bool,
     /// Wall time in milliseconds.
     pub duration_ms: u64,
     /// Set when the run was cut off (timeout, lost connection): the output above is
     /// what was collected until then.
     pub error: Option<String>,
+    /// Set when the OOM killer ended it: "killed by the OOM killer (memory limit N
+    /// MiB)".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_killed: Option<String>,
 }
 
 impl Render for ExecResult {
     fn render(&self) -> String {
         let mut out = match (self.exit_code, self.signal) {
+            (_, Some(_)) if self.oom_killed.is_some() => {
+                self.oom_killed.clone().unwrap_or_default()
+            }
             (_, Some(signal)) => format!("killed by signal {signal}"),
             (Some(code), None) => format!("exit_code: {code}"),
             (None, None) => "exit_code: none (did not finish)".to_owned(),
@@ -266,7 +273,8 @@ pub struct KillResult {
 impl Render for KillResult {
     fn render(&self) -> String {
         format!(
-            "signal {} sent to process group {} (a no-op if it had already exited)",
+            "signal {} sent to process {} and everything it started (a no-op if all of \
+             it had already exited)",
             self.signal, self.pid
         )
     }
@@ -517,6 +525,32 @@ mod tests {
             ..ExecResult::default()
         };
         assert_eq!(silent.render(), "exit_code: 0\n(no output)");
+    }
+
+    #[test]
+    fn an_oom_kill_is_named_instead_of_the_bare_signal() {
+        let oom = sandbox_protocol::OomKill {
+            pid: sandbox_protocol::Pid(5),
+            kills: 1,
+            memory_max_bytes: Some(32 << 20),
+        };
+        let result = ExecResult {
+            exit_code: Some(137),
+            signal: Some(9),
+            oom_killed: Some(oom.to_string()),
+            ..ExecResult::default()
+        };
+        assert_eq!(
+            result.render(),
+            "killed by the OOM killer (memory limit 32 MiB)\n(no output)"
+        );
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(
+            json["oom_killed"],
+            "killed by the OOM killer (memory limit 32 MiB)"
+        );
+        let plain = serde_json::to_value(ExecResult::default()).unwrap();
+        assert!(plain.get("oom_killed").is_none());
     }
 
     #[test]

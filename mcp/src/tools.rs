@@ -96,7 +96,8 @@ impl SandboxServer {
         (default and max 300). Each stream keeps its first 1 MiB (truncated is set past \
         that). A non-zero exit_code is a normal result. A run cut off by its timeout or a \
         lost connection is an error result that still carries the output collected so far. \
-        For servers or jobs longer than 5 minutes use spawn.",
+        Background children (cmd &) are killed at the timeout too; a command the OOM killer \
+        ended has oom_killed set. For servers or jobs longer than 5 minutes use spawn.",
         output_schema = schema_for_output::<ExecResult>()
     )]
     async fn exec(
@@ -232,9 +233,10 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Send a signal to a tracked process's whole process group. signal: 15 \
-        (SIGTERM, default), 2 (SIGINT), 9 or 0 (SIGKILL). Killing a process that already \
-        exited is a successful no-op.",
+        description = "Send a signal to a tracked process and everything it started (its \
+        cgroup: background and setsid'd children too, also after the process itself \
+        exited). signal: 15 (SIGTERM, default), 2 (SIGINT), 9 or 0 (SIGKILL). Killing what \
+        already exited is a successful no-op.",
         output_schema = schema_for_output::<KillResult>(),
         annotations(destructive_hint = true)
     )]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_tests::TestAgent;
 use serde_json::json;
-use support::{eventually, McpServer};
+use support::{eventually, McpServer, RawServer};
 
 async fn attached(agent: &TestAgent) -> McpServer {
     let log = agent.dir().join("mcp.log");
@@ -422,5 +422,123 @@ async fn sigterm_stops_the_server_cleanly() {
         .ok("exec", json!({"sandbox_id": "attached", "command": "true"}))
         .await;
     let status = server.terminate(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
+
+/// The limit on one message, as the server documents it.
+const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+async fn raw_attached(agent: &TestAgent) -> RawServer {
+    let log = agent.dir().join("mcp-raw.log");
+    let mut server = RawServer::start(&["--agent", &agent.url()], &[], &log).await;
+    server.initialize().await;
+    server
+}
+
+/// Regression: rmcp dropped a line over 16 MiB and a line of invalid JSON without
+/// any reply (the client waited forever), and answered malformed JSON-RPC without
+/// its id, even when it was a notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_and_malformed_lines_get_json_rpc_errors_and_the_session_goes_on() {
+    let agent = TestAgent::start();
+    let mut server = raw_attached(&agent).await;
+    let path = agent.dir().join("huge.txt").display().to_string();
+
+    // 17 MiB of content, with the id after it, where TypeScript clients put it.
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","method":"tools/call","params":{{"name":"write_file","arguments":{{"sandbox_id":"attached","path":"{path}","content":"{}"}}}},"id":17}}"#,
+        "a".repeat(17 * 1024 * 1024)
+    );
+    server.send(huge.as_bytes()).await;
+    drop(huge);
+    let reply = server.recv().await;
+    assert_eq!(reply["id"], 17, "{reply}");
+    assert_eq!(reply["error"]["code"], -32600, "{reply}");
+    assert_eq!(reply["error"]["data"]["limit_bytes"], MAX_LINE_BYTES);
+    let message = reply["error"]["message"].as_str().unwrap();
+    assert!(message.contains("16 MiB"), "names the limit: {message}");
+    assert!(
+        message.contains("write_file") && message.contains("exec"),
+        "says what to use instead: {message}"
+    );
+    assert!(
+        !std::path::Path::new(&path).exists(),
+        "the oversize write must not have happened"
+    );
+
+    // The session goes on.
+    let run = server
+        .request(
+            18,
+            "tools/call",
+            json!({"name": "exec", "arguments": {"sandbox_id": "attached", "command": "echo ok"}}),
+        )
+        .await;
+    assert_eq!(
+        run["result"]["structuredContent"]["stdout"], "ok\n",
+        "{run}"
+    );
+
+    server.send(b"this is not json").await;
+    let parse = server.recv().await;
+    assert_eq!(parse["error"]["code"], -32700, "{parse}");
+    assert!(parse["id"].is_null(), "{parse}");
+    assert!(
+        parse.as_object().unwrap().contains_key("id"),
+        "id: null, not absent"
+    );
+
+    server.send(br#"{"foo":1}"#).await;
+    let invalid = server.recv().await;
+    assert_eq!(invalid["error"]["code"], -32600, "{invalid}");
+    assert!(invalid["id"].is_null(), "{invalid}");
+
+    server
+        .send(br#"{"jsonrpc":"2.0","id":"r-21","method":"tools/call","params":5}"#)
+        .await;
+    let bad_params = server.recv().await;
+    assert_eq!(bad_params["id"], "r-21", "{bad_params}");
+    assert_eq!(bad_params["error"]["code"], -32600, "{bad_params}");
+
+    // A malformed notification and a blank line get no reply: the next line out
+    // answers the ping sent after them.
+    server
+        .send(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":5}"#)
+        .await;
+    server.send(b"   ").await;
+    let pong = server.request(22, "ping", json!({})).await;
+    assert!(pong["result"].is_object(), "{pong}");
+    assert!(
+        server.log().contains("dropped a malformed message"),
+        "{}",
+        server.log()
+    );
+
+    server.close_stdin();
+    let status = server.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
+
+/// Regression: after the client went away, rmcp waited for in-flight calls (here an
+/// exec that sleeps a minute) before the server shut down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_stdin_mid_exec_stops_the_server_at_once() {
+    let agent = TestAgent::start();
+    let mut server = raw_attached(&agent).await;
+    server
+        .send_json(&json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+            "params": {"name": "exec",
+                       "arguments": {"sandbox_id": "attached", "command": "sleep 60"}}}))
+        .await;
+    server
+        .wait_running(&json!("attached"), "sleep 60", Duration::from_secs(10))
+        .await;
+    let started = Instant::now();
+    server.close_stdin();
+    let status = server.wait_exit(Duration::from_secs(2)).await;
+    eprintln!(
+        "server exited ({status}) {:?} after stdin closed",
+        started.elapsed()
+    );
     assert!(status.success(), "{status}");
 }

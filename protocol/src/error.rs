@@ -34,6 +34,9 @@ pub enum ErrorKind {
     WrongType,
     /// The agent is at a capacity limit (connections, processes).
     Busy,
+    /// The object changed underneath the operation (a file rewritten while it was
+    /// read); trying again may succeed.
+    Conflict,
 }
 
 impl ErrorKind {
@@ -53,6 +56,7 @@ impl ErrorKind {
             Self::AlreadyExists => "already_exists",
             Self::WrongType => "wrong_type",
             Self::Busy => "busy",
+            Self::Conflict => "conflict",
         }
     }
 }

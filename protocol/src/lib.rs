@@ -21,6 +21,8 @@
 //! 2. The client sends `ClientMsg::Request`s under fresh non-zero ids. The agent answers
 //!    each with zero or more `Event`s, then one `Reply` or `Error`.
 //! 3. `ClientMsg::Cancel` with a request's id stops it; it still gets a final frame.
+//!    `ClientMsg::Consumed` reports how much of a stream's payload the client has
+//!    used; the agent keeps at most `STREAM_WINDOW_BYTES` unreported in flight.
 //! 4. A frame that cannot be decoded gets an `Error` under its id (or id 0 when even
 //!    the id is unreadable) and the connection goes on.
 //!
@@ -52,13 +54,13 @@ pub use files::{
     RenameRequest, WriteFileRequest,
 };
 pub use hello::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
-pub use machine::{AgentInfo, ResumedRequest, ShutdownRequest};
+pub use machine::{AgentInfo, Confinement, ConfinementMode, ResumedRequest, ShutdownRequest};
 pub use message::{AgentFrame, AgentMsg, ClientFrame, ClientMsg, Event, Reply, Request, RequestId};
 pub use output::{LogsBatch, LogsReply, LogsRequest, OutputChunk, Stream};
 pub use process::{
-    Command, ExecReply, ExecRequest, ExitStatus, KillRequest, Pid, ProcessInfo, ProcessKind,
-    ProcessSpec, ProcessState, PtyInputRequest, PtyOpenRequest, PtyResizeRequest, SpawnRequest,
-    User, WindowSize, MAX_SIGNAL,
+    Command, ExecReply, ExecRequest, ExitStatus, KillRequest, OomKill, Pid, ProcessDetail,
+    ProcessInfo, ProcessKind, ProcessSpec, ProcessState, PtyInputRequest, PtyOpenRequest,
+    PtyResizeRequest, SpawnRequest, User, WindowSize, MAX_SIGNAL,
 };
 pub use ready::Ready;
 
@@ -72,6 +74,15 @@ mod wire_tests {
 
     fn bytes<T: serde::Serialize>(msg: &T) -> Vec<u8> {
         encode(msg, MAX_FRAME_BYTES).unwrap()
+    }
+
+    #[test]
+    fn consumed_bytes_are_pinned() {
+        let consumed = ClientFrame {
+            id: RequestId(3),
+            msg: ClientMsg::Consumed(300),
+        };
+        assert_eq!(bytes(&consumed), [4, 0, 0, 0, 3, 5, 0xAC, 2]);
     }
 
     #[test]
@@ -157,6 +168,72 @@ mod wire_tests {
         assert_eq!(
             bytes(&event),
             [11, 0, 0, 0, 4, 1, 2, 1, 1, 5, 2, b'h', b'i', 0, 7]
+        );
+    }
+
+    #[test]
+    fn confinement_bytes_are_pinned() {
+        // Appended for cgroup confinement: requests 20 and 21, replies 11 and 12.
+        // Older variants keep their indexes (the tests above).
+        let request = |id, request| {
+            bytes(&ClientFrame {
+                id: RequestId(id),
+                msg: ClientMsg::Request(request),
+            })
+        };
+        assert_eq!(request(5, Request::PsDetail), [3, 0, 0, 0, 5, 1, 20]);
+        assert_eq!(request(6, Request::Confinement), [3, 0, 0, 0, 6, 1, 21]);
+        let oom = OomKill {
+            pid: Pid(42),
+            kills: 1,
+            memory_max_bytes: Some(32 << 20),
+        };
+        let confinement = AgentFrame {
+            id: RequestId(8),
+            msg: AgentMsg::Reply(Reply::Confinement(Confinement {
+                mode: ConfinementMode::Cgroups,
+                agent_cgroup: Some("/a".into()),
+                workload_cgroup: None,
+                memory_max_bytes: Some(5),
+                pids_max: None,
+                reason: None,
+            })),
+        };
+        assert_eq!(
+            bytes(&confinement),
+            [13, 0, 0, 0, 8, 2, 12, 1, 1, 2, b'/', b'a', 0, 1, 5, 0, 0]
+        );
+        let detail = AgentFrame {
+            id: RequestId(9),
+            msg: AgentMsg::Reply(Reply::PsDetail(vec![ProcessDetail {
+                info: ProcessInfo {
+                    pid: Pid(3),
+                    kind: ProcessKind::Exec,
+                    argv: vec!["x".into()],
+                    state: ProcessState::Running,
+                    started_at_ms: 1,
+                    ended_at_ms: None,
+                },
+                cgroup: Some("/w".into()),
+                live_pids: 2,
+                oom: Some(oom),
+            }])),
+        };
+        assert_eq!(
+            bytes(&detail),
+            [
+                25, 0, 0, 0, 9, 2, 11, 1, 6, 0, 1, 1, b'x', 0, 1, 0, 1, 2, b'/', b'w', 2, 1, 84, 1,
+                1, 0x80, 0x80, 0x80, 0x10
+            ]
+        );
+        assert_eq!(
+            oom.to_string(),
+            "killed by the OOM killer (memory limit 32 MiB)"
+        );
+        let many = OomKill { kills: 3, ..oom };
+        assert_eq!(
+            many.to_string(),
+            "killed by the OOM killer (3 processes, memory limit 32 MiB)"
         );
     }
 }

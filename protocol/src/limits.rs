@@ -21,6 +21,19 @@ pub const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 /// has a request in flight: a pile of idle connections never locks a client out.
 pub const MAX_CONNECTIONS: usize = 128;
 
+/// Event payload bytes (exec output, log chunks, `get` data) the agent sends on one
+/// request beyond what the client reported consumed (`ClientMsg::Consumed`).
+pub const STREAM_WINDOW_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The `Hello` capability of an agent that applies [`STREAM_WINDOW_BYTES`] and so
+/// understands `ClientMsg::Consumed`; a client sends that message only to such an
+/// agent (an older one would take it for a broken frame of the stream).
+pub const STREAM_WINDOW_CAPABILITY: &str = "stream_window";
+
+/// The client reports consumption at least every this many bytes; well under the
+/// window, so the agent never waits on bytes the client has already used.
+pub const CONSUMED_REPORT_BYTES: u64 = 1024 * 1024;
+
 /// Output ring kept per spawned process (and per pty, and per exec).
 pub const RING_BYTES: usize = 256 * 1024;
 

@@ -59,3 +59,42 @@ pub struct ShutdownRequest {
     /// Reboot instead of powering off.
     pub reboot: bool,
 }
+
+/// How the agent confines what it runs; `confinement` answers with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConfinementMode {
+    /// Each process has its own process group, and timeouts and kills signal that
+    /// group: a child that calls `setsid` escapes. (The agent is not init, or the
+    /// kernel has no usable cgroup2.)
+    ProcessGroups,
+    /// Each process runs in its own cgroup under a workload parent with memory and
+    /// pids limits; timeouts and kills reach everything in that cgroup.
+    Cgroups,
+}
+
+impl ConfinementMode {
+    /// The snake_case name used in human and JSON output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ProcessGroups => "process_groups",
+            Self::Cgroups => "cgroups",
+        }
+    }
+}
+
+/// What `confinement` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Confinement {
+    /// The mode in force.
+    pub mode: ConfinementMode,
+    /// The agent's own cgroup (`/agent`), relative to the cgroup2 mount.
+    pub agent_cgroup: Option<String>,
+    /// The parent of every workload cgroup (`/workload`).
+    pub workload_cgroup: Option<String>,
+    /// The workload parent's `memory.max`.
+    pub memory_max_bytes: Option<u64>,
+    /// The workload parent's `pids.max`.
+    pub pids_max: Option<u64>,
+    /// Why the agent fell back to process groups, when it did.
+    pub reason: Option<String>,
+}

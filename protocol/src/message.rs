@@ -13,11 +13,11 @@ use crate::files::{
     WriteFileRequest,
 };
 use crate::hello::{Hello, HelloReply};
-use crate::machine::{AgentInfo, ResumedRequest, ShutdownRequest};
+use crate::machine::{AgentInfo, Confinement, ResumedRequest, ShutdownRequest};
 use crate::output::{LogsBatch, LogsReply, LogsRequest, OutputChunk};
 use crate::process::{
-    ExecReply, ExecRequest, KillRequest, Pid, ProcessInfo, PtyInputRequest, PtyOpenRequest,
-    PtyResizeRequest, SpawnRequest,
+    ExecReply, ExecRequest, KillRequest, Pid, ProcessDetail, ProcessInfo, PtyInputRequest,
+    PtyOpenRequest, PtyResizeRequest, SpawnRequest,
 };
 
 /// Names one request and everything sent about it.
@@ -51,13 +51,19 @@ pub enum ClientMsg {
     Hello(Hello),
     /// Start a request under a fresh id.
     Request(Request),
-    /// Stop the request with this frame's id: a running exec has its process group
-    /// killed, a follow stream ends. The request still gets its final `Error(Cancelled)`.
+    /// Stop the request with this frame's id: a running exec is killed with all it
+    /// started (its cgroup, or its process group on an agent without cgroups), a
+    /// follow stream ends. The request still gets its final `Error(Cancelled)`.
     Cancel,
     /// Bytes for the request with this frame's id (the content of a `put`).
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     /// No more `Data` for the request with this frame's id.
     DataEnd,
+    /// The client has consumed this many bytes (cumulative) of the request's event
+    /// payloads ([`Event::payload_bytes`]). The agent sends at most
+    /// [`STREAM_WINDOW_BYTES`](crate::limits::STREAM_WINDOW_BYTES) beyond the last
+    /// count, so a slow reader slows the stream instead of growing either side.
+    Consumed(u64),
 }
 
 /// A frame from the agent to the client.
@@ -93,7 +99,7 @@ pub enum Request {
     Logs(LogsRequest),
     /// List tracked processes; reply [`Reply::Ps`].
     Ps,
-    /// Signal a process group; reply [`Reply::Done`].
+    /// Signal a process's cgroup (or process group); reply [`Reply::Done`].
     Kill(KillRequest),
     /// Open a terminal; reply [`Reply::PtyOpened`]. Read it with `Logs { follow }`.
     PtyOpen(PtyOpenRequest),
@@ -125,6 +131,12 @@ pub enum Request {
     Resumed(ResumedRequest),
     /// Stop everything and power off; reply [`Reply::Done`] first.
     Shutdown(ShutdownRequest),
+    /// `ps` with each process's cgroup, what it left behind and OOM kills; reply
+    /// [`Reply::PsDetail`]. (A new request rather than new fields in `ps`: see the
+    /// crate docs.)
+    PsDetail,
+    /// How the agent confines processes; reply [`Reply::Confinement`].
+    Confinement,
 }
 
 impl Request {
@@ -151,6 +163,8 @@ impl Request {
             Self::Get(_) => "get",
             Self::Resumed(_) => "resumed",
             Self::Shutdown(_) => "shutdown",
+            Self::PsDetail => "ps_detail",
+            Self::Confinement => "confinement",
         }
     }
 }
@@ -168,6 +182,20 @@ pub enum Event {
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     /// This many bytes of a `put` have been written to the file so far.
     Acked(u64),
+}
+
+impl Event {
+    /// The bytes of output or file content this event carries: what stream flow
+    /// control counts (see [`ClientMsg::Consumed`]).
+    pub fn payload_bytes(&self) -> u64 {
+        let bytes = match self {
+            Self::Output(chunk) => chunk.data.len(),
+            Self::Logs(batch) => batch.chunks.iter().map(|chunk| chunk.data.len()).sum(),
+            Self::Data(data) => data.len(),
+            Self::Started(_) | Self::Acked(_) => 0,
+        };
+        bytes as u64
+    }
 }
 
 /// Final successful answers. Append only.
@@ -200,4 +228,8 @@ pub enum Reply {
         /// Its permission bits.
         mode: u32,
     },
+    /// Every tracked process with its cgroup's state.
+    PsDetail(Vec<ProcessDetail>),
+    /// How the agent confines processes.
+    Confinement(Confinement),
 }

@@ -120,7 +120,8 @@ pub struct ExecReply {
     pub stderr_truncated: bool,
     /// How it ended; `None` only if it could not be reaped after a timeout.
     pub exit: Option<ExitStatus>,
-    /// The deadline passed and the process group was killed.
+    /// The deadline passed and the process was killed with all it started (its
+    /// cgroup, or its process group on an agent without cgroups).
     pub timed_out: bool,
     /// Wall time from start to the reply, in microseconds.
     pub duration_us: u64,
@@ -173,7 +174,9 @@ pub struct PtyResizeRequest {
 /// The largest signal number a [`KillRequest`] may carry (Linux's `SIGRTMAX`).
 pub const MAX_SIGNAL: i32 = 64;
 
-/// Send a signal to a tracked process's whole process group.
+/// Send a signal to everything a tracked process started: every process in its
+/// cgroup (also after it exited, to what it left behind), or its process group on an
+/// agent without cgroups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KillRequest {
     /// The tracked process.
@@ -230,4 +233,57 @@ pub struct ProcessInfo {
     pub started_at_ms: u64,
     /// Exit time, milliseconds since the Unix epoch.
     pub ended_at_ms: Option<u64>,
+}
+
+/// The OOM killer struck inside a process's cgroup (agents that confine workloads
+/// in cgroups v2 only), as [`ProcessDetail`] reports it.
+///
+/// Not an event on the exec stream: a client that predates it could not decode the
+/// frame, and the agent cannot tell which clients do (the handshake carries no client
+/// capabilities). So an exec's reply stays as it was (the exit status shows
+/// `SIGKILL`), and a client that knows `ps_detail` asks it about that pid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OomKill {
+    /// The tracked process whose cgroup it was.
+    pub pid: Pid,
+    /// How many processes in that cgroup the OOM killer ended (`oom_kill` of its
+    /// `memory.events`).
+    pub kills: u64,
+    /// The memory limit in force for that cgroup (the lowest `memory.max` from it up
+    /// to the workload parent), when there is one.
+    pub memory_max_bytes: Option<u64>,
+}
+
+impl std::fmt::Display for OomKill {
+    /// The one wording every front end uses: "killed by the OOM killer (memory limit
+    /// 448 MiB)", with the count when more than one process was killed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("killed by the OOM killer")?;
+        if self.kills > 1 {
+            write!(f, " ({} processes", self.kills)?;
+        } else {
+            f.write_str(" (")?;
+        }
+        match self.memory_max_bytes {
+            Some(bytes) if self.kills > 1 => write!(f, ", memory limit {} MiB)", bytes >> 20),
+            Some(bytes) => write!(f, "memory limit {} MiB)", bytes >> 20),
+            None if self.kills > 1 => f.write_str(")"),
+            None => f.write_str("no memory limit)"),
+        }
+    }
+}
+
+/// One row of `ps_detail`: the `ps` row and what the process's cgroup holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessDetail {
+    /// The same row `ps` gives.
+    pub info: ProcessInfo,
+    /// Its cgroup, relative to the cgroup2 mount (`/workload/exec-3`); `None` when the
+    /// agent confines by process group only.
+    pub cgroup: Option<String>,
+    /// Processes alive in its cgroup now, the tracked one included: after an exit,
+    /// these are what it left behind (`kill` of its pid ends them all).
+    pub live_pids: u32,
+    /// Set once the OOM killer struck in its cgroup.
+    pub oom: Option<OomKill>,
 }

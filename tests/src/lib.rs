@@ -1,18 +1,29 @@
-//! End-to-end test harness: the real `sandbox-agent` on a throwaway Unix socket,
-//! driven through the `sandbox-vmm` client and the `sandboxctl` binary.
+//! End-to-end test harness: the real `sandbox-agent` on a throwaway Unix socket or as
+//! PID 1 of a real microVM, driven through the `sandbox-vmm` client, raw frames and
+//! the `sandboxctl` binary.
 //!
 //! # Layout
-//! - [`binaries`]: builds `sandbox-agent` and `sandboxctl` once per test process with
-//!   the same cargo, profile and target directory as the tests themselves.
+//! - [`bins`]: builds `sandbox-agent` and `sandboxctl` (and `sandbox-rootfs`) once per
+//!   test process with the same cargo, profile and target directory as the tests.
+//! - [`transport`]: the seam between scenarios and where the agent runs; a
+//!   [`transport::Target`] gives a connected client, more clients, raw connections
+//!   and facts such as "the agent is PID 1".
+//! - [`scenarios`]: every transport-independent scenario, written once, in one list;
+//!   [`suite`] runs the list over every transport as `libtest-mimic` trials
+//!   (`tests/suite.rs`).
+//! - [`vm`]: real microVMs and the one prerequisite gate of the microVM tests.
+//! - [`raw`]: the one raw-frame connection (malformed input, cleanup from `Drop`).
 //! - [`TestAgent`]: starts the agent in a fresh temporary directory, waits until its
 //!   socket accepts, and on drop kills whatever it still runs, then the agent itself
 //!   (printing the agent's log when the test failed).
 //! - [`TestCommand`]: runs `sandboxctl --agent unix://…` with a deadline.
-//! - helpers shared by the tests in `tests/`: request builders, [`follow_to_end`]
-//!   (which checks that a follow stream has no gaps or duplicates) and [`within`].
+//! - helpers shared by the tests in `tests/`: request builders, [`sh`],
+//!   [`follow_to_end`] (which checks that a follow stream has no gaps or duplicates),
+//!   [`wait_until_gone`], [`eventually`] and [`within`].
 //!
-//! Nothing here skips: a binary that does not build or an agent that does not come up
-//! fails the test with the build output or the agent's log.
+//! Nothing here skips silently: a binary that does not build or an agent that does
+//! not come up fails the test with the build output or the agent's log; only the
+//! explicit `SANDBOX_SKIP_VM_TESTS=1` skips the microVM tests, and says so.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -20,19 +31,25 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use sandbox_protocol::frame::{encode, Decoded, FrameDecoder};
-use sandbox_protocol::limits::MAX_FRAME_BYTES;
 use sandbox_protocol::{
-    AgentFrame, AgentMsg, ClientFrame, ClientMsg, Command as Cmd, ExecRequest, ExitStatus, Hello,
-    KillRequest, LogsReply, Pid, ProcessSpec, ProcessState, Reply, Request, RequestId,
+    Command as Cmd, ExecRequest, ExitStatus, KillRequest, LogsReply, Pid, ProcessSpec,
+    ProcessState, Reply, Request,
 };
 use sandbox_vmm::client::{Client, ConnectOptions, LogsEvent};
 
+use crate::raw::{on_own_thread, RawConnection};
+
+pub mod bins;
+pub mod raw;
+pub mod scenarios;
 pub mod screen;
+pub mod suite;
+pub mod transport;
 pub mod vm;
+
+pub use bins::{binaries, Binaries};
 
 /// How long the agent gets to start listening.
 const AGENT_START_SECS: u64 = 20;
@@ -47,74 +64,6 @@ pub const CANARY_ENV: &str = "SANDBOX_TEST_CANARY";
 /// a failing test prints its agent's log.
 pub const LOG_FILTER_ENV: &str = "SANDBOX_TEST_AGENT_LOG";
 
-/// Paths of the binaries under test.
-#[derive(Debug)]
-pub struct Binaries {
-    /// `sandbox-agent`
-    pub agent: PathBuf,
-    /// `sandboxctl`
-    pub sandboxctl: PathBuf,
-}
-
-/// Builds the binaries once per test process and returns their paths.
-///
-/// Panics with cargo's output when the build fails.
-pub fn binaries() -> &'static Binaries {
-    static BINARIES: OnceLock<Binaries> = OnceLock::new();
-    BINARIES.get_or_init(build_binaries)
-}
-
-fn build_binaries() -> Binaries {
-    // The test executable is target/<profile>/deps/<name>-<hash>.
-    let exe = std::env::current_exe().expect("cannot find the test executable");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable is not in target/<profile>/deps")
-        .to_path_buf();
-    let target_dir = profile_dir
-        .parent()
-        .expect("profile directory has no parent")
-        .to_path_buf();
-    let cargo = std::env::var_os("CARGO")
-        .map(PathBuf::from)
-        .or_else(|| option_env!("CARGO").map(PathBuf::from))
-        .expect("CARGO is not set: run the tests with `cargo test`");
-    let mut build = Command::new(&cargo);
-    build
-        .args(["build", "-p", "sandbox-agent", "-p", "sandboxctl", "--bins"])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if profile_dir
-        .file_name()
-        .is_some_and(|name| name == "release")
-    {
-        build.arg("--release");
-    }
-    let output = build
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", cargo.display()));
-    assert!(
-        output.status.success(),
-        "building the binaries under test failed ({}):\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let binaries = Binaries {
-        agent: profile_dir.join("sandbox-agent"),
-        sandboxctl: profile_dir.join("sandboxctl"),
-    };
-    for path in [&binaries.agent, &binaries.sandboxctl] {
-        assert!(
-            path.is_file(),
-            "{} is missing after a successful build",
-            path.display()
-        );
-    }
-    binaries
-}
-
 /// A temporary directory removed on drop.
 #[derive(Debug)]
 pub struct TempDir {
@@ -124,9 +73,14 @@ pub struct TempDir {
 impl TempDir {
     /// A fresh, private directory under the system temp dir.
     pub fn new(tag: &str) -> Self {
+        Self::new_in(&std::env::temp_dir(), tag)
+    }
+
+    /// A fresh, private directory under `parent`.
+    pub fn new_in(parent: &Path, tag: &str) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("sbx-{tag}-{}-{n}", std::process::id()));
+        let path = parent.join(format!("sbx-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).expect("cannot create a temp dir");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))
@@ -313,28 +267,31 @@ impl TestAgent {
         TestCommand::new(command)
     }
 
-    /// Kills every process the agent still runs (best effort, synchronous).
-    fn kill_leftovers(&self) -> std::io::Result<()> {
-        let mut conn = SyncConn::connect(&self.socket, self.token.clone())?;
-        let Reply::Ps(list) = conn.call(Request::Ps)? else {
-            return Ok(());
-        };
-        for info in list {
-            if info.state == ProcessState::Running {
-                let _ = conn.call(Request::Kill(KillRequest {
-                    pid: info.pid,
-                    signal: 0,
-                }));
+    /// Kills every process the agent still runs (best effort, blocking: for `Drop`).
+    fn kill_leftovers(&self) {
+        let (socket, token) = (self.socket.clone(), self.token.clone());
+        on_own_thread(Duration::from_secs(5), async move {
+            let mut raw = RawConnection::unix(&socket).await.hello(token).await;
+            let Reply::Ps(list) = raw.call(1, Request::Ps).await else {
+                return;
+            };
+            for (id, info) in (2..).zip(list) {
+                if info.state == ProcessState::Running {
+                    let kill = KillRequest {
+                        pid: info.pid,
+                        signal: libc::SIGKILL,
+                    };
+                    raw.call(id, Request::Kill(kill)).await;
+                }
             }
-        }
-        Ok(())
+        });
     }
 }
 
 impl Drop for TestAgent {
     fn drop(&mut self) {
         if self.is_alive() {
-            let _ = self.kill_leftovers();
+            self.kill_leftovers();
         }
         if let Ok(pid) = i32::try_from(self.child.id()) {
             let _ = nix::sys::signal::kill(
@@ -342,84 +299,11 @@ impl Drop for TestAgent {
                 nix::sys::signal::Signal::SIGTERM,
             );
         }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while self.is_alive() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let _ = wait_child(&mut self.child, Duration::from_secs(2));
         let _ = self.child.kill();
         let _ = self.child.wait();
         if std::thread::panicking() {
             eprintln!("---- agent log ----\n{}---- end ----", self.log());
-        }
-    }
-}
-
-/// A blocking, one-request-at-a-time connection used for cleanup in `Drop`.
-struct SyncConn {
-    stream: StdUnixStream,
-    decoder: FrameDecoder,
-    buf: Vec<u8>,
-    next_id: u64,
-}
-
-impl SyncConn {
-    fn connect(socket: &Path, token: Option<String>) -> std::io::Result<Self> {
-        let stream = StdUnixStream::connect(socket)?;
-        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-        let mut conn = Self {
-            stream,
-            decoder: FrameDecoder::new(MAX_FRAME_BYTES),
-            buf: Vec::new(),
-            next_id: 1,
-        };
-        conn.send(RequestId(0), ClientMsg::Hello(Hello::new(token)))?;
-        match conn.read()?.msg {
-            AgentMsg::Hello(_) => Ok(conn),
-            other => Err(std::io::Error::other(format!("hello refused: {other:?}"))),
-        }
-    }
-
-    fn send(&mut self, id: RequestId, msg: ClientMsg) -> std::io::Result<()> {
-        let bytes =
-            encode(&ClientFrame { id, msg }, MAX_FRAME_BYTES).map_err(std::io::Error::other)?;
-        self.stream.write_all(&bytes)
-    }
-
-    fn read(&mut self) -> std::io::Result<AgentFrame> {
-        loop {
-            let (used, item) = self.decoder.decode::<AgentFrame>(&self.buf);
-            self.buf.drain(..used);
-            match item {
-                Some(Decoded::Frame(frame)) => return Ok(frame),
-                Some(Decoded::Rejected { error, .. }) => {
-                    return Err(std::io::Error::other(error.to_string()))
-                }
-                None if used > 0 => continue,
-                None => {}
-            }
-            let mut chunk = [0u8; 64 * 1024];
-            let n = self.stream.read(&mut chunk)?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    fn call(&mut self, request: Request) -> std::io::Result<Reply> {
-        let id = RequestId(self.next_id);
-        self.next_id += 1;
-        self.send(id, ClientMsg::Request(request))?;
-        loop {
-            let frame = self.read()?;
-            if frame.id != id {
-                continue;
-            }
-            match frame.msg {
-                AgentMsg::Reply(reply) => return Ok(reply),
-                AgentMsg::Error(error) => return Err(std::io::Error::other(error.to_string())),
-                _ => {}
-            }
         }
     }
 }
@@ -508,25 +392,18 @@ impl TestCommand {
             let _ = stderr.read_to_end(&mut buf);
             buf
         });
-        let deadline = Instant::now() + self.deadline;
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("cannot poll sandboxctl") {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                let stdout = out_reader.join().unwrap_or_default();
-                let stderr = err_reader.join().unwrap_or_default();
-                panic!(
-                    "{:?} ran past {:?}\nstdout: {}\nstderr: {}",
-                    self.command,
-                    self.deadline,
-                    String::from_utf8_lossy(&stdout),
-                    String::from_utf8_lossy(&stderr)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let Some(status) = wait_child(&mut child, self.deadline) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stdout = out_reader.join().unwrap_or_default();
+            let stderr = err_reader.join().unwrap_or_default();
+            panic!(
+                "{:?} ran past {:?}\nstdout: {}\nstderr: {}",
+                self.command,
+                self.deadline,
+                String::from_utf8_lossy(&stdout),
+                String::from_utf8_lossy(&stderr)
+            );
         };
         let _ = writer.join();
         Output {
@@ -662,19 +539,83 @@ pub async fn ps_entry(client: &Client, pid: Pid) -> Option<sandbox_protocol::Pro
         .find(|info| info.pid == pid)
 }
 
-/// Waits until no process `pid` exists in the agent's machine (`kill -0` fails),
-/// polling for up to 5 s; `what` says in the panic what should have ended it.
-pub async fn wait_until_gone(client: &Client, pid: i64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(5);
+/// Runs `script` with `/bin/sh -c` and returns its stdout as text, asserting it
+/// exited 0 (the failure shows its stderr).
+pub async fn sh(client: &Client, script: &str) -> String {
+    let reply = within(60, client.exec(exec_sh(script)))
+        .await
+        .unwrap_or_else(|e| panic!("{script}: {e}"));
+    assert_eq!(
+        reply.exit.and_then(|status| status.code),
+        Some(0),
+        "{script}: {}{}",
+        String::from_utf8_lossy(&reply.stdout),
+        String::from_utf8_lossy(&reply.stderr)
+    );
+    String::from_utf8(reply.stdout).unwrap_or_else(|e| panic!("{script}: {e}"))
+}
+
+/// How long [`wait_until_gone`] waits. Generous: a guest under TCG on a loaded host
+/// takes a while to deliver a signal and reap.
+const GONE_SECS: u64 = 15;
+
+/// Waits until no process `pid` exists in the agent's machine: `kill -0` fails, so it
+/// has exited *and* been reaped (a zombie still counts as there). Panics after
+/// [`GONE_SECS`] saying `what` should have ended it.
+pub async fn wait_until_gone(client: &Client, pid: i32, what: &str) {
+    let script = format!("kill -0 {pid} 2>/dev/null; echo $?");
+    let what = format!("process {pid} to go ({what})");
+    eventually(Duration::from_secs(GONE_SECS), &what, || async {
+        (sh(client, &script).await.trim() != "0").then_some(())
+    })
+    .await;
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, and returns that; panics after
+/// `limit` naming `what` it waited for. The one way the tests wait for a condition
+/// instead of sleeping (`cond.then_some(())` for a plain condition).
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_every(Duration::from_millis(50), limit, what, check).await
+}
+
+/// [`eventually`] polling every `step`: a short step where the wait itself is what
+/// a test measures.
+pub async fn eventually_every<T, F, Fut>(
+    step: Duration,
+    limit: Duration,
+    what: &str,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
     loop {
-        let probe = client
-            .exec(exec_sh(&format!("kill -0 {pid} 2>/dev/null; echo $?")))
-            .await
-            .expect("probe exec failed");
-        if String::from_utf8_lossy(&probe.stdout).trim() != "0" {
-            return;
+        if let Some(value) = check().await {
+            return value;
         }
-        assert!(Instant::now() < deadline, "process {pid} {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(Instant::now() < deadline, "waited {limit:?} for {what}");
+        tokio::time::sleep(step).await;
+    }
+}
+
+/// Waits up to `limit` for `child`, a host process the test started, to exit; its
+/// status, or `None` while it still runs. The blocking counterpart of [`eventually`],
+/// for `Drop` and synchronous tests.
+pub fn wait_child(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("cannot poll a child process") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -13,9 +13,10 @@
 //! # }
 //! ```
 //!
-//! - [`VmHost::get`] checks the prerequisites (QEMU, `vhost-device-vsock`) and fails
-//!   loudly, saying what to install, unless `SANDBOX_SKIP_VM_TESTS=1`, in which case
-//!   it prints that the test is skipped and returns `None`.
+//! - [`gate`] (in `gate.rs`) is the one prerequisite check of every microVM test: it
+//!   fails loudly, saying what to install, unless `SANDBOX_SKIP_VM_TESTS=1`. The
+//!   `suite` target turns a skip into ignored trials; [`VmHost::get`] (for targets on
+//!   libtest's harness) prints a loud `SKIPPED` line and returns `None`.
 //! - [`VmHost::boot`] boots a template (the default: `SANDBOX_TEST_TEMPLATE`, else the
 //!   `default` template under `SANDBOX_HOME`) and connects a client with retry. A
 //!   missing template fails with the command that builds it.
@@ -27,41 +28,30 @@
 //! - [`Sections`] runs the parts of a test that share one VM, each as its own task,
 //!   so one failing part does not hide the others.
 //! - [`build_template`] runs `sandbox-rootfs build` into a folder of the test's own.
-//! - [`RawConnection`] speaks to the agent through the VM's hybrid vsock socket
-//!   without a client, to send it malformed frames.
+//! - [`TestVm::raw`] opens a [`RawConnection`] through the VM's hybrid vsock socket.
 //!
 //! Every VM of a test process runs under one private run root in the temp dir (not
 //! the user's), removed when the last VM is gone, so
 //! [`VmHost::assert_no_run_folders`] can check that nothing was left behind.
 
 use std::future::Future;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use sandbox_protocol::frame::{encode, Decoded, FrameDecoder};
-use sandbox_protocol::limits::MAX_FRAME_BYTES;
-use sandbox_protocol::transport::FrameReader;
-use sandbox_protocol::{
-    AgentFrame, AgentMsg, ClientFrame, ClientMsg, Hello, Reply, Request, RequestId,
-    ShutdownRequest, WireError,
-};
-use sandbox_vmm::client::{hvsock, AgentUrl, Client, ConnectOptions};
-use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
-use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::net::UnixStream;
-
-use crate::within;
+use sandbox_protocol::{Request, ShutdownRequest};
+use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 use sandbox_vmm::error_chain;
+use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
 
-/// Set to `1` to skip every microVM test (each says so on stderr).
-pub const SKIP_ENV: &str = "SANDBOX_SKIP_VM_TESTS";
+use crate::bins::rootfs_binary;
+use crate::raw::{on_own_thread, RawConnection};
+use crate::suite::panic_text;
 
-/// A template folder to boot instead of the `default` template.
-pub const TEMPLATE_ENV: &str = "SANDBOX_TEST_TEMPLATE";
+mod gate;
+
+pub use gate::{default_template, gate, missing, require, Gate, SKIP_ENV, TEMPLATE_ENV};
 
 /// How long a boot may take to `Ready`. Generous: a TCG boot takes about 2.3 s on an
 /// idle machine and many times that on a loaded one.
@@ -91,15 +81,11 @@ pub struct VmHost {
 }
 
 impl VmHost {
-    /// The host, or `None` (after printing a notice naming `test`) when
-    /// `SANDBOX_SKIP_VM_TESTS=1`. Panics with what to install when QEMU or
-    /// `vhost-device-vsock` is missing.
+    /// The host once [`gate`] is open; `None` (after a loud `SKIPPED` line naming
+    /// `test`) when `SANDBOX_SKIP_VM_TESTS=1`. Panics with what to install when a
+    /// prerequisite is missing.
     pub fn get(test: &str) -> Option<Self> {
-        if std::env::var_os(SKIP_ENV).is_some_and(|v| v == "1") {
-            eprintln!("SKIPPED {test}: {SKIP_ENV}=1 (no microVM was booted)");
-            return None;
-        }
-        Some(Self {
+        require(test).then(|| Self {
             launcher: launcher(),
         })
     }
@@ -109,22 +95,21 @@ impl VmHost {
         self.launcher
     }
 
-    /// The template the tests boot by default.
-    pub fn default_template() -> TemplateRef {
-        match std::env::var_os(TEMPLATE_ENV) {
-            Some(dir) => TemplateRef::Path(PathBuf::from(dir)),
-            None => TemplateRef::default(),
-        }
-    }
-
     /// Boots the default template.
     pub async fn boot_default(&self) -> TestVm {
-        self.boot(Self::default_template()).await
+        self.boot(default_template()).await
     }
 
     /// Boots `template` and connects a client; panics with the console tail when the
     /// boot fails.
     pub async fn boot(&self, template: TemplateRef) -> TestVm {
+        self.boot_spec(BootSpec::new(template)).await
+    }
+
+    /// Boots what `spec` says (its ready timeout raised to the tests' own) and
+    /// connects a client.
+    pub async fn boot_spec(&self, mut spec: BootSpec) -> TestVm {
+        let template = spec.template.clone();
         let loaded = match self.launcher.template(&template) {
             Ok(loaded) => loaded,
             Err(error) => panic!(
@@ -135,11 +120,18 @@ impl VmHost {
                 error_chain(&error)
             ),
         };
-        if loaded.disk.is_some() {
-            require_program(&self.launcher.config().qemu_img_path, "qemu-utils");
-        }
+        // The gate checked the default template; a template of the test's own may
+        // need `qemu-img` where the default does not.
+        assert!(
+            loaded.disk.is_none()
+                || sandbox_vmm::launcher::accel::find_program(
+                    &self.launcher.config().qemu_img_path
+                )
+                .is_some(),
+            "{template} has a root disk and qemu-img is missing (install qemu-utils, e.g. \
+             with scripts/setup.sh)"
+        );
         let lease = Lease::take(self.launcher);
-        let mut spec = BootSpec::new(template.clone());
         spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
         let vm = match self.launcher.boot(spec).await {
             Ok(vm) => vm,
@@ -169,8 +161,6 @@ fn launcher() -> &'static Launcher {
         let mut config = LauncherConfig::from_env()
             .unwrap_or_else(|e| panic!("launcher configuration: {}", error_chain(&e)));
         config.run_root = std::env::temp_dir().join(format!("sbx-vm-{}", std::process::id()));
-        require_program(&config.qemu_path, "qemu-system-x86");
-        require_program(&config.vhost_path, "vhost-device-vsock (cargo install)");
         Launcher::new(config)
     })
 }
@@ -206,20 +196,12 @@ impl Drop for Lease {
     }
 }
 
-fn require_program(program: &Path, package: &str) {
-    assert!(
-        sandbox_vmm::launcher::accel::find_program(program).is_some(),
-        "{} not found: the microVM tests need it (install {package}, e.g. with \
-         scripts/setup.sh), or set {SKIP_ENV}=1 to skip them",
-        program.display()
-    );
-}
-
 /// A client for `vm`'s agent, retried until the agent answers.
 async fn connect(vm: &Vm) -> Client {
     let url: AgentUrl = vm.agent_url().parse().expect("the launcher gave a bad URL");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(CONNECT_SECS);
-    match Client::connect_with_retry(&url, &ConnectOptions::default(), deadline).await {
+    let options = vm.connect_options(ConnectOptions::default().connect_timeout);
+    match Client::connect_with_retry(&url, &options, deadline).await {
         Ok(client) => client,
         Err(error) => panic!(
             "cannot connect to the agent at {url}: {}\nconsole:\n{}",
@@ -258,6 +240,12 @@ impl TestVm {
     /// A new, separate connection to the agent.
     pub async fn connect(&self) -> Client {
         connect(self.vm()).await
+    }
+
+    /// A raw connection to the agent through the VM's hybrid vsock socket (no hello
+    /// sent).
+    pub async fn raw(&self) -> RawConnection {
+        RawConnection::hvsock(&self.vm().agent_socket(), self.vm().agent_port()).await
     }
 
     /// The serial console so far.
@@ -326,7 +314,9 @@ impl Drop for TestVm {
         }
         // Ask the guest to power off; then dropping the handle reaps QEMU (killing it
         // if it still runs), stops the daemon and removes the run folder.
-        if let Err(error) = request_power_off(&vm.agent_socket(), vm.agent_port()) {
+        if let Err(error) =
+            request_power_off(&vm.agent_socket(), vm.agent_port(), vm.token().to_owned())
+        {
             eprintln!(
                 "VM {}: shutdown request failed ({error}); killing it",
                 vm.id()
@@ -338,61 +328,23 @@ impl Drop for TestVm {
     }
 }
 
-/// Sends `shutdown` over a blocking hybrid-vsock connection, so it works in `Drop`
-/// whatever the state of the test's runtime.
-fn request_power_off(socket: &Path, port: u32) -> std::io::Result<()> {
-    let mut stream = StdUnixStream::connect(socket)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(format!("CONNECT {port}\n").as_bytes())?;
-    let mut line = Vec::new();
-    let mut byte = [0u8; 1];
-    while stream.read(&mut byte)? == 1 && byte[0] != b'\n' && line.len() < 256 {
-        line.push(byte[0]);
+/// Sends `shutdown` through a raw connection on a thread of its own, so it works in
+/// `Drop` whatever the state of the test's runtime; an error if it did not go through.
+fn request_power_off(socket: &Path, port: u32, token: String) -> Result<(), String> {
+    let socket = socket.to_owned();
+    let sent = on_own_thread(Duration::from_secs(10), async move {
+        let mut raw = RawConnection::hvsock(&socket, port)
+            .await
+            .hello(Some(token))
+            .await;
+        raw.call(1, Request::Shutdown(ShutdownRequest { reboot: false }))
+            .await;
+    });
+    if sent {
+        Ok(())
+    } else {
+        Err("no reply to the shutdown request".to_owned())
     }
-    if !line.starts_with(b"OK ") {
-        return Err(std::io::Error::other(format!(
-            "CONNECT answered {:?}",
-            String::from_utf8_lossy(&line)
-        )));
-    }
-    let frames = [
-        (RequestId::CONNECTION, ClientMsg::Hello(Hello::new(None))),
-        (
-            RequestId(1),
-            ClientMsg::Request(Request::Shutdown(ShutdownRequest { reboot: false })),
-        ),
-    ];
-    let mut decoder = FrameDecoder::new(MAX_FRAME_BYTES);
-    let mut buf = Vec::new();
-    for (id, msg) in frames {
-        let wanted = id;
-        let bytes =
-            encode(&ClientFrame { id, msg }, MAX_FRAME_BYTES).map_err(std::io::Error::other)?;
-        stream.write_all(&bytes)?;
-        // Wait for the answer under this id before sending the next frame.
-        loop {
-            let (used, item) = decoder.decode::<AgentFrame>(&buf);
-            buf.drain(..used);
-            match item {
-                Some(Decoded::Frame(frame)) if frame.id == wanted => {
-                    if let AgentMsg::Error(error) = frame.msg {
-                        return Err(std::io::Error::other(error.to_string()));
-                    }
-                    break;
-                }
-                Some(_) => continue,
-                None if used > 0 => continue,
-                None => {}
-            }
-            let mut chunk = [0u8; 4096];
-            let n = stream.read(&mut chunk)?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-    Ok(())
 }
 
 /// Waits until `pid` (an unreaped child) has exited: it is a zombie or gone.
@@ -495,54 +447,6 @@ async fn bounded<F: Future<Output = ()>>(section: F, started: Instant) -> Durati
     started.elapsed()
 }
 
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    if let Some(text) = panic.downcast_ref::<&str>() {
-        (*text).to_owned()
-    } else if let Some(text) = panic.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "(a panic without a message)".to_owned()
-    }
-}
-
-/// `sandbox-rootfs`, built once per test process with the tests' cargo, profile and
-/// target directory.
-pub fn rootfs_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let exe = std::env::current_exe().expect("cannot find the test executable");
-        // target/<profile>/deps/<test>-<hash>
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("test executable is not in target/<profile>/deps")
-            .to_path_buf();
-        let target_dir = profile_dir.parent().expect("no target dir").to_path_buf();
-        let cargo = std::env::var_os("CARGO").expect("CARGO is not set: run under `cargo test`");
-        let mut build = Command::new(&cargo);
-        build
-            .args(["build", "-p", "sandbox-rootfs", "--bins", "--target-dir"])
-            .arg(&target_dir)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if profile_dir.ends_with("release") {
-            build.arg("--release");
-        }
-        let output = build.output().expect("cannot run cargo");
-        assert!(
-            output.status.success(),
-            "building sandbox-rootfs failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let binary = profile_dir.join("sandbox-rootfs");
-        assert!(
-            binary.is_file(),
-            "{} missing after the build",
-            binary.display()
-        );
-        binary
-    })
-}
-
 /// A template `sandbox-rootfs` built.
 #[derive(Debug)]
 pub struct BuiltTemplate {
@@ -591,86 +495,5 @@ pub fn build_template_with(name: &str, base: &str, output: &Path, extra: &[&str]
     BuiltTemplate {
         dir: output.to_owned(),
         log,
-    }
-}
-
-/// A connection to a VM's agent through its hybrid vsock socket, with no client in
-/// between: frames are built and read by hand, to test what the agent does with
-/// malformed input.
-#[derive(Debug)]
-pub struct RawConnection {
-    reader: FrameReader<ReadHalf<UnixStream>>,
-    writer: WriteHalf<UnixStream>,
-}
-
-impl RawConnection {
-    /// Connects to the guest's `port` (`CONNECT`/`OK`); sends nothing else.
-    pub async fn connect(socket: &Path, port: u32) -> Self {
-        let mut stream = UnixStream::connect(socket)
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", socket.display()));
-        within(10, hvsock::handshake(&mut stream, port))
-            .await
-            .unwrap_or_else(|e| panic!("CONNECT {port} failed: {}", error_chain(&e)));
-        let (read, writer) = tokio::io::split(stream);
-        Self {
-            reader: FrameReader::new(read, MAX_FRAME_BYTES),
-            writer,
-        }
-    }
-
-    /// Connects and completes a valid handshake.
-    pub async fn hello(socket: &Path, port: u32) -> Self {
-        let mut raw = Self::connect(socket, port).await;
-        raw.send(0, ClientMsg::Hello(Hello::new(None))).await;
-        let reply = raw.read().await.expect("no hello reply");
-        assert!(matches!(reply.msg, AgentMsg::Hello(_)), "{reply:?}");
-        raw
-    }
-
-    /// Sends one well-formed frame.
-    pub async fn send(&mut self, id: u64, msg: ClientMsg) {
-        let frame = ClientFrame {
-            id: RequestId(id),
-            msg,
-        };
-        let bytes = encode(&frame, MAX_FRAME_BYTES).expect("cannot encode a frame");
-        self.write(&bytes).await;
-    }
-
-    /// Sends raw bytes.
-    pub async fn write(&mut self, bytes: &[u8]) {
-        self.writer.write_all(bytes).await.expect("write failed");
-        self.writer.flush().await.expect("flush failed");
-    }
-
-    /// The next frame, or `None` once the agent closed the connection (a reset
-    /// counts as closed).
-    pub async fn read(&mut self) -> Option<AgentFrame> {
-        match within(20, self.reader.read::<AgentFrame>()).await {
-            Ok(Some(Decoded::Frame(frame))) => Some(frame),
-            Ok(Some(Decoded::Rejected { error, .. })) => panic!("agent sent a bad frame: {error}"),
-            Ok(None) | Err(_) => None,
-        }
-    }
-
-    /// The next frame, which must be an error; returns it with its id.
-    pub async fn expect_error(&mut self) -> (RequestId, WireError) {
-        let frame = self.read().await.expect("closed instead of an error");
-        match frame.msg {
-            AgentMsg::Error(error) => (frame.id, error),
-            other => panic!("expected an error, got {other:?}"),
-        }
-    }
-
-    /// Sends `ps` under `id` and asserts the connection still serves it.
-    pub async fn assert_serves(&mut self, id: u64) {
-        self.send(id, ClientMsg::Request(Request::Ps)).await;
-        let frame = self.read().await.expect("connection closed");
-        assert_eq!(frame.id, RequestId(id));
-        assert!(
-            matches!(frame.msg, AgentMsg::Reply(Reply::Ps(_))),
-            "{frame:?}"
-        );
     }
 }

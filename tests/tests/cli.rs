@@ -482,3 +482,132 @@ fn logging_goes_to_stderr_without_colour_when_it_is_not_a_terminal() {
     assert!(text.contains("DEBUG"), "no debug event on stderr: {text}");
     assert!(!text.contains('\u{1b}'), "escape codes on stderr: {text:?}");
 }
+
+#[test]
+fn special_files_are_written_into_or_refused_never_replaced() {
+    use std::os::unix::fs::FileTypeExt;
+    let agent = TestAgent::start();
+    let remote = agent.dir().join("remote.bin");
+    std::fs::write(&remote, vec![5u8; 200_000]).unwrap();
+
+    // get into the host's /dev/null: written into, still a character device.
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), "/dev/null"])
+        .assert_code(0);
+    let null = std::fs::metadata("/dev/null").unwrap();
+    assert!(null.file_type().is_char_device(), "/dev/null was replaced");
+
+    // get into a FIFO with a reader on the other end: the reader gets the bytes.
+    let fifo = agent.dir().join("out.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let reader = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read(fifo).unwrap()
+    });
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), fifo.to_str().unwrap()])
+        .assert_code(0);
+    assert_eq!(reader.join().unwrap().len(), 200_000);
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+
+    // put and write onto a FIFO on the agent's side: refused, the FIFO stays.
+    let local = agent.dir().join("local.bin");
+    std::fs::write(&local, b"data").unwrap();
+    let output = agent
+        .sandboxctl()
+        .arg_path("put", &local)
+        .args([fifo.to_str().unwrap()])
+        .assert_code(1);
+    assert!(stderr(&output).contains("FIFO"), "{}", stderr(&output));
+    let output = agent
+        .sandboxctl()
+        .args(["write", fifo.to_str().unwrap()])
+        .stdin("x")
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("regular files"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+}
+
+#[test]
+fn a_file_rewritten_while_it_is_read_fails_the_get() {
+    let agent = TestAgent::start();
+    let remote = agent.dir().join("growing.log");
+    std::fs::write(&remote, vec![b'x'; 8 << 20]).unwrap();
+    // A writer that keeps appending while the get reads.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = std::thread::spawn({
+        let (remote, stop) = (remote.clone(), stop.clone());
+        move || {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(remote)
+                .unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                file.write_all(&[b'y'; 4096]).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    });
+    // Start once the writer has appended: a get that finished before its first
+    // append would see an unchanged file (a wait on the condition, not a sleep).
+    while std::fs::metadata(&remote).unwrap().len() <= 8 << 20 {
+        std::thread::yield_now();
+    }
+    let back = agent.dir().join("back.log");
+    let output = agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), back.to_str().unwrap()])
+        .assert_code(1);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(
+        stderr(&output).contains("changed while it was read"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!back.exists(), "a torn copy was left behind");
+    // /proc files (size 0, with content) still come through.
+    agent
+        .sandboxctl()
+        .args(["get", "/proc/self/status", back.to_str().unwrap()])
+        .assert_code(0);
+    assert!(std::fs::read_to_string(&back).unwrap().contains("Pid:"));
+}
+
+#[test]
+fn get_never_makes_a_setuid_file_and_honours_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let agent = TestAgent::start();
+    let remote = agent.dir().join("tool");
+    std::fs::write(&remote, b"#!/bin/sh\nid\n").unwrap();
+    std::fs::set_permissions(&remote, std::fs::Permissions::from_mode(0o6777)).unwrap();
+    let local = agent.dir().join("fetched");
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), local.to_str().unwrap()])
+        .assert_code(0);
+    let umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    nix::sys::stat::umask(umask);
+    let mode = std::fs::metadata(&local).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o777 & !umask.bits(), "{mode:o}");
+    // A get onto a directory fails and leaves no temporary file behind.
+    let dir = agent.dir().join("a-dir");
+    std::fs::create_dir(&dir).unwrap();
+    agent
+        .sandboxctl()
+        .args(["get", remote.to_str().unwrap(), dir.to_str().unwrap()])
+        .assert_code(1);
+    let leftovers: Vec<_> = std::fs::read_dir(agent.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".part"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}

@@ -1,5 +1,6 @@
 //! `sandboxctl vm …` on real microVMs: the README's main job (`vm run`), and that a
-//! `vm run` stopped by SIGTERM leaves no QEMU, daemon or run folder behind.
+//! `vm run` stopped by SIGTERM leaves no QEMU, daemon or run folder behind, and that a
+//! VM whose guest powered off or panicked is reported as such, its daemon stopped.
 
 #![allow(clippy::unwrap_used)] // Tests fail by panicking, with the error in the message.
 
@@ -7,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox_tests::binaries;
-use sandbox_tests::vm::VmHost;
+use sandbox_tests::suite::{vm_main, VmTest};
+use sandbox_tests::{binaries, wait_child};
 
 /// A private run root for one test, so its emptiness proves the cleanup.
 fn run_root(tag: &str) -> PathBuf {
@@ -47,11 +48,24 @@ fn sandboxctl(root: &Path) -> Command {
     command
 }
 
-#[test]
+fn main() -> std::process::ExitCode {
+    vm_main(&[
+        VmTest {
+            name: "vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code",
+            run: vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code,
+        },
+        VmTest {
+            name: "vm_run_stopped_by_sigterm_cleans_up_everything",
+            run: vm_run_stopped_by_sigterm_cleans_up_everything,
+        },
+        VmTest {
+            name: "a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125",
+            run: a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125,
+        },
+    ])
+}
+
 fn vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code() {
-    if VmHost::get("microvm_cli::vm_run").is_none() {
-        return;
-    }
     let root = run_root("run");
     let output = sandboxctl(&root)
         .args(["vm", "run", "--", "sh", "-c", "uname -sr; exit 3"])
@@ -77,11 +91,7 @@ fn vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
-#[test]
 fn vm_run_stopped_by_sigterm_cleans_up_everything() {
-    if VmHost::get("microvm_cli::sigterm").is_none() {
-        return;
-    }
     let root = run_root("term");
     let mut child = sandboxctl(&root)
         .args(["vm", "run", "--", "sh", "-c", "echo started; sleep 600"])
@@ -99,17 +109,8 @@ fn vm_run_stopped_by_sigterm_cleans_up_everything() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sandboxctl did not stop after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_child(&mut child, Duration::from_secs(30))
+        .expect("sandboxctl did not stop within 30 s of SIGTERM");
     assert_eq!(status.code(), Some(143));
     assert!(
         entries(&root).is_empty(),
@@ -117,5 +118,92 @@ fn vm_run_stopped_by_sigterm_cleans_up_everything() {
         entries(&root)
     );
     assert!(!qemu_running_under(&root), "a QEMU outlived sandboxctl");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Starts a detached VM under `root` and returns its id.
+fn start_detached(root: &Path) -> String {
+    let mut command = sandboxctl(root);
+    command.args(["vm", "start"]);
+    // The template under test, as the other microVM tests use it.
+    if let Some(template) = std::env::var_os(sandbox_tests::vm::TEMPLATE_ENV) {
+        command.arg("--template").arg(template);
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "vm start: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    stdout.split('\t').next().unwrap().trim().to_owned()
+}
+
+/// True while `pid` is the vsock daemon of the run folder `dir` (not a zombie).
+fn daemon_alive(pid: u64, dir: &Path) -> bool {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let cmdline = std::fs::read(proc_dir.join("cmdline")).unwrap_or_default();
+    let state = std::fs::read_to_string(proc_dir.join("stat")).unwrap_or_default();
+    let zombie = state
+        .rsplit(')')
+        .next()
+        .is_some_and(|rest| rest.trim_start().starts_with('Z'));
+    !zombie && String::from_utf8_lossy(&cmdline).contains(&*dir.to_string_lossy())
+}
+
+/// Waits until no QEMU runs under `root`.
+fn wait_no_qemu(root: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while qemu_running_under(root) {
+        assert!(Instant::now() < deadline, "QEMU still runs under {root:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125() {
+    let root = run_root("gone");
+    let cases = [
+        ("poweroff", "the guest powered off", "reboot: Power down"),
+        (
+            "echo c > /proc/sysrq-trigger",
+            "the guest kernel panicked",
+            "Kernel panic",
+        ),
+    ];
+    for (script, end, console) in cases {
+        let id = start_detached(&root);
+        // The command that ends the guest may or may not see its own reply.
+        let _ = sandboxctl(&root)
+            .args(["--vm", &id, "sh", script])
+            .output()
+            .unwrap();
+        wait_no_qemu(&root);
+        // Nobody owns a detached VM, yet its daemon goes with its QEMU.
+        let record: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(root.join(&id).join("vm.json")).unwrap())
+                .unwrap();
+        let daemon = record["daemon_pid"].as_u64().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while daemon_alive(daemon, &root.join(&id)) {
+            assert!(
+                Instant::now() < deadline,
+                "{script}: the vsock daemon {daemon} outlived its VM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let output = sandboxctl(&root)
+            .args(["--vm", &id, "sh", "echo still there"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(125), "{script}: {stderr}");
+        assert!(stderr.contains(end), "{script}: {stderr}");
+        assert!(stderr.contains(console), "{script}: {stderr}");
+        // Stopping it cleans the folder up.
+        let _ = sandboxctl(&root)
+            .args(["vm", "stop", &id])
+            .output()
+            .unwrap();
+    }
     std::fs::remove_dir_all(&root).unwrap();
 }

@@ -6,7 +6,7 @@
 //!
 //! Needs what `sandbox_tests::vm` needs, plus the host's static busybox (Debian's
 //! `busybox-static`, which the default template uses too); `SANDBOX_SKIP_VM_TESTS=1`
-//! skips, saying so.
+//! marks them ignored (this target runs on `libtest-mimic`).
 
 // Helpers unwrap too: a failure there is a test failure.
 #![allow(clippy::unwrap_used)]
@@ -15,8 +15,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use sandbox_protocol::FileKind;
+use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use sandbox_tests::vm::{build_template, build_template_with, TestVm, VmHost};
-use sandbox_tests::{exec_sh, TempDir};
+use sandbox_tests::{sh, TempDir};
 use sandbox_vmm::client::Client;
 use sandbox_vmm::launcher::{Template, TemplateRef};
 
@@ -33,18 +34,6 @@ fn busybox() -> Vec<u8> {
              or set SANDBOX_SKIP_VM_TESTS=1 to skip the microVM tests"
         )
     })
-}
-
-/// Runs `script` in the guest and returns its stdout, asserting it exited 0.
-async fn sh(client: &Client, script: &str) -> String {
-    let reply = client.exec(exec_sh(script)).await.unwrap();
-    assert_eq!(
-        reply.exit.unwrap().code,
-        Some(0),
-        "{script}: {}",
-        String::from_utf8_lossy(&reply.stderr)
-    );
-    String::from_utf8(reply.stdout).unwrap()
 }
 
 /// Names in a guest directory.
@@ -79,11 +68,23 @@ fn remove_template(dir: PathBuf) {
     assert!(!dir.exists());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+fn main() -> std::process::ExitCode {
+    vm_main(&[
+        VmTest {
+            name: "a_template_built_from_a_directory_on_a_root_disk_boots_with_its_files",
+            run: || {
+                block_on(a_template_built_from_a_directory_on_a_root_disk_boots_with_its_files())
+            },
+        },
+        VmTest {
+            name: "a_template_built_from_an_image_tarball_honours_whiteouts",
+            run: || block_on(a_template_built_from_an_image_tarball_honours_whiteouts()),
+        },
+    ])
+}
+
 async fn a_template_built_from_a_directory_on_a_root_disk_boots_with_its_files() {
-    let Some(host) = VmHost::get("microvm_templates::directory") else {
-        return;
-    };
+    let host = VmHost::get("microvm_templates::directory").expect("run only with the gate open");
     let scratch = TempDir::new("tpl-dir");
     let base = scratch.path().join("base");
     std::fs::create_dir_all(base.join("bin")).unwrap();
@@ -132,7 +133,93 @@ async fn a_template_built_from_a_directory_on_a_root_disk_boots_with_its_files()
         assert!(root.contains(needed), "/{needed} missing: {root:?}");
     }
     vm.shutdown().await;
+    a_vm_killed_while_put_replaces_a_file_leaves_the_old_or_the_new_one(&host, &dir, &scratch)
+        .await;
     remove_template(dir);
+}
+
+/// Bytes that differ with `seed` and position, so a torn mix of two versions shows.
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            let [low, _, high, ..] = i.to_le_bytes();
+            low.wrapping_mul(31).wrapping_add(seed) ^ high
+        })
+        .collect()
+}
+
+/// On a disk that outlives its VM (a persistent overlay): a put replacing a file is
+/// cut by killing QEMU outright at several points; after a reboot from the same disk
+/// the file holds the old content or the new one, never a mix or a truncation.
+async fn a_vm_killed_while_put_replaces_a_file_leaves_the_old_or_the_new_one(
+    host: &VmHost,
+    template: &Path,
+    scratch: &TempDir,
+) {
+    use sandbox_vmm::launcher::BootSpec;
+    const MIB: usize = 1024 * 1024;
+    let disk = scratch.path().join("persistent.qcow2");
+    let spec = || BootSpec {
+        persistent_disk: Some(disk.clone()),
+        ..BootSpec::new(TemplateRef::Path(template.to_owned()))
+    };
+    let old = pattern(1, 8 * MIB);
+    let new = pattern(2, 24 * MIB);
+    let vm = host.boot_spec(spec()).await;
+    vm.client().put("/root/data", None, &old[..]).await.unwrap();
+    sh(vm.client(), "sync").await;
+    vm.shutdown().await;
+
+    // Cut while the data streams in, and (last) at once after the put returned: the
+    // new content must then have been made durable, rename included.
+    for cut_after_ms in [50u64, 300, 800, u64::MAX] {
+        let vm = host.boot_spec(spec()).await;
+        let client = vm.client().clone();
+        let data = new.clone();
+        let put = tokio::spawn(async move { client.put("/root/data", None, &data[..]).await });
+        if cut_after_ms == u64::MAX {
+            while !put.is_finished() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        } else {
+            tokio::time::sleep(std::time::Duration::from_millis(cut_after_ms)).await;
+        }
+        let qemu = vm.vm().qemu_pid().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(qemu).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        let finished = put.await.unwrap().is_ok();
+        drop(vm);
+
+        let vm = host.boot_spec(spec()).await;
+        let mut now = Vec::new();
+        vm.client().get("/root/data", &mut now).await.unwrap();
+        let which = if now == old {
+            "old"
+        } else if now == new {
+            "new"
+        } else {
+            panic!(
+                "killed at {cut_after_ms} ms: the file is neither the old nor the new one ({} bytes)",
+                now.len()
+            )
+        };
+        let when = if cut_after_ms == u64::MAX {
+            String::from("killed as the put returned")
+        } else {
+            format!("killed {cut_after_ms} ms into the put")
+        };
+        eprintln!(
+            "{when} (the put {}): after a reboot the file is the {which} one",
+            if finished { "had finished" } else { "was cut" },
+        );
+        if finished {
+            assert_eq!(which, "new", "a put that returned was lost by a crash");
+        }
+        vm.shutdown().await;
+    }
 }
 
 /// A `docker save` tarball: `manifest.json`, a config, and one `layer.tar` per layer.
@@ -199,11 +286,8 @@ fn append_symlink<W: std::io::Write>(tar: &mut tar::Builder<W>, path: &str, targ
     tar.append_link(&mut header, path, target).unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_built_from_an_image_tarball_honours_whiteouts() {
-    let Some(host) = VmHost::get("microvm_templates::image") else {
-        return;
-    };
+    let host = VmHost::get("microvm_templates::image").expect("run only with the gate open");
     let scratch = TempDir::new("tpl-img");
     let marker = format!("from an image, test {}\n", std::process::id());
 

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{Pid, ProcessState};
-use sandbox_tests::{binaries, exec_sh};
+use sandbox_tests::{binaries, sh, wait_child, wait_until_gone};
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 
 /// An agent that is PID 1 of its own namespaces.
@@ -87,18 +87,6 @@ impl NamespacedInit {
             .await
             .expect("cannot connect")
     }
-
-    async fn sh(&self, client: &Client, script: &str) -> String {
-        let reply = client.exec(exec_sh(script)).await.expect("exec failed");
-        assert_eq!(
-            reply.exit.and_then(|e| e.code),
-            Some(0),
-            "{script}: {}{}",
-            String::from_utf8_lossy(&reply.stdout),
-            String::from_utf8_lossy(&reply.stderr)
-        );
-        String::from_utf8_lossy(&reply.stdout).into_owned()
-    }
 }
 
 impl Drop for NamespacedInit {
@@ -118,43 +106,38 @@ async fn init_duties_run_and_orphans_are_reaped_and_sigterm_ends_the_namespace()
     assert!(info.is_init, "the agent does not know it is init");
     // PID 1 of the namespace is the agent, and it mounted a /proc for that namespace.
     assert_eq!(
-        init.sh(&client, "cat /proc/1/comm").await.trim(),
+        sh(&client, "cat /proc/1/comm").await.trim(),
         "sandbox-agent"
     );
     // Its own UTS namespace got the default hostname.
     assert_eq!(
-        init.sh(&client, "cat /proc/sys/kernel/hostname")
-            .await
-            .trim(),
+        sh(&client, "cat /proc/sys/kernel/hostname").await.trim(),
         "sandbox"
     );
 
     // A double fork leaves an orphan that the kernel re-parents to PID 1; the agent's
     // one reaper must collect it, leaving no zombie.
-    let orphan: i32 = init
-        .sh(&client, "sh -c 'sleep 0.3 & echo $!'")
+    let orphan: i32 = sh(&client, "sh -c 'sleep 0.3 & echo $!'")
         .await
         .trim()
         .parse()
         .expect("orphan pid");
-    let parent = init
-        .sh(
-            &client,
-            &format!("awk '/^PPid/ {{print $2}}' /proc/{orphan}/status"),
-        )
-        .await;
+    let parent = sh(
+        &client,
+        &format!("awk '/^PPid/ {{print $2}}' /proc/{orphan}/status"),
+    )
+    .await;
     assert_eq!(
         parent.trim(),
         "1",
         "the orphan was not re-parented to the agent"
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let gone = init
-        .sh(
-            &client,
-            &format!("test -e /proc/{orphan} && cat /proc/{orphan}/stat || echo gone"),
-        )
-        .await;
+    wait_until_gone(&client, orphan, "the orphan's exit and PID 1's reaping").await;
+    let gone = sh(
+        &client,
+        &format!("test -e /proc/{orphan} && cat /proc/{orphan}/stat || echo gone"),
+    )
+    .await;
     assert_eq!(gone.trim(), "gone", "the orphan was not reaped: {gone}");
     // Orphans are not tracked processes.
     assert!(client
@@ -192,19 +175,13 @@ async fn init_duties_run_and_orphans_are_reaped_and_sigterm_ends_the_namespace()
         .expect("the namespaced agent's host pid"),
     );
     nix::sys::signal::kill(unshare_child, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        // reboot(2) in a pid namespace ends the namespace's init, and unshare with it.
-        if init.child.try_wait().expect("wait").is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the namespace did not end after SIGTERM:\n{}",
-            init.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // reboot(2) in a pid namespace ends the namespace's init, and unshare with it.
+    let ended = wait_child(&mut init.child, Duration::from_secs(15));
+    assert!(
+        ended.is_some(),
+        "the namespace did not end after SIGTERM:\n{}",
+        init.log()
+    );
     let log = init.log();
     assert!(
         log.contains("SIGTERM") && log.contains("shutting down"),

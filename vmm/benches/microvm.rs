@@ -159,7 +159,7 @@ async fn round_trips(vm: &Vm) {
     let deadline = tokio::time::Instant::now() + CONNECT_DEADLINE;
     let client = Client::connect_with_retry(
         &url.parse().expect("the launcher's agent URL"),
-        &ConnectOptions::default(),
+        &vm.connect_options(ConnectOptions::default().connect_timeout),
         deadline,
     )
     .await

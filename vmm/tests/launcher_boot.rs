@@ -1,8 +1,9 @@
 //! End to end: the launcher boots a real template in a QEMU microVM and cleans up.
 //!
-//! Needs `qemu-system-x86_64`, `qemu-img`, `vhost-device-vsock` and a template whose
-//! agent sends `Ready`: `SANDBOX_TEST_TEMPLATE` (a template folder), else the
-//! `default` template under `SANDBOX_HOME`. A missing prerequisite fails the test;
+//! Needs what the workspace's one microVM gate checks (`tests/src/vm/gate.rs`):
+//! `qemu-system-x86_64`, `vhost-device-vsock`, `qemu-img` for a template with a disk,
+//! and a template whose agent sends `Ready` (`SANDBOX_TEST_TEMPLATE`, else the
+//! `default` template under `SANDBOX_HOME`). A missing prerequisite fails the test;
 //! `SANDBOX_SKIP_VM_TESTS=1` skips these tests, saying so.
 //!
 //! Each boot costs about 1.5 CPU-seconds under TCG, so the tests share work: four
@@ -11,7 +12,7 @@
 //!
 //! Boot-to-ready figures: `cargo bench -p sandbox-vmm --bench microvm`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use sandbox_vmm::launcher::{
@@ -23,49 +24,24 @@ use tokio::net::UnixStream;
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const GRACE: Duration = Duration::from_secs(5);
 
-/// A launcher with a run root of its own, and the template to boot; `None` when the
-/// tests are explicitly skipped.
+/// The workspace's one microVM prerequisite gate. `sandbox-tests` depends on this
+/// crate, so this crate's tests include the gate's file (it needs only `sandbox_vmm`
+/// and `std`) instead of depending on `sandbox-tests` in a cycle.
+#[path = "../../tests/src/vm/gate.rs"]
+#[allow(dead_code)]
+mod gate;
+
+/// A launcher with a run root of its own, and the template to boot, once the gate is
+/// open; `None`, after a loud `SKIPPED` line, when `SANDBOX_SKIP_VM_TESTS=1` (libtest's
+/// harness cannot mark a test ignored at run time, so it then counts as passed).
 fn setup(tag: &str) -> Option<(Launcher, TemplateRef)> {
-    if std::env::var_os("SANDBOX_SKIP_VM_TESTS").is_some_and(|v| v == "1") {
-        eprintln!("SKIPPED {tag}: SANDBOX_SKIP_VM_TESTS=1");
+    if !gate::require(&format!("launcher_boot::{tag}")) {
         return None;
     }
     let mut config = LauncherConfig::from_env().expect("launcher configuration");
     // Short and private, so the test can check that nothing is left behind.
     config.run_root = std::env::temp_dir().join(format!("sbx-e2e-{tag}-{}", std::process::id()));
-    let mut programs = vec![config.qemu_path.clone(), config.vhost_path.clone()];
-    let template = match std::env::var_os("SANDBOX_TEST_TEMPLATE") {
-        Some(dir) => TemplateRef::Path(PathBuf::from(dir)),
-        None => TemplateRef::default(),
-    };
-    let launcher = Launcher::new(config);
-    match launcher.template(&template) {
-        Ok(t) if t.disk.is_some() => programs.push(launcher.config().qemu_img_path.clone()),
-        Ok(_) => {}
-        Err(error) => panic!(
-            "no template to boot: {}\nbuild the default template, set SANDBOX_TEST_TEMPLATE, \
-             or SANDBOX_SKIP_VM_TESTS=1 to skip VM tests",
-            chain(&error)
-        ),
-    }
-    for program in programs {
-        assert!(
-            on_path(&program),
-            "{} not found: install it (or SANDBOX_SKIP_VM_TESTS=1 to skip VM tests)",
-            program.display()
-        );
-    }
-    Some((launcher, template))
-}
-
-fn on_path(program: &Path) -> bool {
-    if program.components().count() > 1 {
-        return program.is_file();
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .any(|dir| dir.join(program).is_file())
+    Some((Launcher::new(config), gate::default_template()))
 }
 
 fn chain(error: &dyn std::error::Error) -> String {

@@ -1,7 +1,9 @@
 //! Replacing a file atomically: write a temp file in the same directory, fsync it,
 //! give it its mode, rename it over the target, fsync the directory. A reader sees
 //! the old file or the new one, never a torn one; on any error (or if the writer is
-//! dropped unfinished) the temp file is removed.
+//! dropped unfinished) the temp file is removed. Only regular files are replaced: a
+//! device, FIFO or socket at the target is refused, since renaming a file over it
+//! would destroy it (whoever writes to `/dev/null` would then fill a file).
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -48,10 +50,20 @@ impl AtomicFile {
             }
         }
         let old = std::fs::metadata(target).ok();
-        if old.as_ref().is_some_and(std::fs::Metadata::is_dir) {
-            return Err(FileError::IsDirectory {
-                path: display(target),
-            });
+        match &old {
+            Some(meta) if meta.is_dir() => {
+                return Err(FileError::IsDirectory {
+                    path: display(target),
+                })
+            }
+            // Renaming over a device, FIFO or socket would destroy it: refuse.
+            Some(meta) if !meta.is_file() => {
+                return Err(FileError::NotReplaceable {
+                    path: display(target),
+                    kind: super::special_kind(meta.file_type()),
+                })
+            }
+            _ => {}
         }
         let mode = mode
             .or_else(|| old.as_ref().map(|m| m.permissions().mode() & 0o7777))
@@ -129,5 +141,44 @@ impl Drop for AtomicFile {
         if !self.temp.as_os_str().is_empty() {
             let _ = std::fs::remove_file(&self.temp);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_or_device_at_the_target_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("pipe");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        for target in [fifo.as_path(), Path::new("/dev/null")] {
+            let error = AtomicFile::create(target, None).unwrap_err();
+            assert!(
+                matches!(error, FileError::NotReplaceable { .. }),
+                "{target:?}: {error}"
+            );
+        }
+        use std::os::unix::fs::FileTypeExt;
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo());
+        assert!(std::fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+        // Nothing was left beside them.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_regular_file_is_replaced_keeping_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("f");
+        std::fs::write(&target, b"old").unwrap();
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let mut file = AtomicFile::create(&target, None).unwrap();
+        file.write(b"new").unwrap();
+        assert_eq!(file.commit().unwrap(), (3, 0o640));
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
     }
 }

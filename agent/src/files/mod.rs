@@ -57,6 +57,25 @@ pub enum FileError {
         /// The path.
         path: String,
     },
+    /// An atomic write would replace a device, FIFO or socket with a regular file
+    /// (every program using it would then write into a file instead).
+    #[error(
+        "{path} is a {kind}; an atomic write only replaces regular files (write into it with exec, e.g. `cat > {path}`)"
+    )]
+    NotReplaceable {
+        /// The path.
+        path: String,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// The file changed while it was being read, so what was sent may be torn.
+    #[error("{path} changed while it was read ({what}); read it again")]
+    Changed {
+        /// The path.
+        path: String,
+        /// What changed.
+        what: String,
+    },
     /// A directory operation met something else.
     #[error("{path} is not a directory")]
     NotDirectory {
@@ -114,9 +133,11 @@ impl FileError {
                 ErrorKind::BadRequest
             }
             Self::TooLarge { .. } => ErrorKind::TooLarge,
-            Self::IsDirectory { .. } | Self::NotRegular { .. } | Self::NotDirectory { .. } => {
-                ErrorKind::WrongType
-            }
+            Self::IsDirectory { .. }
+            | Self::NotRegular { .. }
+            | Self::NotReplaceable { .. }
+            | Self::NotDirectory { .. } => ErrorKind::WrongType,
+            Self::Changed { .. } => ErrorKind::Conflict,
             Self::NoParent { .. } => ErrorKind::NotFound,
             Self::Incomplete { .. } => ErrorKind::Cancelled,
             Self::Io { error, .. } => WireError::from_io("", error).kind,
@@ -141,6 +162,24 @@ pub fn absolute_path(bytes: &[u8]) -> Result<PathBuf, FileError> {
         Err(FileError::NotAbsolute {
             path: display(path),
         })
+    }
+}
+
+/// What a file that is not a regular file or a directory is, for messages.
+pub fn special_kind(file_type: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_fifo() {
+        "FIFO"
+    } else if file_type.is_socket() {
+        "socket"
+    } else if file_type.is_char_device() {
+        "character device"
+    } else if file_type.is_block_device() {
+        "block device"
+    } else if file_type.is_dir() {
+        "directory"
+    } else {
+        "special file"
     }
 }
 

@@ -18,6 +18,9 @@ use super::atomic::AtomicFile;
 use super::{absolute_path, display, FileError};
 use crate::events::Events;
 
+/// The least a queued put frame counts against the window (see [`PutSender::data`]).
+const FRAME_COST_FLOOR_BYTES: u64 = 4096;
+
 /// What the connection forwards to a running put.
 #[derive(Debug)]
 enum Input {
@@ -56,8 +59,10 @@ pub fn put_channel() -> (PutSender, PutReceiver) {
 impl PutSender {
     /// Queues a chunk; false once the put is over (or overran its window).
     pub fn data(&self, data: Vec<u8>) -> bool {
-        let queued =
-            self.queued.fetch_add(data.len() as u64, Ordering::Relaxed) + data.len() as u64;
+        // Each queued frame costs at least a page: empty `Data` frames must not grow
+        // the queue for free.
+        let cost = (data.len() as u64).max(FRAME_COST_FLOOR_BYTES);
+        let queued = self.queued.fetch_add(cost, Ordering::Relaxed) + cost;
         if queued > 2 * PUT_WINDOW_BYTES {
             let _ = self.tx.send(Input::Overrun);
             return false;
@@ -85,7 +90,9 @@ pub async fn put(
             Some(Input::Data(data)) => {
                 let len = data.len() as u64;
                 file = blocking(move || file.write(&data).map(|()| file)).await?;
-                input.queued.fetch_sub(len, Ordering::Relaxed);
+                input
+                    .queued
+                    .fetch_sub(len.max(FRAME_COST_FLOOR_BYTES), Ordering::Relaxed);
                 events.send(Event::Acked(file.written())).await;
             }
             Some(Input::End) => return blocking(move || file.commit()).await,
@@ -107,7 +114,7 @@ pub async fn put(
 pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> {
     let path = absolute_path(path)?;
     let open_path = path.clone();
-    let (mut file, mode) = blocking(move || {
+    let (file, before) = blocking(move || {
         let meta = std::fs::metadata(&open_path)
             .map_err(|error| FileError::io("read", &open_path, error))?;
         if meta.is_dir() {
@@ -120,14 +127,27 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
                 path: display(&open_path),
             });
         }
+        // Non-blocking: the workload may swap a FIFO in after the check above, and a
+        // blocking open of a FIFO would hang a blocking-pool thread for good.
         let file = OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK)
             .open(&open_path)
             .map_err(|error| FileError::io("open", &open_path, error))?;
-        Ok((file, meta.permissions().mode() & 0o7777))
+        // What was opened counts, not what the path named a moment before.
+        let meta = file
+            .metadata()
+            .map_err(|error| FileError::io("stat", &open_path, error))?;
+        if !meta.is_file() {
+            return Err(FileError::NotRegular {
+                path: display(&open_path),
+            });
+        }
+        Ok((file, meta))
     })
     .await?;
+    let mode = before.permissions().mode() & 0o7777;
+    let mut file = file;
     let mut sent = 0u64;
     loop {
         let read_path = path.clone();
@@ -142,6 +162,10 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
         .await?;
         file = returned;
         if chunk.is_empty() {
+            let after = file
+                .metadata()
+                .map_err(|error| FileError::io("stat", &path, error))?;
+            check_unchanged(&path, &before, &after, sent)?;
             return Ok((sent, mode));
         }
         sent += chunk.len() as u64;
@@ -151,6 +175,46 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
             });
         }
     }
+}
+
+/// A file read to its end must still have the size and modification time it had
+/// when opened, and the bytes sent must add up to that size: otherwise it was
+/// rewritten or truncated meanwhile and the copy may be torn.
+pub(super) fn check_unchanged(
+    path: &std::path::Path,
+    before: &std::fs::Metadata,
+    after: &std::fs::Metadata,
+    sent: u64,
+) -> Result<(), FileError> {
+    use std::os::unix::fs::MetadataExt;
+    let what = if after.len() != before.len() {
+        format!(
+            "its size went from {} to {} bytes",
+            before.len(),
+            after.len()
+        )
+    } else if (after.mtime(), after.mtime_nsec()) != (before.mtime(), before.mtime_nsec()) {
+        String::from("it was modified")
+    } else if sent < before.len() && !is_pseudo_file(before) {
+        // A file cut short and regrown within one mtime tick; pseudo-files in /proc
+        // and /sys announce sizes (0, 4096) that have nothing to do with their content.
+        format!("{sent} bytes were read of {}", before.len())
+    } else {
+        return Ok(());
+    };
+    Err(FileError::Changed {
+        path: display(path),
+        what,
+    })
+}
+
+/// True for files of the kernel's pseudo-filesystems (procfs, sysfs), whose
+/// announced sizes do not describe their content. They live on devices with major
+/// number 0 (anonymous), as every virtual filesystem does; so do tmpfs files, whose
+/// sizes are real, which is why only a short read is checked this way.
+fn is_pseudo_file(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    libc::major(meta.dev()) == 0 && meta.blocks() == 0
 }
 
 /// Runs blocking file I/O on tokio's blocking pool.
@@ -166,4 +230,39 @@ pub async fn blocking<T: Send + 'static>(
                 error: std::io::Error::other(join.to_string()),
             })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_that_changed_while_read_is_caught_and_pseudo_files_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let before = std::fs::metadata(&path).unwrap();
+        check_unchanged(&path, &before, &before, 10).unwrap();
+        // Read short of the announced size.
+        assert!(matches!(
+            check_unchanged(&path, &before, &before, 4),
+            Err(FileError::Changed { .. })
+        ));
+        // Grown meanwhile.
+        std::fs::write(&path, b"0123456789abc").unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        let error = check_unchanged(&path, &before, &after, 10).unwrap_err();
+        assert!(error.to_string().contains("from 10 to 13"), "{error}");
+        assert_eq!(error.to_wire().kind, sandbox_protocol::ErrorKind::Conflict);
+        // /proc files say 0 bytes and /sys files 4096, whatever their content.
+        for pseudo in [
+            "/proc/self/status",
+            "/sys/kernel/mm/transparent_hugepage/enabled",
+        ] {
+            let pseudo = std::path::Path::new(pseudo);
+            if let Ok(meta) = std::fs::metadata(pseudo) {
+                check_unchanged(pseudo, &meta, &meta, 20).unwrap();
+            }
+        }
+    }
 }

@@ -37,12 +37,17 @@ pub fn read_file(path: &[u8]) -> Result<Vec<u8>, FileError> {
     check_readable(&path, &meta)?;
     let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
     // Read one byte past the cap to notice a file that grew meanwhile.
-    file.take(READ_FILE_CAP_BYTES + 1)
+    (&file)
+        .take(READ_FILE_CAP_BYTES + 1)
         .read_to_end(&mut data)
         .map_err(|error| FileError::io("read", &path, error))?;
     if data.len() as u64 > READ_FILE_CAP_BYTES {
         return Err(too_large(&path, data.len() as u64));
     }
+    let after = file
+        .metadata()
+        .map_err(|error| FileError::io("stat", &path, error))?;
+    super::stream::check_unchanged(&path, &meta, &after, data.len() as u64)?;
     Ok(data)
 }
 

@@ -1,10 +1,25 @@
 //! `exec` and `spawn`: start a command; for exec, wait for it and collect its output.
 //!
 //! An exec waits until the process has exited and its output is drained, or until
-//! its deadline. At the deadline the whole process group gets `SIGKILL` and the reply
-//! (output so far, `timed_out`) follows within [`EXEC_DEADLINE_GRACE_SECS`]. If the
-//! request is cancelled or its connection drops first, the process group is killed:
-//! nobody is left to read the result. Spawned processes survive all of that.
+//! its deadline. At the deadline everything it started is killed: its whole cgroup
+//! (background, double-forked and `setsid`'d children included) when the agent
+//! confines in cgroups, else its process group; the reply (output so far,
+//! `timed_out`) follows within [`EXEC_DEADLINE_GRACE_SECS`], once the cgroup is
+//! empty. If the request is cancelled or its connection drops first, the same kill
+//! happens: nobody is left to read the result. Spawned processes survive all of that.
+//!
+//! An exec that *finishes* may leave background children running (`sh -c 'server
+//! &'`): they stay in its cgroup until the exec's deadline (its timeout, by default
+//! the 5-minute maximum), when the cgroup is killed as for a timeout: an exec's
+//! deadline bounds everything it started, and long-lived work belongs to `spawn`.
+//! Until then its record stays listed (`ps_detail` counts them) and `kill` of its
+//! pid ends them (see [`super::cgroup`]). Without cgroups they are left alone, as
+//! they always were. A cancelled exec has its cgroup killed even when its own
+//! process already exited.
+//!
+//! When the OOM killer struck in its cgroup, the reply shows `SIGKILL` and
+//! `ps_detail` tells why (the reply cannot grow a field; see the protocol's
+//! evolution rule).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +38,6 @@ use super::pump::{pump, Source};
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
 use crate::events::Events;
-use crate::sys;
 
 /// Chunks a streaming exec may have in flight before the child is made to wait.
 const STREAM_QUEUE_CHUNKS: usize = 16;
@@ -42,7 +56,7 @@ pub async fn exec(
         stdin: !request.stdin.is_empty(),
     };
     let (record, pipes) = launch::start(table, plan, ProcessKind::Exec, stdio, capture)?;
-    let kill_guard = KillGroupOnDrop(Some(record.clone()));
+    let kill_guard = KillOnDrop(Some(record.clone()));
 
     let (sink, mut chunks) = if request.stream {
         events.send(Event::Started(record.pid)).await;
@@ -71,13 +85,19 @@ pub async fn exec(
     let mut timed_out = false;
     loop {
         tokio::select! {
-            Some(chunk) = recv(&mut chunks) => { events.send(Event::Output(chunk)).await; }
+            Some(chunk) = recv(&mut chunks) => {
+                // A reader that does not keep up must not hold off the deadline.
+                tokio::select! {
+                    _ = events.send(Event::Output(chunk)) => {}
+                    () = &mut timer => { timed_out = true; break; }
+                }
+            }
             () = finished(&mut progress) => break,
             () = &mut timer => { timed_out = true; break; }
         }
     }
     if timed_out {
-        if let Err(error) = sys::kill_process_group(record.pid.0, libc::SIGKILL) {
+        if let Err(error) = record.kill_all_of_it() {
             tracing::warn!(pid = %record.pid, %error, "killing a timed-out exec failed");
         }
         let grace = Duration::from_secs(EXEC_DEADLINE_GRACE_SECS) - Duration::from_millis(500);
@@ -88,18 +108,33 @@ pub async fn exec(
                     () = finished(&mut progress) => break,
                 }
             }
+            cgroup_emptied(&record).await;
         };
         if tokio::time::timeout(grace, drained).await.is_err() {
             tracing::warn!(pid = %record.pid, "timed-out exec still not reaped after SIGKILL");
         }
     }
-    // Everything the pumps sent before finishing is queued; forward the rest.
+    // Everything the pumps sent before finishing is queued; forward the rest (after a
+    // timeout only for as long as a reader keeps up: the ring still has it all).
     if let Some(rx) = chunks.as_mut() {
-        while let Ok(chunk) = rx.try_recv() {
-            events.send(Event::Output(chunk)).await;
+        let forward = async {
+            while let Ok(chunk) = rx.try_recv() {
+                events.send(Event::Output(chunk)).await;
+            }
+        };
+        if timed_out {
+            let _ = tokio::time::timeout(Duration::from_millis(500), forward).await;
+        } else {
+            forward.await;
         }
     }
-    drop(kill_guard);
+    kill_guard.disarm();
+    if !timed_out {
+        kill_leftovers_at(record.clone(), started + deadline);
+    }
+    if let Some(oom) = record.oom_kill() {
+        tracing::info!(pid = %record.pid, kills = oom.kills, "exec hit the OOM killer");
+    }
 
     let capture = record.take_capture();
     Ok(ExecReply {
@@ -168,17 +203,57 @@ async fn finished(progress: &mut tokio::sync::watch::Receiver<super::table::Prog
     let _ = progress.wait_for(|p| p.finished()).await;
 }
 
-/// Kills the process group when dropped before the process exited: the exec's
-/// request was cancelled or its connection dropped.
-struct KillGroupOnDrop(Option<Arc<ProcessRecord>>);
+/// Kills what a finished exec left in its cgroup once its deadline `at` passes (see
+/// the module docs). Nothing to do without a cgroup or leftovers.
+fn kill_leftovers_at(record: Arc<ProcessRecord>, at: Instant) {
+    if !record.has_leftovers() {
+        return;
+    }
+    tokio::spawn(async move {
+        tokio::time::sleep_until(at.into()).await;
+        if record.has_leftovers() {
+            tracing::info!(pid = %record.pid, "killing what a finished exec left at its deadline");
+            if let Err(error) = record.kill_all_of_it() {
+                tracing::warn!(pid = %record.pid, %error, "killing an exec's leftovers failed");
+            }
+        }
+    });
+}
 
-impl Drop for KillGroupOnDrop {
+/// How often a timed-out exec looks whether its cgroup emptied. `cgroup.kill` has
+/// sent every member `SIGKILL` at once; a few go in milliseconds, the thousands of a
+/// fork bomb in seconds on an emulated CPU (about 2.5 ms per task under TCG).
+const CGROUP_EMPTY_POLL: Duration = Duration::from_millis(5);
+
+/// Resolves once the record's cgroup holds no process (at once without a cgroup), so
+/// the reply to a timed-out exec means "nothing of it is left".
+async fn cgroup_emptied(record: &ProcessRecord) {
+    let Some(cgroup) = &record.cgroup else {
+        return;
+    };
+    while cgroup.populated() {
+        tokio::time::sleep(CGROUP_EMPTY_POLL).await;
+    }
+}
+
+/// Kills the process and all it started (see [`ProcessRecord::kill_all_of_it`]) when
+/// dropped before [`Self::disarm`]: the exec's request was cancelled or its
+/// connection dropped. Its cgroup goes even when the process itself already exited
+/// (the cancel came while its output was drained): nobody is left to want it.
+struct KillOnDrop(Option<Arc<ProcessRecord>>);
+
+impl KillOnDrop {
+    /// The exec ran to its end: what it left is for its deadline to deal with.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Some(record) = self.0.take() {
-            if record.progress().exit.is_none() {
-                if let Err(error) = sys::kill_process_group(record.pid.0, libc::SIGKILL) {
-                    tracing::debug!(pid = %record.pid, %error, "killing an abandoned exec failed");
-                }
+            if let Err(error) = record.kill_all_of_it() {
+                tracing::debug!(pid = %record.pid, %error, "killing an abandoned exec failed");
             }
         }
     }

@@ -1,14 +1,17 @@
-//! `kill`: a signal to a tracked process's whole process group.
+//! `kill`: a signal to everything a tracked process started: every process in its
+//! cgroup when the agent confines in cgroups (`SIGKILL` via `cgroup.kill`), else its
+//! process group.
 
-use sandbox_protocol::{KillRequest, Pid, MAX_SIGNAL};
+use sandbox_protocol::{KillRequest, MAX_SIGNAL};
 
 use super::table::ProcessTable;
 use super::ProcessError;
 use crate::sys;
 
-/// Signals the group of `request.pid`. A signal outside `1..=MAX_SIGNAL` is `Invalid`
-/// (the wire carries an explicit signal; 0 would only probe, and the caller wanted a
-/// kill); an exited process is a no-op success; an untracked pid is `NotFound`.
+/// Signals the cgroup or group of `request.pid`. A signal outside `1..=MAX_SIGNAL` is
+/// `Invalid` (the wire carries an explicit signal; 0 would only probe, and the caller
+/// wanted a kill); an untracked pid is `NotFound`. An exited process is a no-op
+/// success, unless it left processes in its cgroup: they get the signal.
 pub fn kill(table: &ProcessTable, request: KillRequest) -> Result<(), ProcessError> {
     let signal = request.signal;
     if !(1..=MAX_SIGNAL).contains(&signal) {
@@ -18,6 +21,14 @@ pub fn kill(table: &ProcessTable, request: KillRequest) -> Result<(), ProcessErr
         });
     }
     let record = table.get(request.pid)?;
+    let signal_error = |error| ProcessError::Signal {
+        pid: request.pid,
+        signal,
+        error,
+    };
+    if let Some(cgroup) = &record.cgroup {
+        return cgroup.signal(signal).map_err(signal_error);
+    }
     if record.progress().exit.is_some() {
         return Ok(());
     }
@@ -25,10 +36,6 @@ pub fn kill(table: &ProcessTable, request: KillRequest) -> Result<(), ProcessErr
         Ok(()) => Ok(()),
         // The group emptied between our check and the signal: it has exited.
         Err(error) if error.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-        Err(error) => Err(ProcessError::Signal {
-            pid: Pid(request.pid.0),
-            signal,
-            error,
-        }),
+        Err(error) => Err(signal_error(error)),
     }
 }

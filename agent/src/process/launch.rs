@@ -1,9 +1,11 @@
 //! Starting children: from a [`ProcessSpec`] to a running, tracked process.
 //!
-//! Every child gets a clean environment (below), its own process group (exec, spawn)
-//! or its own session with the terminal as controlling tty (pty), the default OOM
-//! score instead of the agent's shield (lowered for the start under the spawn gate,
-//! see [`super::gate`]), and the requested user. Everything that reads files (the
+//! Every child gets a clean environment (below), its own cgroup when the agent
+//! confines in cgroups (joined in the forked child before `exec`, see
+//! [`super::cgroup`]), its own process group (exec, spawn) or its own session with
+//! the terminal as controlling tty (pty), the default OOM score instead of the
+//! agent's shield (lowered for the start under the spawn gate, see
+//! [`super::gate`]), and the requested user. Everything that reads files (the
 //! passwd entry, supplementary groups) happens before `fork`; the child only makes
 //! async-signal-safe calls (see [`crate::sys`]).
 //!
@@ -15,7 +17,7 @@
 //! The working directory defaults to `HOME` when it exists, else `/`.
 
 use std::ffi::CString;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
@@ -304,10 +306,32 @@ pub fn start(
     };
     // Without a pre-exec hook std starts the child with posix_spawn (vfork-like), which
     // is about 100 µs faster than fork on the host and milliseconds faster in an
-    // emulated guest; only terminals and user switches need one.
+    // emulated guest; only cgroups, terminals and user switches need one. (Joining
+    // the cgroup after the start would let a quick child fork outside it first.)
+    let cgroup = table
+        .confinement()
+        .create(kind)
+        .map_err(|error| ProcessError::Cgroup {
+            program: program.clone(),
+            error,
+        })?;
+    let remove_cgroup = |cgroup: &Option<super::cgroup::ProcessCgroup>| {
+        if let Some(cgroup) = cgroup {
+            let _ = cgroup.remove();
+        }
+    };
+    // Open until the start returned: the child writes to it before `exec`.
+    let procs = match cgroup.as_ref().map(|c| c.open_procs()).transpose() {
+        Ok(procs) => procs,
+        Err(error) => {
+            remove_cgroup(&cgroup);
+            return Err(ProcessError::Cgroup { program, error });
+        }
+    };
     sys::set_pre_exec(
         &mut command,
         PreExec {
+            join_cgroup: procs.as_ref().map(AsRawFd::as_raw_fd),
             take_terminal: terminal,
             user: plan.identity.clone(),
         },
@@ -317,17 +341,21 @@ pub fn start(
         let mut permit = table.spawn_gate();
         // Restored when dropped, also when `spawn` fails and `?` returns.
         let unshield = permit.unshield_oom();
-        let child = command.spawn().map_err(start_error)?;
+        let spawned = command.spawn();
         drop(unshield);
+        drop(procs);
+        let child = match spawned {
+            Ok(child) => child,
+            Err(error) => {
+                remove_cgroup(&cgroup);
+                return Err(start_error(error));
+            }
+        };
         let pid = Pid(i32::try_from(child.id()).unwrap_or(i32::MAX));
-        let record = Arc::new(ProcessRecord::new(
-            pid,
-            kind,
-            plan.argv,
-            open_streams,
-            capture,
-            pty,
-        ));
+        let record = Arc::new(
+            ProcessRecord::new(pid, kind, plan.argv, open_streams, capture, pty)
+                .with_cgroup(cgroup),
+        );
         table.insert(record.clone());
         (record, child)
     };

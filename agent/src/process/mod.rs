@@ -6,8 +6,12 @@
 //! - [`reaper`]: the single `waitpid(-1)` loop; it hands exit statuses to the table.
 //! - [`gate`]: the spawn gate that serialises child starts against each other and
 //!   the reaper, and the only way to lower the agent's OOM shield for a start.
+//! - [`cgroup`]: confinement: the workload cgroup tree with its memory and pids
+//!   limits, one cgroup per process, killing a cgroup, OOM kills; or process groups
+//!   where the agent is not the machine's init.
 //! - [`launch`]: turns a [`ProcessSpec`](sandbox_protocol::ProcessSpec) into a running
-//!   child: clean environment, user, cwd, its own process group or session.
+//!   child: clean environment, user, cwd, its own process group or session, its own
+//!   cgroup joined before `exec`.
 //! - [`pump`]: moves a child's output from its pipe or terminal into its record.
 //! - [`exec`], [`pty`], [`logs`]: the request handlers built on the above.
 //!
@@ -19,6 +23,7 @@
 //! while it calls `waitpid`, so a child is always in the table before its exit status
 //! can be collected (and std's own wait for a child whose `exec` failed never races us).
 
+pub mod cgroup;
 pub mod exec;
 pub mod gate;
 pub mod kill;
@@ -89,12 +94,21 @@ pub enum ProcessError {
         error: io::Error,
     },
     /// Sending a signal failed.
-    #[error("Cannot send signal {signal} to process group {pid}")]
+    #[error("Cannot send signal {signal} to the processes of {pid}")]
     Signal {
         /// The process group.
         pid: Pid,
         /// The signal.
         signal: i32,
+        /// The OS error.
+        #[source]
+        error: io::Error,
+    },
+    /// The process's cgroup could not be made or joined.
+    #[error("Cannot make a cgroup for {program}")]
+    Cgroup {
+        /// `argv[0]`.
+        program: String,
         /// The OS error.
         #[source]
         error: io::Error,
@@ -126,6 +140,7 @@ impl ProcessError {
             Self::Invalid { .. } | Self::Cursor(_) => (ErrorKind::BadRequest, None),
             Self::UnknownUser { .. } => (ErrorKind::NotFound, None),
             Self::Start { error, .. }
+            | Self::Cgroup { error, .. }
             | Self::PtyIo { error, .. }
             | Self::OpenPty(error)
             | Self::NoDirectory { error, .. } => (io_kind(error), Some(error)),

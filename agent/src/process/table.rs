@@ -11,11 +11,13 @@ use std::time::{Duration, Instant};
 
 use sandbox_protocol::limits::RING_BYTES;
 use sandbox_protocol::{
-    ExitStatus, LogsBatch, Pid, ProcessInfo, ProcessKind, ProcessState, Stream,
+    ExitStatus, LogsBatch, OomKill, Pid, ProcessDetail, ProcessInfo, ProcessKind, ProcessState,
+    Stream,
 };
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
+use super::cgroup::{Confinement, ProcessCgroup};
 use super::gate::{ReapPermit, SpawnGate, SpawnPermit};
 use super::ProcessError;
 use crate::ring::{CursorAhead, OutputRing};
@@ -100,6 +102,8 @@ pub struct ProcessRecord {
     /// Held while input is written to the terminal, so the bytes of two input
     /// requests in flight at once never interleave.
     pub input_order: tokio::sync::Mutex<()>,
+    /// Its own cgroup, when the agent confines in cgroups (see [`super::cgroup`]).
+    pub cgroup: Option<ProcessCgroup>,
     state: Mutex<RecordState>,
     progress: watch::Sender<Progress>,
 }
@@ -126,6 +130,7 @@ impl ProcessRecord {
             started_at_ms: unix_time_ms(),
             pty,
             input_order: tokio::sync::Mutex::new(()),
+            cgroup: None,
             state: Mutex::new(RecordState {
                 ring: OutputRing::new(RING_BYTES),
                 capture,
@@ -133,6 +138,51 @@ impl ProcessRecord {
                 exited_at: None,
             }),
             progress,
+        }
+    }
+
+    /// The same record, in `cgroup`.
+    pub fn with_cgroup(mut self, cgroup: Option<ProcessCgroup>) -> Self {
+        self.cgroup = cgroup;
+        self
+    }
+
+    /// Kills the process and everything it started: its whole cgroup when it has
+    /// one, else its process group (a child that called `setsid` escapes that) while
+    /// the process runs. Once it exited its pid may name another process's group, so
+    /// without a cgroup nothing is signalled.
+    pub fn kill_all_of_it(&self) -> std::io::Result<()> {
+        match &self.cgroup {
+            Some(cgroup) => cgroup.kill(),
+            None if self.progress().exit.is_none() => {
+                crate::sys::kill_process_group(self.pid.0, libc::SIGKILL)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Processes still alive in its cgroup after it exited (what a finished exec left
+    /// behind); such a record is not forgotten, so they stay listed and killable.
+    pub fn has_leftovers(&self) -> bool {
+        self.progress().exit.is_some() && self.cgroup.as_ref().is_some_and(|c| c.populated())
+    }
+
+    /// The OOM killer's kills in its cgroup, if any.
+    pub fn oom_kill(&self) -> Option<OomKill> {
+        self.cgroup.as_ref()?.oom_kill(self.pid)
+    }
+
+    /// The `ps_detail` row.
+    pub fn detail(&self) -> ProcessDetail {
+        let live = self.cgroup.as_ref().map_or_else(
+            || usize::from(self.progress().exit.is_none()),
+            |c| c.pids().len(),
+        );
+        ProcessDetail {
+            info: self.info(),
+            cgroup: self.cgroup.as_ref().map(|c| c.relative().to_owned()),
+            live_pids: u32::try_from(live).unwrap_or(u32::MAX),
+            oom: self.oom_kill(),
         }
     }
 
@@ -231,16 +281,32 @@ pub struct ProcessTable {
     records: Mutex<HashMap<Pid, Arc<ProcessRecord>>>,
     gate: SpawnGate,
     forget_after: Duration,
+    confinement: Confinement,
 }
 
 impl ProcessTable {
-    /// An empty table that forgets exited processes `forget_after` their exit.
+    /// An empty table that forgets exited processes `forget_after` their exit, and
+    /// confines by process group.
     pub fn new(forget_after: Duration) -> Self {
+        Self::with_confinement(
+            forget_after,
+            Confinement::process_groups("no cgroup tree was set up"),
+        )
+    }
+
+    /// An empty table whose processes are confined as `confinement` says.
+    pub fn with_confinement(forget_after: Duration, confinement: Confinement) -> Self {
         Self {
             records: Mutex::new(HashMap::new()),
             gate: SpawnGate::new(),
             forget_after,
+            confinement,
         }
+    }
+
+    /// How processes are confined.
+    pub fn confinement(&self) -> &Confinement {
+        &self.confinement
     }
 
     fn records(&self) -> MutexGuard<'_, HashMap<Pid, Arc<ProcessRecord>>> {
@@ -280,6 +346,14 @@ impl ProcessTable {
         rows
     }
 
+    /// Every tracked process with its cgroup's state, oldest first.
+    pub fn list_detail(&self) -> Vec<ProcessDetail> {
+        let records: Vec<_> = self.records().values().cloned().collect();
+        let mut rows: Vec<_> = records.iter().map(|r| r.detail()).collect();
+        rows.sort_by_key(|row| (row.info.started_at_ms, row.info.pid));
+        rows
+    }
+
     /// Counts of (running, exited) tracked processes.
     pub fn counts(&self) -> (u32, u32) {
         let records: Vec<_> = self.records().values().cloned().collect();
@@ -307,15 +381,32 @@ impl ProcessTable {
         }
     }
 
-    /// Forgets processes that exited more than `forget_after` ago; returns how many.
+    /// Forgets processes that exited more than `forget_after` ago, except those whose
+    /// cgroup still holds processes they left behind, and removes the cgroups of the
+    /// forgotten; returns how many were forgotten.
     pub fn forget_expired(&self, now: Instant) -> usize {
         let Some(cutoff) = now.checked_sub(self.forget_after) else {
             return 0;
         };
+        let expired: Vec<_> = self
+            .records()
+            .values()
+            .filter(|record| record.exited_before(cutoff) && !record.has_leftovers())
+            .cloned()
+            .collect();
         let mut records = self.records();
-        let before = records.len();
-        records.retain(|_, record| !record.exited_before(cutoff));
-        before - records.len()
+        for record in &expired {
+            records.remove(&record.pid);
+        }
+        drop(records);
+        for record in &expired {
+            if let Some(cgroup) = &record.cgroup {
+                if let Err(error) = cgroup.remove() {
+                    tracing::warn!(pid = %record.pid, cgroup = cgroup.relative(), %error, "cannot remove a cgroup");
+                }
+            }
+        }
+        expired.len()
     }
 
     /// Keeps the rings of exited processes within `budget` bytes by discarding the
@@ -346,11 +437,14 @@ impl ProcessTable {
         freed
     }
 
-    /// Sends `SIGKILL` to the process group of every running tracked process.
+    /// Kills every running tracked process (with its cgroup, when it has one) and
+    /// what exited ones left behind.
     pub fn kill_all(&self) {
         let records: Vec<_> = self.records().values().cloned().collect();
-        for record in records.iter().filter(|r| r.progress().exit.is_none()) {
-            let _ = crate::sys::kill_process_group(record.pid.0, libc::SIGKILL);
+        for record in &records {
+            if record.progress().exit.is_none() || record.has_leftovers() {
+                let _ = record.kill_all_of_it();
+            }
         }
     }
 
@@ -473,5 +567,34 @@ mod tests {
         ));
         assert!(table.get(Pid(2)).is_ok());
         assert_eq!(table.counts(), (1, 0));
+    }
+
+    #[test]
+    fn a_record_with_leftovers_is_kept_and_its_cgroup_removed_once_forgotten() {
+        // A plain directory stands in for the cgroup: `cgroup.events` says populated.
+        let dir = std::env::temp_dir().join(format!("sbx-forget-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let events = dir.join("cgroup.events");
+        std::fs::write(&events, "populated 1\nfrozen 0\n").unwrap();
+        let table = ProcessTable::new(Duration::from_secs(60));
+        let rec = ProcessRecord::new(Pid(7), ProcessKind::Exec, vec![], 0, None, None)
+            .with_cgroup(Some(ProcessCgroup::at(&dir)));
+        let rec = Arc::new(rec);
+        rec.mark_exited(ExitStatus {
+            code: Some(0),
+            signal: None,
+        });
+        table.insert(rec.clone());
+        let later = Instant::now() + Duration::from_secs(61);
+        assert!(rec.has_leftovers());
+        assert_eq!(table.forget_expired(later), 0);
+        assert!(table.get(Pid(7)).is_ok());
+        // Its last process gone (no events file, no cgroup.procs: empty), it goes,
+        // and so does its directory.
+        std::fs::remove_file(&events).unwrap();
+        assert!(!rec.has_leftovers());
+        assert_eq!(table.forget_expired(later), 1);
+        assert!(table.get(Pid(7)).is_err());
+        assert!(!dir.exists());
     }
 }

@@ -1,5 +1,9 @@
 //! Which connections are served when too many are open.
 //!
+//! One table of connections with a cap; the server keeps two (see
+//! `connection::Admissions`): those still without a `Hello`, and served ones, so a
+//! peer without the token only ever displaces another such peer.
+//!
 //! The agent serves at most [`MAX_CONNECTIONS`](super::MAX_CONNECTIONS) connections.
 //! An idle one (no request in flight, or no `Hello` yet) costs next to nothing, so
 //! idle connections are not refused or timed out while there is room; but they must

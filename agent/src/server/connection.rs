@@ -11,11 +11,18 @@
 //! What one connection can make the agent hold is bounded by construction:
 //! - before the `Hello`, frames over [`HELLO_FRAME_BYTES`] are refused and the reader
 //!   grows its buffer only as bytes arrive, so an unauthenticated peer costs a chunk;
+//!   such peers have a table of their own ([`Admissions`]) and never displace a
+//!   served connection;
+//! - a peer that reads nothing for [`WRITE_STALL`] while frames wait for it is closed,
+//!   and a closing connection gives its writer [`WRITER_DRAIN`] at most;
 //! - at most [`MAX_REQUESTS_IN_FLIGHT`] requests run at once, each holding its slot
 //!   until its final frame is queued (a reply waiting on a slow reader counts); more
-//!   get `Busy`, while `Cancel` and put data are still read;
+//!   get `Busy`;
 //! - at most [`WRITE_QUEUE_FRAMES`] frames wait for the socket, and every handler
 //!   that produces output waits when they do (backpressure from a slow reader);
+//! - every stream (exec output, a follow, `get`) keeps at most
+//!   [`STREAM_WINDOW_BYTES`](sandbox_protocol::limits::STREAM_WINDOW_BYTES) of payload
+//!   beyond what the client reported consumed ([`Events`]);
 //! - an oversize length prefix loses frame sync: the sender gets `TooLarge` under the
 //!   request id it named, and the connection closes.
 
@@ -31,12 +38,12 @@ use sandbox_protocol::{
     WireError, MAGIC, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::AbortHandle;
 
 use super::admission::{Admission, Full};
 use super::dispatch;
-use crate::agent::{Agent, AGENT_VERSION, CAPABILITIES};
+use crate::agent::{Agent, AGENT_VERSION};
 use crate::events::Events;
 use crate::files::stream::{put_channel, PutSender};
 
@@ -46,90 +53,152 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Frames queued for writing before handlers wait (backpressure from a slow client).
 const WRITE_QUEUE_FRAMES: usize = 16;
 
+/// How long the writer may take to drain after the connection ended.
+const WRITER_DRAIN: Duration = Duration::from_secs(5);
+
+/// A connection whose socket accepts no byte for this long, while the agent has
+/// bytes for it, is closed: its peer stopped reading. (A client that reads slowly is
+/// not stalled: stream windows make the agent send only what it consumed.)
+const WRITE_STALL: Duration = Duration::from_secs(30);
+
 /// Bytes batched into one write before flushing.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 
-/// A running request: how to cancel it, and where a put's data goes.
+/// A running request: how to cancel it, where a put's data goes, and where the
+/// client's consumption reports go (its stream window).
 #[derive(Debug)]
 struct Running {
     abort: AbortHandle,
     put: Option<PutSender>,
+    consumed: watch::Sender<u64>,
 }
 
 type InFlight = Arc<Mutex<HashMap<RequestId, Running>>>;
 
-/// Serves one connection until the client closes it, breaks the protocol, or is
-/// evicted to make room (see [`Admission`]).
-pub async fn serve<S>(stream: S, agent: Arc<Agent>, admission: Arc<Admission>)
+/// What one served connection keeps besides its running requests.
+#[derive(Debug)]
+struct ConnState {
+    /// Request slots: [`MAX_REQUESTS_IN_FLIGHT`] permits.
+    slots: Arc<Semaphore>,
+    /// Set by the client's first `Consumed`: from then on its streams keep to the
+    /// window (a client that never reports is never made to wait for reports).
+    windowed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The two tables a connection passes through: unauthenticated connections (before
+/// a good `Hello`) and served ones. A peer without the token can only ever displace
+/// another peer without it, never a served connection.
+#[derive(Debug, Clone)]
+pub struct Admissions {
+    /// Connections that have not completed the handshake.
+    pub pending: Arc<Admission>,
+    /// Connections past the handshake.
+    pub served: Arc<Admission>,
+}
+
+/// Serves one connection until the client closes it, breaks the protocol, stops
+/// reading what it is sent, or is evicted to make room (see [`Admission`]).
+pub async fn serve<S>(stream: S, agent: Arc<Agent>, admissions: Admissions)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (read_half, write_half) = tokio::io::split(stream);
     let mut reader = FrameReader::new(read_half, HELLO_FRAME_BYTES);
     let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES);
-    let writer = tokio::spawn(write_loop(
+    let mut writer = tokio::spawn(write_loop(
         FrameWriter::new(write_half, MAX_FRAME_BYTES),
         rx,
     ));
-    let slots = Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
-
-    match admission.admit(slots.clone(), MAX_REQUESTS_IN_FLIGHT) {
-        Err(Full { max }) => {
-            tracing::warn!(max, "refused a connection: every connection is busy");
-            let error = WireError::new(
-                ErrorKind::Busy,
-                format!("the agent serves {max} connections and each has a request in flight; try again later"),
-            );
-            send_connection_error(&tx, error).await;
-        }
-        Ok(ticket) => {
-            let evicted = async {
-                ticket.evicted().await;
-                tracing::info!("closing an idle connection to make room for a new one");
-                let error = WireError::new(
-                    ErrorKind::Busy,
-                    "closed while idle to make room for a new connection (the agent's connection limit was reached)",
-                );
-                send_connection_error(&tx, error).await;
-            };
-            tokio::select! {
-                () = serve_admitted(&mut reader, &tx, &agent, &slots) => {}
-                () = evicted => {}
-            }
-        }
-    }
+    serve_connection(&mut reader, &tx, &agent, &admissions).await;
     drop(tx);
-    // The writer ends once every request task has sent its last frame.
-    if let Err(error) = writer.await {
-        tracing::error!(%error, "connection writer failed");
+    // The writer ends once every request task has sent its last frame; a peer that
+    // does not read gets a short grace, then the socket is dropped with the writer.
+    match tokio::time::timeout(WRITER_DRAIN, &mut writer).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::error!(%error, "connection writer failed"),
+        Err(_elapsed) => writer.abort(),
     }
 }
 
-/// Queues an error about the whole connection (id 0).
-async fn send_connection_error(tx: &mpsc::Sender<AgentFrame>, error: WireError) {
-    let _ = tx
-        .send(AgentFrame {
-            id: RequestId::CONNECTION,
-            msg: AgentMsg::Error(error),
-        })
-        .await;
-}
-
-/// The handshake, then requests until the client goes; cancels what is still running.
-async fn serve_admitted<R: AsyncRead + Unpin>(
+/// The connection's life from the first byte: handshake while pending, then
+/// requests while served. Returns when it must close.
+async fn serve_connection<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     tx: &mpsc::Sender<AgentFrame>,
     agent: &Arc<Agent>,
-    slots: &Arc<Semaphore>,
+    admissions: &Admissions,
 ) {
-    if handshake(reader, tx, agent).await {
-        reader.set_max(MAX_FRAME_BYTES);
-        let in_flight: InFlight = Arc::default();
-        // Cancel whatever is still running however this ends (also when the
-        // connection is evicted and this future dropped).
-        let _cancel_on_exit = CancelOnDrop(in_flight.clone());
-        read_loop(reader, tx, agent, &in_flight, slots).await;
+    // An unauthenticated connection holds no request slot: always "idle".
+    let pending = admissions.pending.admit(Arc::new(Semaphore::new(1)), 1);
+    let Ok(pending) = pending else {
+        return;
+    };
+    let accepted = tokio::select! {
+        accepted = handshake(reader, tx, agent) => accepted,
+        () = pending.evicted() => {
+            tracing::info!("dropped a connection still without a Hello to make room");
+            false
+        }
+        () = tx.closed() => false,
+    };
+    drop(pending);
+    if !accepted {
+        return;
     }
+    reader.set_max(MAX_FRAME_BYTES);
+    let slots = Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
+    let ticket = match admissions
+        .served
+        .admit(slots.clone(), MAX_REQUESTS_IN_FLIGHT)
+    {
+        Ok(ticket) => ticket,
+        Err(Full { max }) => {
+            tracing::warn!(max, "refused a connection: every connection is busy");
+            notify(
+                tx,
+                WireError::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "the agent serves {max} connections and each has a request in \
+                         flight; try again later"
+                    ),
+                ),
+            );
+            return;
+        }
+    };
+    let in_flight: InFlight = Arc::default();
+    // Cancel whatever is still running however this ends.
+    let _cancel_on_exit = CancelOnDrop(in_flight.clone());
+    let conn = ConnState {
+        slots,
+        windowed: Arc::default(),
+    };
+    tokio::select! {
+        () = read_loop(reader, tx, agent, &in_flight, &conn) => {}
+        () = ticket.evicted() => {
+            tracing::info!("closing an idle connection to make room for a new one");
+            notify(
+                tx,
+                WireError::new(
+                    ErrorKind::Busy,
+                    "closed while idle to make room for a new connection (the agent's \
+                     connection limit was reached)",
+                ),
+            );
+        }
+        // The writer gave up (the peer stopped reading, or the socket failed).
+        () = tx.closed() => {}
+    }
+}
+
+/// Queues an error about the whole connection (id 0) if there is room; a connection
+/// that is closing never waits on a peer that does not read.
+fn notify(tx: &mpsc::Sender<AgentFrame>, error: WireError) {
+    let _ = tx.try_send(AgentFrame {
+        id: RequestId::CONNECTION,
+        msg: AgentMsg::Error(error),
+    });
 }
 
 /// Aborts every request still in flight when dropped.
@@ -221,7 +290,7 @@ fn check_hello(hello: &Hello, agent: &Agent) -> Result<HelloReply, WireError> {
         version: PROTOCOL_VERSION,
         agent_version: AGENT_VERSION.to_owned(),
         boot_id: agent.boot_id.clone(),
-        capabilities: CAPABILITIES.iter().map(|c| (*c).to_owned()).collect(),
+        capabilities: agent.capabilities(),
     })
 }
 
@@ -235,7 +304,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
     tx: &mpsc::Sender<AgentFrame>,
     agent: &Arc<Agent>,
     in_flight: &InFlight,
-    slots: &Arc<Semaphore>,
+    conn: &ConnState,
 ) {
     loop {
         if tx.is_closed() {
@@ -260,7 +329,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Decoded::Frame(ClientFrame {
                 id,
                 msg: ClientMsg::Request(request),
-            }) => start_request(id, request, tx, agent, in_flight, slots)
+            }) => start_request(id, request, tx, agent, in_flight, conn)
                 .err()
                 .map(|error| (id, error, Breaks::Nothing)),
             Decoded::Frame(ClientFrame {
@@ -289,6 +358,27 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 msg: ClientMsg::DataEnd,
             }) => {
                 forward_put_data(in_flight, id, PutSender::end);
+                None
+            }
+            Decoded::Frame(ClientFrame {
+                id,
+                msg: ClientMsg::Consumed(bytes),
+            }) => {
+                // The client reports: hold this connection's streams to the window.
+                conn.windowed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                // Unknown ids are fine: the stream may have just ended.
+                if let Some(running) = in_flight
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&id)
+                {
+                    running.consumed.send_if_modified(|consumed| {
+                        let grew = bytes > *consumed;
+                        *consumed = (*consumed).max(bytes);
+                        grew
+                    });
+                }
                 None
             }
             Decoded::Frame(ClientFrame {
@@ -388,7 +478,7 @@ fn start_request(
     tx: &mpsc::Sender<AgentFrame>,
     agent: &Arc<Agent>,
     in_flight: &InFlight,
-    slots: &Arc<Semaphore>,
+    conn: &ConnState,
 ) -> Result<(), WireError> {
     if id == RequestId::CONNECTION {
         return Err(WireError::new(
@@ -403,7 +493,7 @@ fn start_request(
             format!("request id {id} is already in flight"),
         ));
     }
-    let Ok(slot) = slots.clone().try_acquire_owned() else {
+    let Ok(slot) = conn.slots.clone().try_acquire_owned() else {
         return Err(WireError::new(
             ErrorKind::Busy,
             format!(
@@ -412,7 +502,8 @@ fn start_request(
             ),
         ));
     };
-    let events = Events::new(id, tx.clone());
+    let (consumed, consumed_rx) = watch::channel(0);
+    let events = Events::new(id, tx.clone(), consumed_rx, conn.windowed.clone());
     let handler_agent = agent.clone();
     let (put, input) = match request {
         Request::Put(_) => {
@@ -430,6 +521,7 @@ fn start_request(
         Running {
             abort: handler.abort_handle(),
             put,
+            consumed,
         },
     );
     drop(requests);
@@ -483,7 +575,15 @@ async fn write_loop<W: AsyncWrite + Send>(
                 break;
             }
         }
-        if let Err(error) = writer.flush().await {
+        let flushed = tokio::time::timeout(WRITE_STALL, writer.flush())
+            .await
+            .unwrap_or_else(|_elapsed| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the client has read nothing for 30 s",
+                ))
+            });
+        if let Err(error) = flushed {
             tracing::debug!(%error, "writing to the client failed");
             // Dropping the queue makes every later send fail at once: handlers stop
             // instead of blocking, and the reader stops taking requests that could

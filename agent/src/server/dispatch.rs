@@ -94,6 +94,8 @@ pub async fn handle(
             machine::shutdown(agent, request);
             Ok(Reply::Done)
         }
+        Request::PsDetail => Ok(Reply::PsDetail(table.list_detail())),
+        Request::Confinement => Ok(Reply::Confinement(table.confinement().report())),
     }
 }
 

@@ -19,10 +19,15 @@ use tokio::net::UnixListener;
 use tokio_vsock::{VsockAddr, VsockListener};
 
 use self::admission::Admission;
+use self::connection::Admissions;
 use crate::agent::Agent;
 
 /// Connections served at once (see [`admission`]).
 pub use sandbox_protocol::limits::MAX_CONNECTIONS;
+
+/// Connections that have not said `Hello` yet. A newcomer past it replaces the oldest
+/// of them (each has 10 s for its `Hello` anyway); they never displace a served one.
+pub const MAX_PENDING_HELLOS: usize = 16;
 
 /// The vsock CID meaning "any local CID" (`VMADDR_CID_ANY`).
 pub const VSOCK_CID_ANY: u32 = u32::MAX;
@@ -167,14 +172,17 @@ pub async fn serve(
     peers: PeerPolicy,
     shutdown: impl Future<Output = ()>,
 ) {
-    let admission = Admission::new(MAX_CONNECTIONS);
+    let admissions = Admissions {
+        pending: Admission::new(MAX_PENDING_HELLOS),
+        served: Admission::new(MAX_CONNECTIONS),
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for (addr, BoundListener(listener)) in listeners {
         tracing::info!(%addr, "listening");
         tasks.spawn(accept_loop(
             listener,
             agent.clone(),
-            admission.clone(),
+            admissions.clone(),
             peers.clone(),
         ));
     }
@@ -185,20 +193,20 @@ pub async fn serve(
 async fn accept_loop(
     listener: Listener,
     agent: Arc<Agent>,
-    admission: Arc<Admission>,
+    admissions: Admissions,
     peers: PeerPolicy,
 ) {
     loop {
         match &listener {
             Listener::Unix(listener) => match listener.accept().await {
                 Ok((stream, _)) => {
-                    tokio::spawn(connection::serve(stream, agent.clone(), admission.clone()));
+                    tokio::spawn(connection::serve(stream, agent.clone(), admissions.clone()));
                 }
                 Err(error) => accept_failed(&error).await,
             },
             Listener::Vsock(listener) => match listener.accept().await {
                 Ok((stream, peer)) if peers.allowed_cids.contains(&peer.cid()) => {
-                    tokio::spawn(connection::serve(stream, agent.clone(), admission.clone()));
+                    tokio::spawn(connection::serve(stream, agent.clone(), admissions.clone()));
                 }
                 Ok((_, peer)) => {
                     tracing::warn!(cid = peer.cid(), "refused a vsock peer that is not allowed")
@@ -209,9 +217,17 @@ async fn accept_loop(
     }
 }
 
-/// Accept errors (EMFILE, ECONNABORTED, …) are transient: log, pause, go on.
+/// Accept errors (EMFILE, ECONNABORTED, …) are transient: pause, go on. Logged at
+/// most once a second, so a descriptor shortage cannot flood the serial console.
 async fn accept_failed(error: &std::io::Error) {
-    tracing::warn!(%error, "accept failed");
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_LOGGED_SECS: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    if LAST_LOGGED_SECS.swap(now, Ordering::Relaxed) != now {
+        tracing::warn!(%error, "accept failed");
+    }
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
 

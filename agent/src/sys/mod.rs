@@ -15,18 +15,23 @@
 //!   descriptor to tokio's reactor.
 //! - [`pty`]: opening a pseudo-terminal pair, its window size, and a child taking it
 //!   as its controlling terminal.
-//! - [`proc`]: the child subreaper, signalling process groups, and what a forked
-//!   child does before `exec` (terminal, user switch).
+//! - [`proc`]: the child subreaper, signalling process groups and single processes,
+//!   and what a forked child does before `exec` (join its cgroup, terminal, user
+//!   switch).
+//! - [`cgroup`]: recognising and mounting cgroup2.
 //! - [`net`]: network interface flags (bringing `lo` up).
 //! - [`random`]: random bytes and ids, and feeding and reseeding the kernel's pool.
 //! - [`clock`]: reading and setting the wall clock.
 //! - [`alloc`]: allocator tuning (large buffers go back to the kernel).
+//! - [`limits`]: the agent's own resource limits (open files).
 
 #![allow(unsafe_code)]
 
 pub mod alloc;
+pub mod cgroup;
 pub mod clock;
 pub mod fd;
+pub mod limits;
 pub mod net;
 pub mod proc;
 pub mod pty;
@@ -35,10 +40,14 @@ pub mod random;
 use std::io;
 
 pub use alloc::return_large_allocations_to_the_kernel;
+pub use cgroup::{is_cgroup2, mount_cgroup2};
 pub use clock::{set_wall_clock, unix_time_ms};
 pub use fd::{read, register_async, set_nonblocking, write};
+pub use limits::raise_open_file_limit;
 pub use net::{interface_flags, set_interface_flags};
-pub use proc::{kill_process_group, set_child_subreaper, set_pre_exec, ChildUser, PreExec};
+pub use proc::{
+    kill_process, kill_process_group, set_child_subreaper, set_pre_exec, ChildUser, PreExec,
+};
 pub use pty::{open_pty, set_window_size, PtyPair};
 pub use random::{add_entropy_and_reseed, random_bytes, random_hex};
 

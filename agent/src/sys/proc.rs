@@ -2,6 +2,7 @@
 //! child does between `fork` and `exec`.
 
 use std::io;
+use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -25,6 +26,16 @@ pub fn kill_process_group(pgid: i32, signal: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Sends `signal` to the single process `pid` (a member of a workload cgroup).
+pub fn kill_process(pid: i32, signal: i32) -> io::Result<()> {
+    if pid <= 1 {
+        return Err(io::Error::from(io::ErrorKind::InvalidInput));
+    }
+    // SAFETY: kill takes plain integers; a positive pid addresses one process.
+    check(unsafe { libc::kill(pid, signal) })?;
+    Ok(())
+}
+
 /// The uid, gid and supplementary groups a child switches to, resolved before
 /// `fork` (reading the group database allocates and takes locks).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +51,11 @@ pub struct ChildUser {
 /// What a child does in the forked process before `exec`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PreExec {
+    /// Write `0` to this open `cgroup.procs` file: the child moves itself into that
+    /// cgroup before anything else, so the program and all it forks start there.
+    /// The caller keeps the descriptor open until the start returned (it is
+    /// close-on-exec, so the program never sees it).
+    pub join_cgroup: Option<RawFd>,
     /// Start a new session with stdin (a pty slave) as its controlling terminal.
     pub take_terminal: bool,
     /// Become this user.
@@ -50,7 +66,7 @@ impl PreExec {
     /// Whether there is anything to do; without a hook, std starts the child with
     /// `posix_spawn`, which is much cheaper than `fork`.
     pub fn is_empty(&self) -> bool {
-        !self.take_terminal && self.user.is_none()
+        !self.take_terminal && self.user.is_none() && self.join_cgroup.is_none()
     }
 }
 
@@ -66,6 +82,9 @@ pub fn set_pre_exec(command: &mut Command, steps: PreExec) {
     // and everything it reads (`steps`, the group list) was built before the fork.
     unsafe {
         command.pre_exec(move || {
+            if let Some(procs) = steps.join_cgroup {
+                child_join_cgroup(procs)?;
+            }
             if steps.take_terminal {
                 super::pty::child_take_terminal()?;
             }
@@ -75,6 +94,19 @@ pub fn set_pre_exec(command: &mut Command, steps: PreExec) {
             Ok(())
         });
     }
+}
+
+/// In a forked child: move into the cgroup whose `cgroup.procs` is open as `procs`
+/// ("0" names the writer). Async-signal-safe.
+fn child_join_cgroup(procs: RawFd) -> io::Result<()> {
+    let pid = b"0";
+    // SAFETY: write reads `pid.len()` bytes from a live array; `procs` was opened by
+    // the parent before the fork and stays open until the start returns.
+    let written = unsafe { libc::write(procs, pid.as_ptr().cast(), pid.len()) };
+    if written < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// In a forked child: become `user`. Groups first, then gid, then uid: once the uid
@@ -106,7 +138,12 @@ mod tests {
         assert!(PreExec::default().is_empty());
         assert!(!PreExec {
             take_terminal: true,
-            user: None
+            ..PreExec::default()
+        }
+        .is_empty());
+        assert!(!PreExec {
+            join_cgroup: Some(3),
+            ..PreExec::default()
         }
         .is_empty());
     }

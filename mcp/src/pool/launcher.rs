@@ -62,7 +62,8 @@ impl VmFactory for LauncherFactory {
             return Err(BootError::AgentUrl(raw_url));
         };
         // The agent said Ready, so it listens; retry only over the VMM's own start-up.
-        let options = ConnectOptions::default();
+        // The VM's own token: the launcher gives every VM a random one.
+        let options = vm.connect_options(ConnectOptions::default().connect_timeout);
         let deadline = Instant::now() + options.connect_timeout;
         match Client::connect_with_retry(&url, &options, deadline).await {
             Ok(client) => Ok(LaunchedVm { vm, url, client }),

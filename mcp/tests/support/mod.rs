@@ -1,7 +1,8 @@
 //! Test harness: the real `sandbox-mcp` binary as a child process, driven by rmcp's
 //! own MCP client over its stdin and stdout. The server's stderr goes to a log file
-//! that is printed when a test fails. Also the microVM prerequisites, checked with
-//! what to install or build. Shared by `tests/` and `benches/`.
+//! that is printed when a test fails. [`RawServer`] drives it with JSON lines written
+//! by hand instead. Also the microVM prerequisites, checked with what to install or
+//! build. Shared by `tests/` and `benches/`.
 
 // Each test crate uses a different part of this harness.
 #![allow(dead_code)]
@@ -14,8 +15,9 @@ use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServiceExt};
 use sandbox_vmm::launcher::LauncherConfig;
-use serde_json::Value;
-use tokio::process::{Child, Command};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// Variables the server reads that must not leak in from the developer's shell.
 const SERVER_ENV: &[&str] = &[
@@ -37,21 +39,9 @@ pub struct McpServer {
 impl McpServer {
     /// Starts `sandbox-mcp ARGS` with `envs` added and initializes a session.
     pub async fn start(args: &[&str], envs: &[(&str, &str)], log: &Path) -> Self {
-        let log_file = std::fs::File::create(log).expect("cannot create the server log");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_sandbox-mcp"));
-        command
-            .args(args)
-            .env("RUST_LOG", "info,rmcp=warn")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(log_file);
-        for name in SERVER_ENV {
-            command.env_remove(name);
-        }
-        for (name, value) in envs {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().expect("cannot start sandbox-mcp");
+        let mut child = server_command(args, envs, log, Stdio::piped())
+            .spawn()
+            .expect("cannot start sandbox-mcp");
         let stdout = child.stdout.take().expect("no stdout pipe");
         let stdin = child.stdin.take().expect("no stdin pipe");
         let client = match ().serve((stdout, stdin)).await {
@@ -172,6 +162,216 @@ impl Drop for McpServer {
     }
 }
 
+/// `sandbox-mcp ARGS` with `envs` added, stdin from `stdin`, stdout piped, and its
+/// log in `log`.
+fn server_command(args: &[&str], envs: &[(&str, &str)], log: &Path, stdin: Stdio) -> Command {
+    let log_file = std::fs::File::create(log).expect("cannot create the server log");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sandbox-mcp"));
+    command
+        .args(args)
+        .env("RUST_LOG", "info,rmcp=warn")
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(log_file)
+        .kill_on_drop(true);
+    for name in SERVER_ENV {
+        command.env_remove(name);
+    }
+    for (name, value) in envs {
+        command.env(name, value);
+    }
+    command
+}
+
+/// How long [`RawServer::recv`] waits for a line.
+const RAW_REPLY_WITHIN: Duration = Duration::from_secs(60);
+
+/// A running `sandbox-mcp` driven by JSON lines written by hand, for what an SDK
+/// client never sends: oversize lines, invalid JSON, malformed messages. Its stdin
+/// is a pipe from the test, or from a relay process standing in for a client that
+/// can be SIGKILLed.
+pub struct RawServer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    relay: Option<Child>,
+    log: PathBuf,
+    /// Ids for the requests [`RawServer::wait_running`] makes.
+    next_id: i64,
+}
+
+impl RawServer {
+    /// Starts `sandbox-mcp ARGS` with `envs` added; nothing is sent yet.
+    pub async fn start(args: &[&str], envs: &[(&str, &str)], log: &Path) -> Self {
+        let mut child = server_command(args, envs, log, Stdio::piped())
+            .spawn()
+            .expect("cannot start sandbox-mcp");
+        let stdin = child.stdin.take().expect("no stdin pipe");
+        Self::new(child, stdin, None, log)
+    }
+
+    /// Like [`RawServer::start`], with the server's stdin fed by a `cat` process
+    /// (the "client") that the test writes to: killing it closes the server's stdin
+    /// the way a client's death does.
+    pub async fn start_relayed(args: &[&str], envs: &[(&str, &str)], log: &Path) -> Self {
+        let mut relay = Command::new("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("cannot start cat");
+        let stdin = relay.stdin.take().expect("no stdin pipe");
+        let relay_out: Stdio = relay
+            .stdout
+            .take()
+            .expect("no stdout pipe")
+            .try_into()
+            .expect("cannot hand the relay's stdout over");
+        // The command (and the test's copy of the pipe) is dropped at once, so the
+        // relay holds the only write end of the server's stdin.
+        let child = server_command(args, envs, log, relay_out)
+            .spawn()
+            .expect("cannot start sandbox-mcp");
+        Self::new(child, stdin, Some(relay), log)
+    }
+
+    fn new(mut child: Child, stdin: ChildStdin, relay: Option<Child>, log: &Path) -> Self {
+        let stdout = BufReader::new(child.stdout.take().expect("no stdout pipe"));
+        Self {
+            child,
+            stdin: Some(stdin),
+            stdout,
+            relay,
+            log: log.to_owned(),
+            next_id: 1000,
+        }
+    }
+
+    /// The server's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the server was already reaped")
+    }
+
+    /// What the server logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Writes `line` and a newline.
+    pub async fn send(&mut self, line: &[u8]) {
+        let stdin = self.stdin.as_mut().expect("stdin was closed");
+        stdin
+            .write_all(line)
+            .await
+            .expect("cannot write to the server");
+        stdin
+            .write_all(b"\n")
+            .await
+            .expect("cannot write to the server");
+        stdin.flush().await.expect("cannot write to the server");
+    }
+
+    /// Writes one JSON message as a line.
+    pub async fn send_json(&mut self, message: &Value) {
+        self.send(message.to_string().as_bytes()).await;
+    }
+
+    /// The next line the server writes, as JSON.
+    pub async fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        match tokio::time::timeout(RAW_REPLY_WITHIN, self.stdout.read_line(&mut line)).await {
+            Ok(Ok(n)) if n > 0 => serde_json::from_str(&line)
+                .unwrap_or_else(|error| panic!("the server wrote non-JSON ({error}): {line}")),
+            Ok(Ok(_)) => panic!("the server closed stdout; log:\n{}", self.log()),
+            Ok(Err(error)) => panic!("cannot read the server: {error}"),
+            Err(_) => panic!(
+                "no line from the server within {RAW_REPLY_WITHIN:?}; log:\n{}",
+                self.log()
+            ),
+        }
+    }
+
+    /// Sends a request and returns the server's next line, which must answer it.
+    pub async fn request(&mut self, id: i64, method: &str, params: Value) -> Value {
+        self.send_json(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await;
+        let reply = self.recv().await;
+        assert_eq!(reply["id"], id, "{reply}");
+        reply
+    }
+
+    /// The MCP handshake: `initialize` (id 0), then `notifications/initialized`.
+    pub async fn initialize(&mut self) {
+        let reply = self
+            .request(
+                0,
+                "initialize",
+                json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "raw-test", "version": "0"}}),
+            )
+            .await;
+        assert!(reply["result"]["serverInfo"].is_object(), "{reply}");
+        self.send_json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+    }
+
+    /// Polls the `ps` tool until `command` runs in `sandbox_id`: an exec sent without
+    /// waiting for its reply is then in flight. Nothing else may be answered meanwhile.
+    pub async fn wait_running(&mut self, sandbox_id: &Value, command: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        let ps = json!({"name": "ps", "arguments": {"sandbox_id": sandbox_id}});
+        loop {
+            self.next_id += 1;
+            let reply = self.request(self.next_id, "tools/call", ps.clone()).await;
+            let rows = &reply["result"]["structuredContent"]["processes"];
+            let running = rows.as_array().is_some_and(|rows| {
+                rows.iter()
+                    .any(|row| row["command"] == command && row["state"] == "running")
+            });
+            if running {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{command} did not start: {reply}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Closes the server's stdin, as a client that exits does.
+    pub fn close_stdin(&mut self) {
+        self.stdin.take();
+    }
+
+    /// SIGKILLs the relay standing in for the client (see [`RawServer::start_relayed`]).
+    pub fn kill_client(&mut self) {
+        let relay = self.relay.as_mut().expect("not started relayed");
+        relay.start_kill().expect("cannot kill the relay");
+    }
+
+    /// Waits for the server to exit on its own within `within`.
+    pub async fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        match tokio::time::timeout(within, self.child.wait()).await {
+            Ok(Ok(status)) => status,
+            Ok(Err(error)) => panic!("cannot wait for the server: {error}"),
+            Err(_) => panic!(
+                "the server did not exit within {within:?}; its log:\n{}",
+                self.log()
+            ),
+        }
+    }
+}
+
+impl Drop for RawServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("---- sandbox-mcp log ----\n{}---- end ----", self.log());
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
 /// The text content of a result.
 pub fn text(result: &CallToolResult) -> String {
     result
@@ -182,58 +382,19 @@ pub fn text(result: &CallToolResult) -> String {
         .join("\n")
 }
 
-/// Polls `check` every 100 ms until it returns `Some` or `within` passes.
-pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+/// The tests' condition waits, shared with the end-to-end tests (each test crate
+/// uses a different part).
+#[allow(unused_imports)]
+pub use sandbox_tests::{eventually, eventually_every};
 
-/// The launcher configuration from the environment, once QEMU, `qemu-img`,
-/// `vhost-device-vsock` and the `default` template are known to be there; panics
-/// naming what is missing and how to get it.
+/// The launcher configuration from the environment, once the shared microVM gate
+/// (`sandbox_tests::vm`) finds nothing missing; panics naming what is missing and
+/// how to get it. For benchmarks, which `SANDBOX_SKIP_VM_TESTS` does not skip.
 pub fn require_microvms() -> LauncherConfig {
-    let config = LauncherConfig::from_env().expect("cannot find the sandbox home");
-    let mut missing = Vec::new();
-    for program in [&config.qemu_path, &config.qemu_img_path, &config.vhost_path] {
-        if !on_path(program) {
-            missing.push(format!("{} (run scripts/setup.sh)", program.display()));
-        }
+    if let Some(what) = sandbox_tests::vm::missing() {
+        panic!("{what} (benchmarks cannot be skipped)");
     }
-    let template = config
-        .templates_root()
-        .join("default")
-        .join("template.json");
-    if !template.is_file() {
-        missing.push(format!(
-            "{} (build the default template with sandbox-rootfs)",
-            template.display()
-        ));
-    }
-    assert!(
-        missing.is_empty(),
-        "microVMs need: {}; set SANDBOX_SKIP_VM_TESTS=1 to skip the tests explicitly \
-         (benchmarks cannot be skipped)",
-        missing.join(", ")
-    );
-    config
-}
-
-fn on_path(program: &Path) -> bool {
-    if program.components().count() > 1 {
-        return program.is_file();
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+    LauncherConfig::from_env().expect("cannot find the sandbox home")
 }
 
 /// A fresh, short private run folder for a server's VMs (their sockets must fit in

@@ -267,7 +267,7 @@ pub struct ProcessArgs {
 /// Options of a command that runs to completion.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Kill the command's process group after this many seconds (default and
+    /// Kill the command and all it started after this many seconds (default and
     /// maximum: 300).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,

@@ -51,7 +51,13 @@ pub(crate) async fn exec(client: &Client, spec: ProcessSpec, run: &RunArgs) -> a
             event = stream.next() => match event.context("exec failed")? {
                 ExecEvent::Started(pid) => tracing::debug!(%pid, "exec started"),
                 ExecEvent::Output(chunk) => write_chunk(&chunk)?,
-                ExecEvent::Finished(reply) => return Ok(finish(&reply, timeout)),
+                ExecEvent::Finished(reply) => {
+                    if let Some(oom) = client.exec_oom_kill(&reply).await {
+                        eprintln!("sandboxctl: pid {}: {oom}", reply.pid);
+                    }
+                    let cgroups = client.hello().capabilities.iter().any(|c| c == "cgroups");
+                    return Ok(finish(&reply, timeout, cgroups));
+                }
             },
             _ = interrupt.recv() => {
                 let cancel = stream.cancel();
@@ -63,15 +69,22 @@ pub(crate) async fn exec(client: &Client, spec: ProcessSpec, run: &RunArgs) -> a
     }
 }
 
-/// The exit code for a finished exec, telling the user about a timeout.
-fn finish(reply: &ExecReply, timeout: Option<Duration>) -> u8 {
+/// The exit code for a finished exec, telling the user about a timeout (and what
+/// the timeout killed: everything in the exec's cgroup when the agent confines in
+/// cgroups, else its process group).
+fn finish(reply: &ExecReply, timeout: Option<Duration>, cgroups: bool) -> u8 {
     if reply.timed_out {
         let limit = timeout.map_or_else(
             || format!("{}s", sandbox_protocol::limits::EXEC_DEADLINE_SECS),
             |t| format!("{}s", t.as_secs_f64()),
         );
+        let what = if cgroups {
+            "its cgroup (everything it started)"
+        } else {
+            "its process group"
+        };
         eprintln!(
-            "sandboxctl: command timed out after {limit}; its process group (pid {}) was killed",
+            "sandboxctl: command timed out after {limit}; {what} (pid {}) was killed",
             reply.pid
         );
         return EXIT_TIMED_OUT;
@@ -115,11 +128,17 @@ mod tests {
 
     #[test]
     fn exit_codes_follow_the_shell_convention() {
-        let code = |code, signal| finish(&reply(Some(ExitStatus { code, signal }), false), None);
+        let code = |code, signal| {
+            finish(
+                &reply(Some(ExitStatus { code, signal }), false),
+                None,
+                false,
+            )
+        };
         assert_eq!(code(Some(0), None), 0);
         assert_eq!(code(Some(3), None), 3);
         assert_eq!(code(None, Some(9)), 137);
-        assert_eq!(finish(&reply(None, true), None), EXIT_TIMED_OUT);
-        assert_eq!(finish(&reply(None, false), None), 255);
+        assert_eq!(finish(&reply(None, true), None, true), EXIT_TIMED_OUT);
+        assert_eq!(finish(&reply(None, false), None, false), 255);
     }
 }

@@ -16,6 +16,71 @@ fn is_stdio(path: &Path) -> bool {
     path.as_os_str() == "-"
 }
 
+/// Receives the remote file beside `args.local` under a fresh temporary name, then
+/// renames it into place, so a failed get leaves nothing half-written.
+///
+/// The mode is the guest's as `cp` without `-p` takes it: permission bits only,
+/// never setuid, setgid or sticky, and masked by our umask. The guest is untrusted;
+/// a root `sandboxctl` must not turn its files into setuid executables on the host.
+async fn get_into_new_file(client: &Client, args: &GetArgs) -> anyhow::Result<(u64, u32)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let name = args
+        .local
+        .file_name()
+        .context("the local path has no file name")?;
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(format!(".{}.part", std::process::id()));
+    let temp = args.local.with_file_name(temp_name);
+    // New and not through a link: nobody else's file is ever written or truncated.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&temp)
+        .with_context(|| format!("Cannot create {}", temp.display()))?;
+    let finish = async {
+        let (bytes, mode) = client
+            .get(&args.remote, tokio::fs::File::from_std(file))
+            .await?;
+        let mode = mode & 0o777 & !current_umask();
+        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(mode))
+            .with_context(|| format!("Cannot set the mode of {}", temp.display()))?;
+        std::fs::rename(&temp, &args.local)
+            .with_context(|| format!("Cannot rename into {}", args.local.display()))?;
+        anyhow::Ok((bytes, mode))
+    };
+    let result = finish.await;
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}
+
+/// This process's umask (read by setting it and putting it back; nothing else in
+/// `sandboxctl` creates files concurrently).
+fn current_umask() -> u32 {
+    let mask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    nix::sys::stat::umask(mask);
+    mask.bits()
+}
+
+/// What `path` is when it exists and is neither a regular file nor a directory.
+fn special_file(path: &Path) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let file_type = std::fs::metadata(path).ok()?.file_type();
+    if file_type.is_file() || file_type.is_dir() {
+        None
+    } else if file_type.is_fifo() {
+        Some("FIFO")
+    } else if file_type.is_socket() {
+        Some("socket")
+    } else {
+        Some("device")
+    }
+}
+
 fn rate(bytes: u64, started: Instant) -> String {
     let secs = started.elapsed().as_secs_f64();
     format!(
@@ -59,32 +124,17 @@ pub(crate) async fn get(client: &Client, args: &GetArgs) -> anyhow::Result<u8> {
             Err(ClientError::Local { error, .. }) => return Err(OutputError::Stdout(error).into()),
             Err(error) => return Err(error).with_context(what),
         }
-    } else {
-        // Write beside the target and rename, so a failed get leaves no half file.
-        let name = args
-            .local
-            .file_name()
-            .context("the local path has no file name")?;
-        let mut temp_name = std::ffi::OsString::from(".");
-        temp_name.push(name);
-        temp_name.push(".part");
-        let temp = args.local.with_file_name(temp_name);
-        let file = tokio::fs::File::create(&temp)
+    } else if let Some(kind) = special_file(&args.local) {
+        // A device, FIFO or socket is written into, as `cp` does: renaming a file
+        // over it would destroy it (`get FILE /dev/null` would replace /dev/null).
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(&args.local)
             .await
-            .with_context(|| format!("Cannot create {}", temp.display()))?;
-        let result = client.get(&args.remote, file).await;
-        let (bytes, mode) = match result {
-            Ok(done) => done,
-            Err(error) => {
-                let _ = std::fs::remove_file(&temp);
-                return Err(error).with_context(what);
-            }
-        };
-        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(mode))
-            .with_context(|| format!("Cannot set the mode of {}", temp.display()))?;
-        std::fs::rename(&temp, &args.local)
-            .with_context(|| format!("Cannot rename into {}", args.local.display()))?;
-        (bytes, mode)
+            .with_context(|| format!("Cannot open the {kind} {}", args.local.display()))?;
+        client.get(&args.remote, file).await.with_context(what)?
+    } else {
+        get_into_new_file(client, args).await.with_context(what)?
     };
     eprintln!("{}", rate(bytes, started));
     Ok(0)

@@ -12,7 +12,8 @@ use crate::output::{self, print_json_line};
 /// Prints the agent's description as `key  value` lines or JSON.
 pub(crate) async fn info(client: &Client, json: bool) -> anyhow::Result<u8> {
     let info = client.info().await.context("info failed")?;
-    let view = InfoView::new(&info, client.hello());
+    let confinement = client.confinement().await.context("info failed")?;
+    let view = InfoView::new(&info, client.hello(), confinement.as_ref());
     if json {
         print_json_line(&view)?;
     } else {
@@ -61,5 +62,24 @@ fn human(view: &InfoView<'_>) -> String {
             view.processes_running, view.processes_exited
         ),
     );
+    if let Some(c) = &view.confinement {
+        line("confinement", confinement_text(c));
+    }
     out
+}
+
+/// `cgroups (workload memory.max 391 MiB, pids.max 3387)`, or `process_groups (why)`.
+fn confinement_text(c: &crate::json::ConfinementView<'_>) -> String {
+    let mut text = c.mode.to_owned();
+    if let (Some(memory), Some(pids)) = (c.memory_max_bytes, c.pids_max) {
+        let _ = write!(
+            text,
+            " (workload memory.max {} MiB, pids.max {pids})",
+            memory >> 20
+        );
+    }
+    if let Some(reason) = c.reason {
+        let _ = write!(text, " ({reason})");
+    }
+    text
 }

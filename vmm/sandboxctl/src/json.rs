@@ -5,7 +5,8 @@
 use serde::Serialize;
 
 use sandbox_protocol::{
-    AgentInfo, ExitStatus, HelloReply, LogsBatch, OutputChunk, ProcessInfo, ProcessState, Stream,
+    AgentInfo, Confinement, ExitStatus, HelloReply, LogsBatch, OutputChunk, ProcessDetail,
+    ProcessState, Stream,
 };
 
 /// One row of `ps --json`.
@@ -19,10 +20,22 @@ pub(crate) struct ProcessView<'a> {
     pub signal: Option<i32>,
     pub started_at_ms: u64,
     pub ended_at_ms: Option<u64>,
+    /// Its cgroup, when the agent confines in cgroups.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<&'a str>,
+    /// Processes alive in its cgroup (after an exit: what it left behind).
+    pub live_pids: u32,
+    /// Processes in its cgroup the OOM killer ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
+    /// The memory limit they ran under.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_memory_max_bytes: Option<u64>,
 }
 
-impl<'a> From<&'a ProcessInfo> for ProcessView<'a> {
-    fn from(info: &'a ProcessInfo) -> Self {
+impl<'a> From<&'a ProcessDetail> for ProcessView<'a> {
+    fn from(row: &'a ProcessDetail) -> Self {
+        let info = &row.info;
         let (state, exit) = match info.state {
             ProcessState::Running => ("running", None),
             ProcessState::Exited(status) => ("exited", Some(status)),
@@ -36,6 +49,10 @@ impl<'a> From<&'a ProcessInfo> for ProcessView<'a> {
             signal: exit.and_then(|s| s.signal),
             started_at_ms: info.started_at_ms,
             ended_at_ms: info.ended_at_ms,
+            cgroup: row.cgroup.as_deref(),
+            live_pids: row.live_pids,
+            oom_kills: row.oom.map(|oom| oom.kills),
+            oom_memory_max_bytes: row.oom.and_then(|oom| oom.memory_max_bytes),
         }
     }
 }
@@ -112,10 +129,43 @@ pub(crate) struct InfoView<'a> {
     pub mem_available_bytes: u64,
     pub processes_running: u32,
     pub processes_exited: u32,
+    /// How processes are confined; absent from an agent that predates `confinement`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confinement: Option<ConfinementView<'a>>,
+}
+
+/// `info --json`'s `confinement`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ConfinementView<'a> {
+    /// `cgroups` or `process_groups`.
+    pub mode: &'static str,
+    pub agent_cgroup: Option<&'a str>,
+    pub workload_cgroup: Option<&'a str>,
+    pub memory_max_bytes: Option<u64>,
+    pub pids_max: Option<u64>,
+    /// Why process groups, when so.
+    pub reason: Option<&'a str>,
+}
+
+impl<'a> From<&'a Confinement> for ConfinementView<'a> {
+    fn from(c: &'a Confinement) -> Self {
+        Self {
+            mode: c.mode.as_str(),
+            agent_cgroup: c.agent_cgroup.as_deref(),
+            workload_cgroup: c.workload_cgroup.as_deref(),
+            memory_max_bytes: c.memory_max_bytes,
+            pids_max: c.pids_max,
+            reason: c.reason.as_deref(),
+        }
+    }
 }
 
 impl<'a> InfoView<'a> {
-    pub fn new(info: &'a AgentInfo, hello: &'a HelloReply) -> Self {
+    pub fn new(
+        info: &'a AgentInfo,
+        hello: &'a HelloReply,
+        confinement: Option<&'a Confinement>,
+    ) -> Self {
         Self {
             agent_version: &info.agent_version,
             protocol_version: info.protocol_version,
@@ -129,6 +179,7 @@ impl<'a> InfoView<'a> {
             mem_available_bytes: info.mem_available_bytes,
             processes_running: info.processes_running,
             processes_exited: info.processes_exited,
+            confinement: confinement.map(ConfinementView::from),
         }
     }
 }

@@ -13,7 +13,8 @@
 //! Exit codes: a command's own code for `exec`/`sh`/`shell`/`attach`/`vm run` (128+N
 //! when killed by signal N, 124 on timeout); 0 for the rest on success, and when the
 //! reader of our output went away; 1 when the tool itself fails (bad URL, agent
-//! unreachable, agent error).
+//! unreachable, agent error); 125 when the VM behind `--vm ID` is not running (its
+//! guest powered off or panicked; the message quotes its console).
 //!
 //! Logging: `tracing` events (the launcher's and the client's among them) go to
 //! stderr at `warn` and above; `SANDBOX_LOG` takes an `EnvFilter` directive instead
@@ -58,6 +59,15 @@ fn main() -> ExitCode {
     match run::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(error) if output::is_closed_output(&error) => ExitCode::SUCCESS,
+        Err(error) if error.chain().any(|cause| cause.is::<vm::VmGone>()) => {
+            // The VM's end is the news; what the command saw (a lost connection) is
+            // its consequence.
+            for cause in error.chain().filter(|cause| cause.is::<vm::VmGone>()) {
+                eprintln!("sandboxctl: {cause}");
+            }
+            eprintln!("  (the command failed with: {error})");
+            ExitCode::from(vm::EXIT_VM_GONE)
+        }
         Err(error) => {
             eprintln!("sandboxctl: {error}");
             for cause in error.chain().skip(1) {

@@ -1,17 +1,27 @@
 //! `ps` and `kill`.
 
 use anyhow::Context;
-use sandbox_protocol::{ExitStatus, Pid, ProcessInfo, ProcessState};
+use sandbox_protocol::{ExitStatus, Pid, ProcessDetail, ProcessInfo, ProcessState};
 
 use sandbox_vmm::client::Client;
 
 use crate::json::ProcessView;
 use crate::output::{self, print_json_line};
 
-/// Lists tracked processes as a table or JSON.
+/// Lists tracked processes as a table or JSON: with what each left behind in its
+/// cgroup and OOM kills when the agent knows `ps_detail`, else plain `ps`.
 pub(crate) async fn ps(client: &Client, json: bool) -> anyhow::Result<u8> {
-    let mut list = client.ps().await.context("ps failed")?;
-    list.sort_by_key(|info| (info.started_at_ms, info.pid));
+    let mut list = match client.ps_detail().await.context("ps failed")? {
+        Some(list) => list,
+        None => client
+            .ps()
+            .await
+            .context("ps failed")?
+            .into_iter()
+            .map(without_detail)
+            .collect(),
+    };
+    list.sort_by_key(|row| (row.info.started_at_ms, row.info.pid));
     if json {
         let views: Vec<ProcessView<'_>> = list.iter().map(ProcessView::from).collect();
         print_json_line(&views)?;
@@ -21,7 +31,18 @@ pub(crate) async fn ps(client: &Client, json: bool) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// Signals a process's group.
+/// A plain `ps` row as a detail row (an agent without cgroups).
+fn without_detail(info: ProcessInfo) -> ProcessDetail {
+    let live_pids = u32::from(info.state == ProcessState::Running);
+    ProcessDetail {
+        info,
+        cgroup: None,
+        live_pids,
+        oom: None,
+    }
+}
+
+/// Signals a process's cgroup (or group).
 pub(crate) async fn kill(client: &Client, pid: i32, signal: i32) -> anyhow::Result<u8> {
     client
         .kill(Pid(pid), signal)
@@ -30,19 +51,25 @@ pub(crate) async fn kill(client: &Client, pid: i32, signal: i32) -> anyhow::Resu
     Ok(0)
 }
 
-/// The human `ps` table: PID KIND STATE EXIT STARTED ARGV.
-fn table(list: &[ProcessInfo]) -> String {
+/// The human `ps` table: PID KIND STATE EXIT STARTED ARGV; an exited process that
+/// left processes in its cgroup shows as `exited+N`, and OOM kills follow the table
+/// as one line per process.
+fn table(list: &[ProcessDetail]) -> String {
     let rows: Vec<[String; 6]> = list
         .iter()
-        .map(|info| {
+        .map(|row| {
+            let info = &row.info;
             let (state, exit) = match info.state {
-                ProcessState::Running => ("running", "-".to_owned()),
-                ProcessState::Exited(status) => ("exited", exit_text(status)),
+                ProcessState::Running => ("running".to_owned(), "-".to_owned()),
+                ProcessState::Exited(status) if row.live_pids > 0 => {
+                    (format!("exited+{}", row.live_pids), exit_text(status))
+                }
+                ProcessState::Exited(status) => ("exited".to_owned(), exit_text(status)),
             };
             [
                 info.pid.to_string(),
                 info.kind.as_str().to_owned(),
-                state.to_owned(),
+                state,
                 exit,
                 utc_time(info.started_at_ms),
                 info.argv.join(" "),
@@ -68,6 +95,11 @@ fn table(list: &[ProcessInfo]) -> String {
         }
         out.push_str(line.trim_end());
         out.push('\n');
+    }
+    for row in list {
+        if let Some(oom) = row.oom {
+            out.push_str(&format!("pid {}: {oom}\n", row.info.pid));
+        }
     }
     out
 }
@@ -129,19 +161,30 @@ mod tests {
                 ended_at_ms: Some(1),
             },
         ];
+        let mut list: Vec<_> = list.into_iter().map(without_detail).collect();
+        list[1].live_pids = 2;
+        list[1].oom = Some(sandbox_protocol::OomKill {
+            pid: Pid(12345),
+            kills: 1,
+            memory_max_bytes: Some(64 << 20),
+        });
         let text = table(&list);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
             lines[0],
-            "PID    KIND   STATE    EXIT     STARTED              ARGV"
+            "PID    KIND   STATE     EXIT     STARTED              ARGV"
         );
         assert_eq!(
             lines[1],
-            "12     spawn  running  -        1970-01-01 00:00:00  sleep 1000"
+            "12     spawn  running   -        1970-01-01 00:00:00  sleep 1000"
         );
         assert_eq!(
             lines[2],
-            "12345  exec   exited   SIGKILL  1970-01-01 00:00:00  sh"
+            "12345  exec   exited+2  SIGKILL  1970-01-01 00:00:00  sh"
+        );
+        assert_eq!(
+            lines[3],
+            "pid 12345: killed by the OOM killer (memory limit 64 MiB)"
         );
     }
 }

@@ -32,6 +32,17 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Doctor => return doctor::doctor().await,
         _ => {}
     }
+    // A failure on `--vm ID` whose VM has stopped is that VM's end, not the command's.
+    let vm_id = cli.vm.clone();
+    let result = on_agent(cli).await;
+    match (result, vm_id) {
+        (Err(error), Some(id)) => Err(vm::explain_failure(&id, error)),
+        (result, _) => result,
+    }
+}
+
+/// Connects to the agent and runs one command on it.
+async fn on_agent(cli: Cli) -> anyhow::Result<u8> {
     let client = connect(&cli).await?;
     match cli.command {
         Command::Exec(args) => {
@@ -74,9 +85,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
 }
 
 async fn connect(cli: &Cli) -> anyhow::Result<Client> {
-    let vm_url = match &cli.vm {
-        Some(id) => Some(vm::agent_url(id)?),
-        None => None,
+    // --vm ID brings the VM's own token; --token (or SANDBOX_TOKEN) overrides it.
+    let (vm_url, vm_token) = match &cli.vm {
+        Some(id) => {
+            let (url, token) = vm::agent_address(id)?;
+            (Some(url), token)
+        }
+        None => (None, None),
     };
     let Some(url) = vm_url.as_ref().or(cli.agent.as_ref()) else {
         bail!("No agent given: pass --agent URL, --vm ID, or set SANDBOX_AGENT");
@@ -85,7 +100,7 @@ async fn connect(cli: &Cli) -> anyhow::Result<Client> {
         .parse()
         .with_context(|| format!("Invalid agent URL {url:?}"))?;
     let opts = ConnectOptions {
-        token: cli.token.clone(),
+        token: cli.token.clone().or(vm_token),
         connect_timeout: seconds("--connect-timeout", cli.connect_timeout)?,
     };
     let client = match cli.wait {

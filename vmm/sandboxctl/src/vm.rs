@@ -8,7 +8,8 @@ use serde::Serialize;
 use sandbox_protocol::Command as Cmd;
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 use sandbox_vmm::launcher::{
-    BootSpec, Launcher, LauncherConfig, Size, StopOutcome, TemplateRef, Vm, VmId, VmStatus,
+    BootSpec, GuestEnd, Launcher, LauncherConfig, PostMortem, Size, StopOutcome, TemplateRef, Vm,
+    VmId, VmStatus,
 };
 
 use crate::args::{VmBootArgs, VmCommand, VmLsArgs, VmRunArgs, VmStopArgs};
@@ -65,18 +66,58 @@ fn launcher() -> anyhow::Result<Launcher> {
     ))
 }
 
-/// The agent URL of VM `id`, from its run folder.
-pub(crate) fn agent_url(id: &str) -> anyhow::Result<String> {
+/// Exit code when the VM behind `--vm ID` is no longer running (its guest powered off
+/// or panicked): apart from 1 (the tool failed) and from the command's own codes.
+pub(crate) const EXIT_VM_GONE: u8 = 125;
+
+/// Console lines quoted when a VM is found stopped.
+const GONE_CONSOLE_LINES: usize = 12;
+
+/// The VM behind `--vm ID` stopped; says how and quotes its console.
+#[derive(Debug, thiserror::Error)]
+#[error("VM {id} is not running: {end}. The last console lines:\n{console}")]
+pub(crate) struct VmGone {
+    id: String,
+    end: GuestEnd,
+    console: String,
+}
+
+/// Turns `error` (from a command on VM `id`) into a [`VmGone`] when the VM has
+/// stopped, so the report names the cause rather than a lost connection.
+pub(crate) fn explain_failure(id: &str, error: anyhow::Error) -> anyhow::Error {
+    let Ok(launcher) = launcher() else {
+        return error;
+    };
+    let Ok(entries) = launcher.list() else {
+        return error;
+    };
+    match entries.into_iter().find(|entry| entry.name == id) {
+        Some(entry) if entry.status != VmStatus::Running => {
+            let report = PostMortem::read(&entry.path);
+            anyhow::Error::new(VmGone {
+                id: id.to_owned(),
+                end: report.end,
+                console: report.excerpt(GONE_CONSOLE_LINES),
+            })
+            .context(format!("{error:#}"))
+        }
+        _ => error,
+    }
+}
+
+/// Where VM `id`'s agent listens and the token it requires, from its run folder.
+pub(crate) fn agent_address(id: &str) -> anyhow::Result<(String, Option<String>)> {
     let launcher = launcher()?;
     let entry = launcher
         .list()?
         .into_iter()
         .find(|entry| entry.name == id)
         .with_context(|| format!("No VM with id {id}; `sandboxctl vm ls` lists them"))?;
+    let token = entry.token();
     let record = entry
         .record
         .with_context(|| format!("VM {id} has no readable vm.json"))?;
-    Ok(record.agent_url)
+    Ok((record.agent_url, token))
 }
 
 fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
@@ -252,11 +293,14 @@ async fn vm_stop(
 
 /// True when the guest's agent accepted a shutdown request.
 async fn ask_guest_to_power_off(id: &str, token: Option<String>) -> bool {
-    let Ok(url) = agent_url(id).and_then(|url| Ok(url.parse::<AgentUrl>()?)) else {
+    let Ok((url, vm_token)) = agent_address(id) else {
+        return false;
+    };
+    let Ok(url) = url.parse::<AgentUrl>() else {
         return false;
     };
     let opts = ConnectOptions {
-        token,
+        token: token.or(vm_token),
         connect_timeout: Duration::from_secs(2),
     };
     match Client::connect(&url, &opts).await {

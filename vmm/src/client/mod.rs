@@ -9,12 +9,14 @@
 //! - [`stream`]: handles for requests in flight; dropping one sends `Cancel`.
 //! - `files`: the file operations (write, read, list, stat, put/get streams).
 //! - `machine`: requests about the whole guest (`info`, `resumed`, `shutdown`).
+//! - `confinement`: how the agent confines processes, `ps_detail`, OOM kills.
 //! - [`error`]: [`ClientError`], which carries the agent's `WireError` as a variant.
 //!
 //! [`Client`] is an `Arc` around the connection: clone it into as many tasks as you
 //! like; they all share one byte stream. When the stream ends, every pending request
 //! fails with [`ClientError::ConnectionLost`]; connect again for a new one.
 
+mod confinement;
 pub mod connect;
 pub mod error;
 mod files;

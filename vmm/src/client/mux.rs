@@ -13,9 +13,11 @@
 //! fail, the table is closed: every pending request gets
 //! [`ClientError::ConnectionLost`] and new requests fail at once.
 //!
-//! Per-request channels are unbounded on purpose: the protocol has no per-request flow
-//! control, and a bounded channel would let one slow follow stream stall the reader
-//! and with it every other request on the connection.
+//! Per-request channels are unbounded on purpose: a bounded channel would let one slow
+//! follow stream stall the reader and with it every other request on the connection.
+//! What bounds them is the protocol's per-request stream window: the agent sends at
+//! most `STREAM_WINDOW_BYTES` of payload beyond what the request's handle reported
+//! consumed (see `stream`).
 //!
 //! The agent runs at most [`MAX_REQUESTS_IN_FLIGHT`] requests per connection and
 //! answers `Busy` beyond that. The writer keeps the same count (requests sent whose
@@ -29,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sandbox_protocol::frame::Decoded;
-use sandbox_protocol::limits::MAX_REQUESTS_IN_FLIGHT;
+use sandbox_protocol::limits::{MAX_REQUESTS_IN_FLIGHT, STREAM_WINDOW_CAPABILITY};
 use sandbox_protocol::transport::{FrameReader, FrameWriter};
 use sandbox_protocol::{
     AgentFrame, AgentMsg, ClientFrame, ClientMsg, HelloReply, Request, RequestId,
@@ -229,6 +231,14 @@ impl Connection {
             next_id: AtomicU64::new(1),
             reader,
         })
+    }
+
+    /// True when the agent applies a stream window (and so takes `Consumed`).
+    pub(crate) fn has_stream_window(&self) -> bool {
+        self.hello
+            .capabilities
+            .iter()
+            .any(|capability| capability == STREAM_WINDOW_CAPABILITY)
     }
 
     pub(crate) fn hello(&self) -> &HelloReply {

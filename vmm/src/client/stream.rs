@@ -2,10 +2,13 @@
 //! [`ExecStream`] and [`LogsStream`] built on it.
 //!
 //! Dropping a handle before its final frame arrived sends `Cancel`, so abandoning a
-//! streaming exec kills its process group and abandoning a follow ends it on the agent.
+//! streaming exec kills it with all it started, and abandoning a follow ends it on the
+//! agent. Each handle reports the payload it has handed out (`Consumed`), which is
+//! what lets the agent send more: a stream runs at the speed of its reader.
 
 use std::sync::Arc;
 
+use sandbox_protocol::limits::CONSUMED_REPORT_BYTES;
 use sandbox_protocol::{
     AgentMsg, Event, ExecReply, LogsBatch, LogsReply, OutputChunk, Pid, Reply, RequestId,
 };
@@ -31,6 +34,10 @@ pub struct RequestStream {
     rx: mpsc::UnboundedReceiver<Routed>,
     conn: Arc<Connection>,
     finished: bool,
+    /// Event payload bytes handed to the caller so far, and how many of them the
+    /// agent has been told about (its stream window).
+    consumed: u64,
+    reported: u64,
 }
 
 impl RequestStream {
@@ -46,6 +53,23 @@ impl RequestStream {
             rx,
             conn,
             finished: false,
+            consumed: 0,
+            reported: 0,
+        }
+    }
+
+    /// Counts an event handed to the caller and, every `CONSUMED_REPORT_BYTES`,
+    /// tells the agent, which keeps at most its window of payload unconsumed: so a
+    /// caller that reads slowly (a `get` into a slow pipe) holds at most that here.
+    fn consume(&mut self, event: &Event) {
+        self.consumed += event.payload_bytes();
+        if self.consumed - self.reported >= CONSUMED_REPORT_BYTES && self.conn.has_stream_window() {
+            self.reported = self.consumed;
+            // A connection that is gone fails the next `next()` anyway.
+            let _ = self.conn.send(
+                self.id,
+                sandbox_protocol::ClientMsg::Consumed(self.consumed),
+            );
         }
     }
 
@@ -66,7 +90,10 @@ impl RequestStream {
         }
         let routed = self.rx.recv().await;
         let step = match routed {
-            Some(Routed::Msg(AgentMsg::Event(event))) => return Ok(Step::Event(event)),
+            Some(Routed::Msg(AgentMsg::Event(event))) => {
+                self.consume(&event);
+                return Ok(Step::Event(event));
+            }
             Some(Routed::Msg(AgentMsg::Reply(reply))) => Ok(Step::Reply(reply)),
             Some(Routed::Msg(AgentMsg::Error(error))) => Err(ClientError::Agent(error)),
             Some(Routed::Msg(other @ AgentMsg::Hello(_))) => {

@@ -46,6 +46,11 @@ pub struct BootSpec {
     /// during the boot leaves a running VM: `list` shows it and `stop` ends it. A
     /// front end should catch Ctrl-C and drop the boot future instead of dying.
     pub detached: bool,
+    /// Where the template disk's copy-on-write overlay lives when it must outlive the
+    /// VM: created there on first use, reused as it is by later boots (the guest's
+    /// writes persist, as on a real disk), and never removed by the launcher. `None`:
+    /// a fresh overlay in the run folder, gone with the VM. Ignored without a disk.
+    pub persistent_disk: Option<PathBuf>,
 }
 
 impl BootSpec {
@@ -57,6 +62,7 @@ impl BootSpec {
             extra_cmdline: String::new(),
             ready_timeout: Duration::from_secs(DEFAULT_READY_TIMEOUT_SECS),
             detached: false,
+            persistent_disk: None,
         }
     }
 }
@@ -149,10 +155,24 @@ impl Launcher {
             created_at_unix_ms: run_dir::now_unix_ms(),
         };
         dir.write_record(&record)?;
+        // Every VM's agent requires its own random token: whoever can open the VM's
+        // socket still needs the token file, which only the owner can read.
+        let token = run_dir::generate_token().map_err(|error| {
+            LaunchError::RunDir(run_dir::RunDirError::WriteRecord {
+                path: dir.file(run_dir::TOKEN_FILE),
+                error,
+            })
+        })?;
+        dir.write_token(&token)?;
 
-        let overlay = match &template.disk {
-            Some(disk) => Some(self.create_overlay(disk, &dir).await?),
-            None => None,
+        let overlay = match (&template.disk, &spec.persistent_disk) {
+            (Some(_), Some(kept)) if kept.is_file() => Some(kept.clone()),
+            (Some(disk), Some(kept)) => Some(self.create_overlay(disk, kept, &dir).await?),
+            (Some(disk), None) => Some(
+                self.create_overlay(disk, &dir.file(DISK_OVERLAY), &dir)
+                    .await?,
+            ),
+            (None, _) => None,
         };
         let ready = ReadyListener::bind(&dir.file(&format!("{VSOCK_SOCKET}_{READY_PORT}")))
             .map_err(LaunchError::ListenReady)?;
@@ -168,7 +188,9 @@ impl Launcher {
                 logs: BootLogs::collect(dir.path()),
             })?;
 
-        let cmdline = kernel_cmdline(&template.cmdline, &spec.extra_cmdline, self.tsc_khz());
+        // Kernel parameters first: an init part (after `--`) in the extras stays last.
+        let extra = format!("sandbox.token={token} {}", spec.extra_cmdline);
+        let cmdline = kernel_cmdline(&template.cmdline, &extra, self.tsc_khz());
         let name = qemu_name(dir.id());
         let console = dir.file(CONSOLE_LOG);
         let qemu_spec = QemuSpec {
@@ -235,6 +257,7 @@ impl Launcher {
             ready,
             boot_duration,
             accel,
+            token,
             qemu: Some(qemu),
             daemon: Some(daemon),
             run_dir: Some(dir),
@@ -308,8 +331,14 @@ impl Launcher {
     }
 
     /// `qemu-img create -f qcow2 -F <fmt> -b DISK RUN/overlay.qcow2`.
-    async fn create_overlay(&self, disk: &Path, dir: &RunDir) -> Result<PathBuf, LaunchError> {
-        let overlay = dir.file(DISK_OVERLAY);
+    /// Creates a qcow2 overlay at `overlay` backed by the template's `disk`.
+    async fn create_overlay(
+        &self,
+        disk: &Path,
+        overlay: &Path,
+        dir: &RunDir,
+    ) -> Result<PathBuf, LaunchError> {
+        let overlay = overlay.to_owned();
         let log_path = dir.file(QEMU_IMG_LOG);
         let failed = |detail: String| LaunchError::CreateOverlay {
             disk: disk.to_owned(),
@@ -350,10 +379,27 @@ impl Launcher {
 /// process (a VM detached here and stopped here).
 async fn stop_foreign(pid: u32, needle: &str, grace: Duration) -> StopOutcome {
     let outcome = signal_foreign(pid, needle, grace).await;
-    if outcome != StopOutcome::NotRunning {
+    // A VM process that had already exited (a detached VM's daemon, stopped by its
+    // exit watcher when QEMU went) is a zombie whose command line is gone: known by
+    // its name instead, so a VM detached here leaves no zombie behind.
+    if outcome != StopOutcome::NotRunning || is_vm_zombie(pid) {
         reap_if_child(pid);
     }
     outcome
+}
+
+/// True when `pid` is a zombie named like a VM process (QEMU or the vsock daemon).
+fn is_vm_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+        return false;
+    };
+    let comm = &stat[open + 1..close];
+    let zombie = stat[close + 1..].trim_start().starts_with('Z');
+    zombie && (comm.starts_with("qemu-system") || comm.starts_with("vhost-device"))
 }
 
 async fn signal_foreign(pid: u32, needle: &str, grace: Duration) -> StopOutcome {

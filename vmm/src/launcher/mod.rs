@@ -30,6 +30,7 @@
 //! - [`vm`]: [`Vm`], the running VM and its shutdown.
 //! - [`template`], [`size`], [`accel`], [`qemu`], [`vsock_daemon`], [`ready`],
 //!   [`run_dir`]: one step each, as above.
+//! - [`post_mortem`]: how a VM that stopped ended (power-off, panic), from its console.
 //! - [`process`], [`sys`]: child processes and the syscalls std lacks.
 
 use std::fmt;
@@ -40,6 +41,7 @@ use std::time::Duration;
 pub mod accel;
 pub mod boot;
 pub mod config;
+pub mod post_mortem;
 mod process;
 pub mod qemu;
 pub mod ready;
@@ -54,6 +56,7 @@ pub mod vsock_daemon;
 pub use accel::{Accel, AccelDecision, AccelMode};
 pub use boot::{BootSpec, Launcher};
 pub use config::{ConfigError, LauncherConfig};
+pub use post_mortem::{GuestEnd, PostMortem};
 pub use run_dir::{RunDirEntry, VmId, VmRecord, VmStatus};
 pub use size::Size;
 pub use template::{Template, TemplateRef};

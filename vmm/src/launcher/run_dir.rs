@@ -2,8 +2,9 @@
 //!
 //! Each VM owns `RUN_ROOT/<id>/` holding everything it makes: the vhost-user socket,
 //! the hybrid vsock socket and its `_PORT` listeners, the console, QEMU and daemon
-//! logs, the disk overlay, a `lock` file and `vm.json` (a [`VmRecord`]: pids, agent
-//! address, creation time). The folder is removed when the VM stops.
+//! logs, the disk overlay, a `lock` file, `vm.json` (a [`VmRecord`]: pids, agent
+//! address, creation time) and `token` (the agent's token, readable by the owner
+//! only). The folder is mode 0700 and is removed when the VM stops.
 //!
 //! Liveness without a daemon of our own:
 //! - The owning process holds an exclusive `flock` on `lock` for as long as it owns the
@@ -17,6 +18,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +31,8 @@ use super::{READY_PORT, VM_ID_HEX_CHARS};
 
 /// The record file in every run folder.
 pub const RECORD_FILE: &str = "vm.json";
+/// The agent's token, apart from `vm.json` so that listing VMs never shows it.
+pub const TOKEN_FILE: &str = "token";
 const LOCK_FILE: &str = "lock";
 /// `sun_path` holds 108 bytes including the terminating NUL.
 const UNIX_SOCKET_PATH_MAX_BYTES: usize = 107;
@@ -213,7 +217,8 @@ impl RunDir {
                     max: UNIX_SOCKET_PATH_MAX_BYTES,
                 });
             }
-            match fs::create_dir(&path) {
+            // 0700: the sockets inside reach the agent, the token file proves it.
+            match fs::DirBuilder::new().mode(0o700).create(&path) {
                 Ok(()) => {}
                 Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(error) => return Err(RunDirError::Create { path, error }),
@@ -252,6 +257,24 @@ impl RunDir {
     /// A file inside the folder.
     pub(crate) fn file(&self, name: &str) -> PathBuf {
         self.path.join(name)
+    }
+
+    /// Writes the agent's token, readable by the owner only.
+    pub(crate) fn write_token(&self, token: &str) -> Result<(), RunDirError> {
+        let path = self.file(TOKEN_FILE);
+        let write = || -> io::Result<()> {
+            use std::io::Write;
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)?;
+            file.write_all(token.as_bytes())
+        };
+        write().map_err(|error| RunDirError::WriteRecord {
+            path: path.clone(),
+            error,
+        })
     }
 
     /// Writes `vm.json` atomically (temporary file, then rename).
@@ -321,6 +344,31 @@ pub struct RunDirEntry {
     pub record: Option<VmRecord>,
     /// Whether it is alive.
     pub status: VmStatus,
+}
+
+/// Bytes of randomness in an agent token (printed as twice as many hex digits).
+const TOKEN_BYTES: usize = 16;
+
+/// A fresh agent token from the kernel's CSPRNG: 128 bits as hex.
+pub fn generate_token() -> io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; TOKEN_BYTES];
+    File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
+impl RunDirEntry {
+    /// The token the VM's agent requires, if the folder has one.
+    pub fn token(&self) -> Option<String> {
+        read_token(&self.path)
+    }
+}
+
+/// Reads `dir/token`, if present.
+pub fn read_token(dir: &Path) -> Option<String> {
+    let token = fs::read_to_string(dir.join(TOKEN_FILE)).ok()?;
+    let token = token.trim();
+    (!token.is_empty()).then(|| token.to_owned())
 }
 
 /// Reads every run folder under `root` (none when `root` does not exist).

@@ -1,6 +1,6 @@
 //! The syscalls the launcher needs that neither std nor nix wraps: process file
-//! descriptors (`pidfd_open`, `pidfd_send_signal`) and a non-blocking `flock`. Every
-//! `unsafe` block of the launcher lives here.
+//! descriptors (`pidfd_open`, `pidfd_send_signal`), a non-blocking `flock`, and the
+//! exit watcher of a detached VM. Every `unsafe` block of the launcher lives here.
 
 use std::fs::File;
 use std::io;
@@ -70,6 +70,107 @@ impl PidFd {
 impl AsRawFd for PidFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+/// Starts a watcher process that waits for `watched` to exit and then stops `victim`:
+/// `SIGTERM`, up to `grace_ms` for it to exit, then `SIGKILL`. It is what stops a
+/// detached VM's `vhost-device-vsock` when the guest powers off or panics and QEMU
+/// exits with nobody left to notice.
+///
+/// The watcher holds nothing but the two pidfds (so it keeps no lock, socket or pipe
+/// of this process open), runs in a session of its own, and is nobody's child to reap
+/// (a double fork: this process reaps the short-lived middle child at once). This
+/// process has other threads, so the child side makes only async-signal-safe system
+/// calls on descriptors opened before the fork: no allocation, no locks.
+pub(crate) fn spawn_exit_watcher(watched: &PidFd, victim: &PidFd, grace_ms: i32) -> io::Result<()> {
+    let (watched, victim) = (watched.as_raw_fd(), victim.as_raw_fd());
+    // SAFETY: fork(2) duplicates only the calling thread. The child runs
+    // `exit_watcher`, which makes raw system calls only and ends in `_exit`, never
+    // returning into Rust code that could touch state other threads held locked.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if pid == 0 {
+        exit_watcher(watched, victim, grace_ms);
+    }
+    // The middle child exits at once; reap exactly it (never `waitpid(-1)`: this is a
+    // library in someone else's process).
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid on the pid just forked, with a valid pointer to a local.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if rc >= 0 {
+            return Ok(());
+        }
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EINTR) {
+            return Err(error);
+        }
+    }
+}
+
+/// The forked side of [`spawn_exit_watcher`]. Async-signal-safe: raw system calls only.
+fn exit_watcher(watched: RawFd, victim: RawFd, grace_ms: i32) -> ! {
+    // SAFETY: each call below is a plain system call on integers and a stack-allocated
+    // pollfd; none allocates, locks, or returns into the parent's Rust state, and the
+    // process ends with `_exit`.
+    unsafe {
+        libc::setsid();
+        // The middle child leaves at once, so the watcher is re-parented to init (or
+        // the nearest subreaper) and nobody here has to reap it.
+        if libc::fork() != 0 {
+            libc::_exit(0);
+        }
+        // A name that says what it is in `ps` (its command line stays the caller's).
+        libc::prctl(libc::PR_SET_NAME, c"sandbox-watch".as_ptr());
+        // Keep only the two pidfds.
+        let (low, high) = (watched.min(victim), watched.max(victim));
+        let close = |from: RawFd, to: RawFd| {
+            if from <= to {
+                libc::syscall(
+                    libc::SYS_close_range,
+                    libc::c_uint::try_from(from).unwrap_or(0),
+                    libc::c_uint::try_from(to).unwrap_or(0),
+                    0,
+                );
+            }
+        };
+        close(0, low - 1);
+        close(low + 1, high - 1);
+        close(high + 1, RawFd::MAX);
+        let wait_readable = |fd: RawFd, timeout_ms: i32| -> bool {
+            let mut poll_fd = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            loop {
+                let rc = libc::poll(&mut poll_fd, 1, timeout_ms);
+                if rc > 0 {
+                    return true;
+                }
+                if rc == 0 || *libc::__errno_location() != libc::EINTR {
+                    return false;
+                }
+            }
+        };
+        let signal = |fd: RawFd, signal: libc::c_int| {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            );
+        };
+        wait_readable(watched, -1);
+        signal(victim, libc::SIGTERM);
+        if !wait_readable(victim, grace_ms) {
+            signal(victim, libc::SIGKILL);
+        }
+        libc::_exit(0)
     }
 }
 

@@ -25,6 +25,9 @@ use super::{LaunchError, AGENT_PORT, CONSOLE_LOG, VSOCK_SOCKET};
 /// How long QEMU gets to exit on `SIGTERM` once the grace period is over.
 const QEMU_TERM_GRACE: Duration = Duration::from_secs(1);
 
+/// How long a detached VM's daemon gets to exit on `SIGTERM` after QEMU exited.
+const DAEMON_STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// How a VM's QEMU ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopOutcome {
@@ -45,6 +48,8 @@ pub struct Vm {
     pub(crate) ready: Ready,
     pub(crate) boot_duration: Duration,
     pub(crate) accel: AccelDecision,
+    /// The token its agent requires (also in the run folder's `token` file).
+    pub(crate) token: String,
     // Dropped in this order: QEMU, then its daemon, then the folder they used.
     pub(crate) qemu: Option<ChildProcess>,
     pub(crate) daemon: Option<VsockDaemon>,
@@ -63,8 +68,22 @@ impl Vm {
         self.record.agent_url.clone()
     }
 
-    /// A client connected to this VM's agent. The agent already reported ready, so
-    /// this retries only briefly (`connect_timeout` bounds each attempt).
+    /// The token this VM's agent requires: the launcher makes a random one per VM.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Connection options for this VM's agent: its token, and the given timeout.
+    pub fn connect_options(&self, connect_timeout: Duration) -> crate::client::ConnectOptions {
+        crate::client::ConnectOptions {
+            token: Some(self.token.clone()),
+            connect_timeout,
+        }
+    }
+
+    /// A client connected to this VM's agent, with the VM's token (a token in
+    /// `options` is ignored: no other one is accepted). The agent already reported
+    /// ready, so this retries only briefly (`connect_timeout` bounds each attempt).
     pub async fn client(
         &self,
         options: &crate::client::ConnectOptions,
@@ -73,8 +92,9 @@ impl Vm {
             path: self.agent_socket(),
             port: self.agent_port(),
         };
+        let options = self.connect_options(options.connect_timeout);
         let deadline = Instant::now() + options.connect_timeout;
-        crate::client::Client::connect_with_retry(&url, options, deadline).await
+        crate::client::Client::connect_with_retry(&url, &options, deadline).await
     }
 
     /// The hybrid vsock Unix socket (connect, then `CONNECT <port>\n`).
@@ -194,6 +214,9 @@ impl Vm {
         if !self.record.detached {
             return Err(Box::new(self));
         }
+        // Nobody will own this VM: a watcher stops its daemon when QEMU exits (the
+        // guest powered off or panicked), so no daemon outlives its VM.
+        self.watch_daemon();
         if let Some(qemu) = self.qemu.take() {
             qemu.release();
         }
@@ -204,6 +227,23 @@ impl Vm {
             dir.keep();
         }
         Ok(self.record.clone())
+    }
+
+    /// Starts the watcher that stops the daemon once QEMU exits (best effort: without
+    /// it, `Launcher::stop` or the next sweep still stop the daemon).
+    fn watch_daemon(&self) {
+        let (Some(qemu), Some(daemon)) = (&self.qemu, &self.daemon) else {
+            return;
+        };
+        let watched = super::sys::PidFd::open(qemu.pid())
+            .and_then(|qemu| Ok((qemu, super::sys::PidFd::open(daemon.pid())?)))
+            .and_then(|(qemu, daemon)| {
+                let grace = i32::try_from(DAEMON_STOP_GRACE.as_millis()).unwrap_or(i32::MAX);
+                super::sys::spawn_exit_watcher(&qemu, &daemon, grace)
+            });
+        if let Err(error) = watched {
+            tracing::warn!(%error, id = %self.record.id, "cannot watch the detached VM's QEMU; its daemon stops only with `stop`");
+        }
     }
 
     /// Reaps QEMU (already stopped), stops the daemon, removes the run folder.

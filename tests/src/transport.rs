@@ -1,0 +1,229 @@
+//! The seam between the scenarios and where the agent runs.
+//!
+//! A [`Transport`] is one way to reach a running agent: it opens clients and raw byte
+//! streams to it and states the [`Facts`] a scenario may depend on. A [`Target`] is
+//! what a scenario gets: a transport and a client already connected through it.
+//! The transports themselves:
+//! - [`UnixTransport`]: the agent as an ordinary process on a throwaway Unix socket;
+//! - [`VmTransport`]: the agent as PID 1 of a real microVM, over hybrid vsock.
+//!
+//! A new transport (say, a virtio-serial relay) implements [`Transport`] and adds one
+//! entry to [`crate::suite::TRANSPORTS`]; every scenario then runs over it too.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use sandbox_vmm::client::Client;
+
+use crate::raw::RawConnection;
+use crate::vm::{TestVm, VmHost};
+use crate::{TempDir, TestAgent};
+
+/// A boxed, sendable future (the trait below must stay object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a scenario may need to know about the agent's machine.
+#[derive(Debug, Clone)]
+pub struct Facts {
+    /// The agent is the machine's init (PID 1), with its duties.
+    pub is_pid1: bool,
+    /// A directory in the agent's machine, writable by the agent, under which each
+    /// scenario makes a directory of its own ([`Target::scratch`]).
+    pub scratch_root: PathBuf,
+    /// How big a file the round-trip scenarios move: a microVM keeps its files in
+    /// guest memory, a host agent on disk.
+    pub big_file_bytes: u64,
+}
+
+/// One way to reach a running agent.
+pub trait Transport: Send + Sync + std::fmt::Debug {
+    /// What scenarios may rely on.
+    fn facts(&self) -> &Facts;
+    /// A new client connection (handshake done); panics with diagnostics if it fails.
+    fn connect(&self) -> BoxFuture<'_, Client>;
+    /// A new raw byte stream to the agent, nothing sent yet.
+    fn open_raw(&self) -> BoxFuture<'_, RawConnection>;
+    /// The end of what the agent's side logged (the agent's log, a guest's console),
+    /// added to a failed trial's message: the agent outlives the trial, so nothing
+    /// else would show it.
+    fn log_tail(&self) -> String;
+    /// The token the agent requires, if any (every launcher-started VM has one).
+    fn token(&self) -> Option<String> {
+        None
+    }
+}
+
+/// How much of a log [`Transport::log_tail`] returns.
+const LOG_TAIL_BYTES: usize = 4 * 1024;
+
+/// The last [`LOG_TAIL_BYTES`] of `log`, cut at a line start.
+fn tail(log: &str) -> String {
+    let mut start = log.len().saturating_sub(LOG_TAIL_BYTES);
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    let cut = &log[start..];
+    match cut.find('\n') {
+        Some(line) if start > 0 => cut[line + 1..].to_owned(),
+        _ => cut.to_owned(),
+    }
+}
+
+/// What a scenario runs against: a transport and a client connected through it.
+#[derive(Debug, Clone)]
+pub struct Target {
+    transport: Arc<dyn Transport>,
+    client: Client,
+}
+
+impl Target {
+    /// Connects a client through `transport`.
+    pub async fn new(transport: Arc<dyn Transport>) -> Self {
+        let client = transport.connect().await;
+        Self { transport, client }
+    }
+
+    /// The client connected for this scenario.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// A new, separate client connection.
+    pub async fn connect(&self) -> Client {
+        self.transport.connect().await
+    }
+
+    /// A raw connection with nothing sent yet.
+    pub async fn raw(&self) -> RawConnection {
+        self.transport.open_raw().await
+    }
+
+    /// A raw connection after a valid hello.
+    pub async fn raw_hello(&self) -> RawConnection {
+        self.raw().await.hello(self.transport.token()).await
+    }
+
+    /// What the scenario may rely on.
+    pub fn facts(&self) -> &Facts {
+        self.transport.facts()
+    }
+
+    /// A fresh directory in the agent's machine for one scenario, so scenarios
+    /// sharing an agent never touch each other's files.
+    pub async fn scratch(&self, name: &str) -> PathBuf {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = self.facts().scratch_root.join(format!("{name}-{n}"));
+        self.client
+            .mkdir(&dir, true, None)
+            .await
+            .unwrap_or_else(|e| panic!("cannot make {}: {e}", dir.display()));
+        dir
+    }
+
+    /// Asserts the agent still serves a fresh connection.
+    pub async fn assert_serves(&self) {
+        let client = self.connect().await;
+        crate::within(20, client.ps())
+            .await
+            .unwrap_or_else(|e| panic!("a fresh connection is not served: {e}"));
+    }
+}
+
+/// The agent as an ordinary process on a throwaway Unix socket.
+#[derive(Debug)]
+pub struct UnixTransport {
+    agent: TestAgent,
+    facts: Facts,
+    // Last: removed after the agent is gone.
+    _scratch: TempDir,
+}
+
+impl UnixTransport {
+    /// Starts an agent with default options; scratch space under the target dir.
+    pub fn start() -> Self {
+        let scratch = TempDir::new_in(&crate::bins::target_tmp_dir(), "scratch");
+        Self {
+            agent: TestAgent::start(),
+            facts: Facts {
+                is_pid1: false,
+                scratch_root: scratch.path().to_owned(),
+                big_file_bytes: 1 << 30,
+            },
+            _scratch: scratch,
+        }
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &TestAgent {
+        &self.agent
+    }
+}
+
+impl Transport for UnixTransport {
+    fn facts(&self) -> &Facts {
+        &self.facts
+    }
+
+    fn connect(&self) -> BoxFuture<'_, Client> {
+        Box::pin(self.agent.client())
+    }
+
+    fn open_raw(&self) -> BoxFuture<'_, RawConnection> {
+        Box::pin(RawConnection::unix(self.agent.socket()))
+    }
+
+    fn log_tail(&self) -> String {
+        tail(&self.agent.log())
+    }
+}
+
+/// The agent as PID 1 of a real microVM, reached over hybrid vsock. Dropping it
+/// powers the guest off and removes its run folder.
+#[derive(Debug)]
+pub struct VmTransport {
+    vm: TestVm,
+    facts: Facts,
+}
+
+impl VmTransport {
+    /// Boots the default template; panics unless the microVM gate is open.
+    pub async fn boot() -> Self {
+        let host = VmHost::get("microvm transport").expect("booted with the gate closed");
+        let vm = host.boot_default().await;
+        Self {
+            vm,
+            facts: Facts {
+                is_pid1: true,
+                scratch_root: Path::new("/tmp/e2e").to_owned(),
+                // The guest's /tmp is a tmpfs in its memory.
+                big_file_bytes: 64 << 20,
+            },
+        }
+    }
+}
+
+impl Transport for VmTransport {
+    fn facts(&self) -> &Facts {
+        &self.facts
+    }
+
+    fn connect(&self) -> BoxFuture<'_, Client> {
+        Box::pin(self.vm.connect())
+    }
+
+    fn open_raw(&self) -> BoxFuture<'_, RawConnection> {
+        Box::pin(self.vm.raw())
+    }
+
+    fn log_tail(&self) -> String {
+        tail(&self.vm.console())
+    }
+
+    fn token(&self) -> Option<String> {
+        Some(self.vm.vm().token().to_owned())
+    }
+}

@@ -1,0 +1,414 @@
+//! Confinement in cgroups v2, in a real microVM whose agent is this workspace's: a
+//! timeout or a deadline reaches background, double-forked and `setsid`'d children;
+//! a fork bomb neither starves the agent nor outlives its exec; a memory hog is
+//! reported as killed by the OOM killer; what a finished exec leaves behind is listed
+//! and killable; the agent sits in its own cgroup and survives all of it.
+//!
+//! The test builds its own template (the busybox base with the agent built from this
+//! checkout) into a folder of its own, so it never touches the shared `default`.
+//! Measured figures (the worst `ps` round trip under the fork bomb, how long killing a
+//! cgroup took) are printed; run with `--nocapture` to see them.
+
+// Helpers unwrap too: a failure there is a test failure.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::{
+    Command, ConfinementMode, ExecReply, Pid, ProcessDetail, ProcessSpec, ProcessState,
+    PtyOpenRequest, WindowSize,
+};
+use sandbox_tests::vm::{build_template, VmHost, CONNECT_SECS, POWER_OFF_SECS, READY_TIMEOUT_SECS};
+use sandbox_tests::{binaries, exec_sh, TempDir};
+use sandbox_vmm::client::{Client, ConnectOptions, ExecEvent};
+use sandbox_vmm::launcher::{BootSpec, TemplateRef};
+
+/// The longest a `ps` round trip may take while a fork bomb runs.
+const PS_UNDER_BOMB_LIMIT: Duration = Duration::from_secs(2);
+
+/// How long the fork bomb's cgroup may take to empty after its deadline: every task
+/// has `SIGKILL` at once, but under TCG each exit costs a few milliseconds of
+/// emulated CPU (about 3 s for 1,000 tasks measured), and the bomb reaches
+/// `pids.max` (thousands). Under KVM it empties well within the exec's grace.
+const BOMB_EMPTY_SECS: u64 = 30;
+
+/// Runs `script` with a timeout and returns the reply and its wall time.
+async fn exec_timed(client: &Client, script: &str, timeout: Duration) -> (ExecReply, Duration) {
+    let mut request = exec_sh(script);
+    request.timeout_ms = Some(u64::try_from(timeout.as_millis()).unwrap());
+    let started = Instant::now();
+    let reply = client.exec(request).await.unwrap();
+    (reply, started.elapsed())
+}
+
+/// Runs `script` and returns its stdout, asserting it exited 0.
+async fn sh(client: &Client, script: &str) -> String {
+    let reply = client.exec(exec_sh(script)).await.unwrap();
+    assert_eq!(
+        reply.exit.unwrap().code,
+        Some(0),
+        "{script}: {}",
+        String::from_utf8_lossy(&reply.stderr)
+    );
+    String::from_utf8(reply.stdout).unwrap()
+}
+
+/// How many `sleep` processes run in the guest (read from /proc, not `ps`).
+async fn sleeps(client: &Client) -> usize {
+    let script = r#"for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sleep ] && echo $p; done; true"#;
+    sh(client, script).await.lines().count()
+}
+
+/// The `ps_detail` row of `pid`.
+async fn detail(client: &Client, pid: Pid) -> ProcessDetail {
+    let rows = client.ps_detail().await.unwrap().expect("no ps_detail");
+    rows.into_iter()
+        .find(|row| row.info.pid == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not listed by ps_detail"))
+}
+
+/// Polls `check` every 50 ms until it holds or `limit` passed; returns whether it held.
+async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() > until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What a fork bomb run measured.
+struct Bomb {
+    reply: ExecReply,
+    /// The exec's wall time.
+    took: Duration,
+    /// The slowest `ps` round trip on the prober's connection, from the start until
+    /// the bomb's cgroup was empty.
+    worst_ps: Duration,
+    probes: usize,
+    /// From the exec's deadline until its cgroup held no process.
+    gone_after_deadline: Duration,
+    /// `pids.peak` of its cgroup.
+    peak: String,
+    cgroup: String,
+}
+
+/// The fork bomb's exec deadline.
+const BOMB_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs `script` (a fork bomb) with [`BOMB_TIMEOUT`] on `client` while `prober`
+/// sends `ps` every 100 ms, until the bomb's cgroup is empty; panics if that takes
+/// more than [`BOMB_EMPTY_SECS`] past the deadline.
+async fn fork_bomb(client: &Client, prober: &Client, script: &'static str) -> Bomb {
+    let started = Instant::now();
+    let bomb_client = client.clone();
+    let bomb = tokio::spawn(async move { exec_timed(&bomb_client, script, BOMB_TIMEOUT).await });
+    let mut worst_ps = Duration::ZERO;
+    let mut probes = 0;
+    let probe = || async {
+        let sent = Instant::now();
+        prober.ps().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        sent.elapsed() - Duration::from_millis(100)
+    };
+    while !bomb.is_finished() {
+        worst_ps = worst_ps.max(probe().await);
+        probes += 1;
+    }
+    let (reply, took) = bomb.await.unwrap();
+    let give_up = started + BOMB_TIMEOUT + Duration::from_secs(BOMB_EMPTY_SECS);
+    let gone = loop {
+        let row = detail(prober, reply.pid).await;
+        if started.elapsed() > BOMB_TIMEOUT && row.live_pids == 0 {
+            break started.elapsed() - BOMB_TIMEOUT;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "the fork bomb's cgroup still holds tasks {BOMB_EMPTY_SECS}s after its deadline: {row:?}"
+        );
+        worst_ps = worst_ps.max(probe().await);
+        probes += 1;
+    };
+    let cgroup = detail(prober, reply.pid).await.cgroup.unwrap();
+    let peak = sh(client, &format!("cat /sys/fs/cgroup{cgroup}/pids.peak")).await;
+    Bomb {
+        reply,
+        took,
+        worst_ps,
+        probes,
+        gone_after_deadline: gone,
+        peak: peak.trim().to_owned(),
+        cgroup,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workloads_are_confined_in_cgroups() {
+    let Some(host) = VmHost::get("microvm_cgroups") else {
+        return;
+    };
+    let scratch = TempDir::new("cgroups");
+    let name = format!("e2e-cgroups-{}", std::process::id());
+    let built = build_template(&name, "busybox", &scratch.path().join("template"));
+    // The launcher directly (not `VmHost::boot`): each VM has its own token, which
+    // `Vm::client` presents.
+    let mut spec = BootSpec::new(TemplateRef::Path(built.dir.clone()));
+    spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+    let mut vm = host.launcher().boot(spec).await.unwrap();
+    let options = ConnectOptions {
+        connect_timeout: Duration::from_secs(CONNECT_SECS),
+        ..ConnectOptions::default()
+    };
+    let client = vm.client(&options).await.unwrap();
+
+    // The agent is in its own leaf, every exec in a cgroup of its own.
+    let hello = client.hello();
+    assert!(
+        hello.capabilities.iter().any(|c| c == "cgroups"),
+        "{hello:?}"
+    );
+    let confinement = client.confinement().await.unwrap().unwrap();
+    assert_eq!(
+        confinement.mode,
+        ConfinementMode::Cgroups,
+        "{confinement:?}"
+    );
+    let memory_max = confinement.memory_max_bytes.unwrap();
+    eprintln!(
+        "workload limits: memory.max {} MiB, pids.max {}",
+        memory_max >> 20,
+        confinement.pids_max.unwrap()
+    );
+    assert_eq!(sh(&client, "cat /proc/1/cgroup").await, "0::/agent\n");
+    let own = sh(&client, "cat /proc/self/cgroup").await;
+    assert!(own.starts_with("0::/workload/exec-"), "{own}");
+
+    // Spawns and terminals get a cgroup of their own too.
+    let spawned = client
+        .spawn(ProcessSpec::new(Command::Shell("exec sleep 1000".into())))
+        .await
+        .unwrap();
+    let terminal = client
+        .pty_open(PtyOpenRequest {
+            spec: ProcessSpec::new(Command::Shell("exec sleep 1001".into())),
+            size: WindowSize { rows: 24, cols: 80 },
+        })
+        .await
+        .unwrap();
+    for (pid, kind) in [(spawned, "spawn"), (terminal, "pty")] {
+        let cgroup = client
+            .read_file(&format!("/proc/{pid}/cgroup"))
+            .await
+            .unwrap();
+        let cgroup = String::from_utf8(cgroup).unwrap();
+        assert!(
+            cgroup.starts_with(&format!("0::/workload/{kind}-")),
+            "{cgroup}"
+        );
+        client.kill(pid, libc::SIGKILL).await.unwrap();
+    }
+    let client2 = client.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { sleeps(&client).await == 0 }
+        })
+        .await,
+        "a killed spawn or terminal survived"
+    );
+
+    // A finished exec's leftover is listed, and `kill` of the exec's pid ends it.
+    let (reply, _) = exec_timed(&client, "sleep 1000 & echo bg", Duration::from_secs(120)).await;
+    assert_eq!(reply.exit.unwrap().code, Some(0));
+    let row = detail(&client, reply.pid).await;
+    assert!(matches!(row.info.state, ProcessState::Exited(_)), "{row:?}");
+    assert_eq!(row.live_pids, 1, "{row:?}");
+    assert_eq!(sleeps(&client).await, 1);
+    client.kill(reply.pid, libc::SIGKILL).await.unwrap();
+    let client2 = client.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { detail(&client, reply.pid).await.live_pids == 0 }
+        })
+        .await,
+        "the leftover survived kill"
+    );
+    assert_eq!(sleeps(&client).await, 0);
+
+    // `sh -c 'sleep 1000 & echo started'` returns at once; at its deadline the sleep goes.
+    let deadline = Duration::from_secs(3);
+    let started = Instant::now();
+    let (reply, took) = exec_timed(&client, "sleep 1000 & echo started", deadline).await;
+    assert!(
+        !reply.timed_out && took < deadline,
+        "{reply:?} after {took:?}"
+    );
+    assert_eq!(String::from_utf8_lossy(&reply.stdout), "started\n");
+    assert_eq!(
+        sleeps(&client).await,
+        1,
+        "the background sleep is not running"
+    );
+    tokio::time::sleep_until((started + deadline).into()).await;
+    let client2 = client.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { sleeps(&client).await == 0 }
+        })
+        .await,
+        "a background sleep outlived its exec's deadline"
+    );
+    eprintln!(
+        "leftover of a finished exec gone {:.2?} after its deadline",
+        started.elapsed() - deadline
+    );
+
+    // A `setsid`'d child (its own session and process group) dies at the timeout too.
+    let (reply, took) = exec_timed(&client, "setsid sleep 999 & sleep 1000", deadline).await;
+    assert!(reply.timed_out, "{reply:?}");
+    assert_eq!(
+        sleeps(&client).await,
+        0,
+        "a setsid'd child escaped the timeout"
+    );
+    eprintln!(
+        "setsid'd child: reply (cgroup empty) {:.2?} after the deadline",
+        took - deadline
+    );
+
+    // A cancelled exec goes with everything it started, as a timed-out one does.
+    let mut request = exec_sh("setsid sleep 1002 & sleep 1000");
+    request.stream = true;
+    let mut stream = client.exec_stream(request).unwrap();
+    assert!(matches!(
+        stream.next().await.unwrap(),
+        ExecEvent::Started(_)
+    ));
+    let client2 = client.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { sleeps(&client).await == 2 }
+        })
+        .await,
+        "the cancel test's sleeps did not start"
+    );
+    stream.cancel().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let client = client2.clone();
+            async move { sleeps(&client).await == 0 }
+        })
+        .await,
+        "a setsid'd child outlived its cancelled exec"
+    );
+
+    // A memory hog under a lowered limit is reported as OOM-killed.
+    let hog = "echo 33554432 > /sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/memory.max; \
+               head -c 200000000 /dev/zero | tail; echo survived";
+    let (reply, _) = exec_timed(&client, hog, Duration::from_secs(60)).await;
+    assert!(!reply.timed_out, "{reply:?}");
+    assert_eq!(reply.exit.unwrap().signal, Some(libc::SIGKILL), "{reply:?}");
+    let oom = client
+        .exec_oom_kill(&reply)
+        .await
+        .expect("no OOM kill reported");
+    assert!(oom.kills >= 1);
+    assert_eq!(oom.memory_max_bytes, Some(32 << 20));
+    let text = oom.to_string();
+    assert!(
+        text.starts_with("killed by the OOM killer (") && text.contains("memory limit 32 MiB"),
+        "{text}"
+    );
+    assert_eq!(detail(&client, reply.pid).await.oom, Some(oom));
+    eprintln!("memory hog: {text}");
+
+    // sandboxctl says so after the command's output, in `ps`, and `info` names the mode.
+    let sandboxctl = |args: &[&str]| {
+        let output = std::process::Command::new(&binaries().sandboxctl)
+            .arg("--agent")
+            .arg(vm.agent_url())
+            .args(["--token", vm.token()])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, _, stderr) = tokio::task::block_in_place(|| sandboxctl(&["sh", hog]));
+    assert_eq!(code, Some(137), "{stderr}");
+    assert!(stderr.contains(": killed by the OOM killer ("), "{stderr}");
+    let (_, ps, _) = tokio::task::block_in_place(|| sandboxctl(&["ps"]));
+    assert!(ps.contains(": killed by the OOM killer ("), "{ps}");
+    let (_, info, _) = tokio::task::block_in_place(|| sandboxctl(&["info"]));
+    assert!(
+        info.lines()
+            .any(|l| l.starts_with("confinement") && l.contains("cgroups (workload memory.max")),
+        "{info}"
+    );
+
+    // A fork bomb under a 10 s timeout, twice: as reported (the shell returns at once
+    // and the bomb runs on: killed at the exec's deadline) and with the shell still
+    // running (killed by the timeout). The agent answers `ps` throughout, and
+    // everything in the bomb's cgroup is killed at the deadline.
+    let prober = vm.client(&options).await.unwrap();
+    for (what, script, times_out) in [
+        ("returns at once", "f() { f | f & }; f", false),
+        (
+            "runs on",
+            "(f() { f | f & }; f) 2>/dev/null; exec sleep 100",
+            true,
+        ),
+    ] {
+        let bomb = fork_bomb(&client, &prober, script).await;
+        eprintln!(
+            "fork bomb that {what}: {} tasks at its peak; worst ps round trip {:.2?} over \
+             {} probes; exec reply after {:.2?} (agent-side {:.2?}); every task gone \
+             {:.2?} after the deadline",
+            bomb.peak,
+            bomb.worst_ps,
+            bomb.probes,
+            bomb.took,
+            Duration::from_micros(bomb.reply.duration_us),
+            bomb.gone_after_deadline,
+        );
+        assert_eq!(bomb.reply.timed_out, times_out, "{:?}", bomb.reply);
+        assert!(
+            bomb.worst_ps < PS_UNDER_BOMB_LIMIT,
+            "ps took {:?} under the fork bomb",
+            bomb.worst_ps
+        );
+        assert_eq!(
+            sh(
+                &client,
+                &format!("cat /sys/fs/cgroup{}/cgroup.procs", bomb.cgroup)
+            )
+            .await,
+            ""
+        );
+    }
+
+    // The agent survived all of it, still in its own cgroup.
+    assert_eq!(sh(&client, "cat /proc/1/cgroup").await, "0::/agent\n");
+    assert!(client.info().await.unwrap().is_init);
+    let _ = tokio::time::timeout(Duration::from_secs(10), client.shutdown(false)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(POWER_OFF_SECS), vm.wait_exit()).await;
+    drop(vm);
+    std::fs::remove_dir_all(&built.dir).unwrap();
+    // Only succeeds when empty: the launcher's run root of this test process.
+    let _ = std::fs::remove_dir(&host.launcher().config().run_root);
+}
