@@ -13,3 +13,4 @@ cargo build --workspace --bins --locked
 # The microVM tests boot the default template: build it from this checkout's agent.
 target/debug/sandbox-rootfs build
 cargo test --workspace --locked --no-fail-fast
+scripts/fuzz.sh --smoke  # fuzz targets (fuzz/): replay the committed corpus, fuzz each 20 s
