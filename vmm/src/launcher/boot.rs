@@ -379,27 +379,35 @@ impl Launcher {
 /// process (a VM detached here and stopped here).
 async fn stop_foreign(pid: u32, needle: &str, grace: Duration) -> StopOutcome {
     let outcome = signal_foreign(pid, needle, grace).await;
-    // A VM process that had already exited (a detached VM's daemon, stopped by its
-    // exit watcher when QEMU went) is a zombie whose command line is gone: known by
-    // its name instead, so a VM detached here leaves no zombie behind.
-    if outcome != StopOutcome::NotRunning || is_vm_zombie(pid) {
+    // A child of this process (a VM detached here) cannot have had its pid reused, as
+    // nobody reaped it: it is that VM's process, whatever its command line says now.
+    // It may be exiting on its own (a detached VM's daemon, stopped by its exit
+    // watcher as QEMU went, has no command line left mid-exit): wait for it and reap
+    // it, so no zombie is left behind.
+    if is_unreaped_child(pid) {
+        if let Ok(fd) = PidFd::open(pid).and_then(PidFd::into_async) {
+            if tokio::time::timeout(grace + KILL_WAIT, fd.readable())
+                .await
+                .is_err()
+            {
+                let _ = fd.get_ref().send_signal(Signal::SIGKILL);
+                let _ = tokio::time::timeout(KILL_WAIT, fd.readable()).await;
+            }
+        }
         reap_if_child(pid);
     }
     outcome
 }
 
-/// True when `pid` is a zombie named like a VM process (QEMU or the vsock daemon).
-fn is_vm_zombie(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+/// True when `pid` is a child of this process not yet reaped (running or exited).
+fn is_unreaped_child(pid: u32) -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag};
+    let Ok(raw) = i32::try_from(pid) else {
         return false;
     };
-    // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
-    let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-        return false;
-    };
-    let comm = &stat[open + 1..close];
-    let zombie = stat[close + 1..].trim_start().starts_with('Z');
-    zombie && (comm.starts_with("qemu-system") || comm.starts_with("vhost-device"))
+    // WNOWAIT: look without reaping; ECHILD: not a child of ours.
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    waitid(Id::Pid(nix::unistd::Pid::from_raw(raw)), flags).is_ok()
 }
 
 async fn signal_foreign(pid: u32, needle: &str, grace: Duration) -> StopOutcome {
