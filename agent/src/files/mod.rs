@@ -193,6 +193,46 @@ pub fn special_kind(file_type: std::fs::FileType) -> &'static str {
     }
 }
 
+/// A file read to its end must still have the size and modification time it had
+/// when opened, and the bytes sent must add up to that size: otherwise it was
+/// rewritten or truncated meanwhile and the copy may be torn.
+pub(crate) fn check_unchanged(
+    path: &std::path::Path,
+    before: &std::fs::Metadata,
+    after: &std::fs::Metadata,
+    sent: u64,
+) -> Result<(), FileError> {
+    use std::os::unix::fs::MetadataExt;
+    let what = if after.len() != before.len() {
+        format!(
+            "its size went from {} to {} bytes",
+            before.len(),
+            after.len()
+        )
+    } else if (after.mtime(), after.mtime_nsec()) != (before.mtime(), before.mtime_nsec()) {
+        String::from("it was modified")
+    } else if sent < before.len() && !is_pseudo_file(before) {
+        // A file cut short and regrown within one mtime tick; pseudo-files in /proc
+        // and /sys announce sizes (0, 4096) that have nothing to do with their content.
+        format!("{sent} bytes were read of {}", before.len())
+    } else {
+        return Ok(());
+    };
+    Err(FileError::Changed {
+        path: display(path),
+        what,
+    })
+}
+
+/// True for files of the kernel's pseudo-filesystems (procfs, sysfs), whose
+/// announced sizes do not describe their content. They live on devices with major
+/// number 0 (anonymous), as every virtual filesystem does; so do tmpfs files, whose
+/// sizes are real, which is why only a short read is checked this way.
+fn is_pseudo_file(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    libc::major(meta.dev()) == 0 && meta.blocks() == 0
+}
+
 /// A path for messages (lossy for non-UTF-8 names).
 pub fn display(path: &Path) -> String {
     path.to_string_lossy().into_owned()
@@ -213,5 +253,35 @@ mod tests {
             absolute_path(b""),
             Err(FileError::NotAbsolute { .. })
         ));
+    }
+
+    #[test]
+    fn a_file_that_changed_while_read_is_caught_and_pseudo_files_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let before = std::fs::metadata(&path).unwrap();
+        check_unchanged(&path, &before, &before, 10).unwrap();
+        // Read short of the announced size.
+        assert!(matches!(
+            check_unchanged(&path, &before, &before, 4),
+            Err(FileError::Changed { .. })
+        ));
+        // Grown meanwhile.
+        std::fs::write(&path, b"0123456789abc").unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        let error = check_unchanged(&path, &before, &after, 10).unwrap_err();
+        assert!(error.to_string().contains("from 10 to 13"), "{error}");
+        assert_eq!(error.to_wire().kind, sandbox_protocol::ErrorKind::Conflict);
+        // /proc files say 0 bytes and /sys files 4096, whatever their content.
+        for pseudo in [
+            "/proc/self/status",
+            "/sys/kernel/mm/transparent_hugepage/enabled",
+        ] {
+            let pseudo = std::path::Path::new(pseudo);
+            if let Ok(meta) = std::fs::metadata(pseudo) {
+                check_unchanged(pseudo, &meta, &meta, 20).unwrap();
+            }
+        }
     }
 }

@@ -47,7 +47,7 @@ pub fn read_file(path: &[u8]) -> Result<Vec<u8>, FileError> {
     let after = file
         .metadata()
         .map_err(|error| FileError::io("stat", &path, error))?;
-    super::stream::check_unchanged(&path, &meta, &after, data.len() as u64)?;
+    super::check_unchanged(&path, &meta, &after, data.len() as u64)?;
     Ok(data)
 }
 
