@@ -468,6 +468,17 @@ mod tests {
         (client.unwrap(), reader, writer)
     }
 
+    /// The peer answers request `id` with an empty `ps`.
+    async fn answer_ps(writer: &mut PeerWriter, id: RequestId) {
+        writer
+            .write(&AgentFrame {
+                id,
+                msg: AgentMsg::Reply(Reply::Ps(vec![])),
+            })
+            .await
+            .unwrap();
+    }
+
     async fn next_frame(reader: &mut PeerReader) -> ClientFrame {
         match reader.read::<ClientFrame>().await.unwrap() {
             Some(Decoded::Frame(frame)) => frame,
@@ -566,13 +577,7 @@ mod tests {
             async move { client.ps().await }
         });
         let frame = next_frame(&mut reader).await;
-        writer
-            .write(&AgentFrame {
-                id: frame.id,
-                msg: AgentMsg::Reply(Reply::Ps(vec![])),
-            })
-            .await
-            .unwrap();
+        answer_ps(&mut writer, frame.id).await;
         assert_eq!(ps.await.unwrap().unwrap(), vec![]);
     }
 
@@ -608,13 +613,7 @@ mod tests {
         });
         let frame = next_frame(&mut reader).await;
         assert_eq!(frame.msg, ClientMsg::Request(Request::Ps));
-        writer
-            .write(&AgentFrame {
-                id: frame.id,
-                msg: AgentMsg::Reply(Reply::Ps(vec![])),
-            })
-            .await
-            .unwrap();
+        answer_ps(&mut writer, frame.id).await;
         assert!(ps.await.unwrap().is_ok());
     }
 
@@ -642,25 +641,13 @@ mod tests {
         assert!(more.is_err(), "a request past the cap went out");
         // Each answer lets exactly one held request out.
         for round in 0..2 {
-            writer
-                .write(&AgentFrame {
-                    id: seen[round],
-                    msg: AgentMsg::Reply(Reply::Ps(vec![])),
-                })
-                .await
-                .unwrap();
+            answer_ps(&mut writer, seen[round]).await;
             let frame = next_frame(&mut reader).await;
             assert_eq!(frame.msg, ClientMsg::Request(Request::Ps));
             seen.push(frame.id);
         }
         for id in &seen[2..] {
-            writer
-                .write(&AgentFrame {
-                    id: *id,
-                    msg: AgentMsg::Reply(Reply::Ps(vec![])),
-                })
-                .await
-                .unwrap();
+            answer_ps(&mut writer, *id).await;
         }
         for call in calls {
             assert!(call.await.unwrap().is_ok());
@@ -672,13 +659,7 @@ mod tests {
         });
         let frame = next_frame(&mut reader).await;
         assert_eq!(frame.msg, ClientMsg::Request(Request::Ps));
-        writer
-            .write(&AgentFrame {
-                id: frame.id,
-                msg: AgentMsg::Reply(Reply::Ps(vec![])),
-            })
-            .await
-            .unwrap();
+        answer_ps(&mut writer, frame.id).await;
         assert!(ps.await.unwrap().is_ok());
     }
 }
