@@ -151,6 +151,15 @@ fn daemon_alive(pid: u64, dir: &Path) -> bool {
     !zombie && String::from_utf8_lossy(&cmdline).contains(&*dir.to_string_lossy())
 }
 
+/// Stops the detached VM `.1` under the run root `.0` when dropped.
+struct StopOnDrop<'a>(&'a Path, String);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = sandboxctl(self.0).args(["vm", "stop", &self.1]).output();
+    }
+}
+
 /// Waits until no QEMU runs under `root`.
 fn wait_no_qemu(root: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -172,6 +181,9 @@ fn a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125() 
     ];
     for (script, end, console) in cases {
         let id = start_detached(&root);
+        // Stopped however the case ends, a failed assertion included: a detached VM
+        // outlives this process otherwise.
+        let _stop = StopOnDrop(&root, id.clone());
         // The command that ends the guest may or may not see its own reply.
         let _ = sandboxctl(&root)
             .args(["--vm", &id, "sh", script])
@@ -199,11 +211,6 @@ fn a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125() 
         assert_eq!(output.status.code(), Some(125), "{script}: {stderr}");
         assert!(stderr.contains(end), "{script}: {stderr}");
         assert!(stderr.contains(console), "{script}: {stderr}");
-        // Stopping it cleans the folder up.
-        let _ = sandboxctl(&root)
-            .args(["vm", "stop", &id])
-            .output()
-            .unwrap();
     }
     std::fs::remove_dir_all(&root).unwrap();
 }
