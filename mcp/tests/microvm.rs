@@ -6,7 +6,8 @@
 //! `exec` in flight. Claim latency and the exec round trip are measured by `benches/mcp.rs`.
 //!
 //! Needs what `sandbox_tests::vm::gate` checks: a missing prerequisite fails the test
-//! with what to install; `SANDBOX_SKIP_VM_TESTS=1` skips these tests explicitly.
+//! with what to install; `SANDBOX_SKIP_VM_TESTS=1` marks them ignored (this target
+//! runs on `libtest-mimic`).
 
 // Test code: a failed unwrap is a failed test, with the value in the message.
 #![allow(clippy::unwrap_used)]
@@ -16,16 +17,33 @@ mod support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use serde_json::{json, Value};
 use support::{eventually, McpServer, RawServer};
 
 /// How long the first warm VM may take (TCG on a busy 2-core host is slow).
 const WARM_WITHIN: Duration = Duration::from_secs(180);
 
+fn main() -> std::process::ExitCode {
+    vm_main(&[
+        VmTest {
+            name: "microvm_session_from_claim_to_disconnect",
+            run: || block_on(microvm_session_from_claim_to_disconnect()),
+        },
+        VmTest {
+            name: "max_sandboxes_counts_warm_vms_and_claims_evict_them",
+            run: || block_on(max_sandboxes_counts_warm_vms_and_claims_evict_them()),
+        },
+        VmTest {
+            name: "a_killed_client_has_its_sandbox_destroyed_within_two_seconds",
+            run: || block_on(a_killed_client_has_its_sandbox_destroyed_within_two_seconds()),
+        },
+    ])
+}
+
 /// A short private run folder for the server's VMs once the shared microVM gate
-/// (`sandbox_tests::vm::require`) is open; `None`, after a loud `SKIPPED` line, when
-/// the microVM tests are explicitly skipped (libtest's harness cannot mark a test
-/// ignored at run time, so it then counts as passed).
+/// (`sandbox_tests::vm::require`) is open (this target's harness marks every test
+/// ignored when the microVM tests are skipped, so that is the only case it runs in).
 fn prerequisites(tag: &str) -> Option<PathBuf> {
     sandbox_tests::vm::require(&format!("mcp::microvm::{tag}")).then(|| support::run_dir(tag))
 }
@@ -52,7 +70,6 @@ fn str_of(value: &Value) -> &str {
     value.as_str().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn microvm_session_from_claim_to_disconnect() {
     let Some(run) = prerequisites("vm") else {
         return;
@@ -216,7 +233,6 @@ async fn microvm_session_from_claim_to_disconnect() {
 
 /// With room for one VM, a claim of another size takes the warm VM's place, and a
 /// claim past the limit is refused with what to do.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_sandboxes_counts_warm_vms_and_claims_evict_them() {
     let Some(run) = prerequisites("cap") else {
         return;
@@ -268,7 +284,6 @@ async fn max_sandboxes_counts_warm_vms_and_claims_evict_them() {
 /// Regression: after the client was killed, the server waited about 30 s for the
 /// calls in flight before it destroyed the VMs. Now the sandbox's QEMU must be gone
 /// within 2 s of the client's death, with an exec still running in it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_client_has_its_sandbox_destroyed_within_two_seconds() {
     let Some(run) = prerequisites("kill") else {
         return;

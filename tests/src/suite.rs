@@ -17,7 +17,7 @@ use tokio::sync::OnceCell;
 
 use crate::scenarios::{self, Scenario};
 use crate::transport::{BoxFuture, Target, Transport, UnixTransport, VmTransport};
-use crate::vm::{gate, Gate};
+use crate::vm::{gate, Gate, SKIP_NOTE};
 
 /// How many trials run at once unless `--test-threads` says otherwise. Not one per
 /// host core: the scenarios of a transport share one agent, and a microVM's agent
@@ -28,9 +28,6 @@ pub const TRIAL_THREADS: usize = 2;
 /// How long one trial may take before it fails as hung (the 1 GiB round trip on a
 /// loaded two-core host is the slowest).
 pub const TRIAL_SECS: u64 = 600;
-
-/// Why a trial is ignored when the microVM tests are skipped.
-const SKIP_NOTE: &str = "SANDBOX_SKIP_VM_TESTS=1";
 
 /// One way to run the agent.
 #[derive(Debug)]
@@ -166,48 +163,7 @@ fn trial(
     .with_ignored_flag(skipped)
 }
 
-/// A test of a target on this harness whose every test boots microVMs.
-#[derive(Debug, Clone, Copy)]
-pub struct VmTest {
-    /// The trial's name.
-    pub name: &'static str,
-    /// Runs it; a panic is a failure.
-    pub run: fn(),
-}
-
-/// The `main` of a target of [`VmTest`]s: each is a trial, *ignored* (and shown so)
-/// when `SANDBOX_SKIP_VM_TESTS=1`, failing with what is missing when the gate says
-/// so. Unlike libtest's own harness, nothing counts as passed without running.
-pub fn vm_main(tests: &[VmTest]) -> std::process::ExitCode {
-    let args = Arguments::from_args();
-    let trials = tests
-        .iter()
-        .map(|test| {
-            let run = test.run;
-            Trial::ignorable_test(test.name, move || match gate() {
-                Gate::Open => {
-                    run();
-                    Ok(Completion::Completed)
-                }
-                Gate::Skipped => Ok(Completion::ignored_with(SKIP_NOTE)),
-                Gate::Missing(what) => Err(Failed::from(what)),
-            })
-            .with_ignored_flag(*gate() == Gate::Skipped)
-        })
-        .collect();
-    libtest_mimic::run(&args, trials).exit_code()
-}
-
-/// Runs `test` on a fresh two-worker runtime (what a microVM test with a background
-/// power-off and a foreground client needs).
-pub fn block_on<F: std::future::Future<Output = ()>>(test: F) {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("cannot build a runtime")
-        .block_on(test);
-}
+pub use crate::vm::{block_on, vm_main, VmTest};
 
 /// The message of a panic payload.
 pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {

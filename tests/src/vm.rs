@@ -51,7 +51,10 @@ use crate::suite::panic_text;
 
 mod gate;
 
-pub use gate::{default_template, gate, missing, require, Gate, SKIP_ENV, TEMPLATE_ENV};
+pub use gate::{
+    block_on, default_template, gate, missing, require, vm_main, Gate, VmTest, SKIP_ENV, SKIP_NOTE,
+    TEMPLATE_ENV,
+};
 
 /// How long a boot may take to `Ready`. Generous: a TCG boot takes about 2.3 s on an
 /// idle machine and many times that on a loaded one.

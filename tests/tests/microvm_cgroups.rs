@@ -18,6 +18,7 @@ use sandbox_protocol::{
     Command, ConfinementMode, ExecReply, Pid, ProcessDetail, ProcessSpec, ProcessState,
     PtyOpenRequest, WindowSize,
 };
+use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use sandbox_tests::vm::{build_template, VmHost, CONNECT_SECS, POWER_OFF_SECS, READY_TIMEOUT_SECS};
 use sandbox_tests::{binaries, exec_sh, TempDir};
 use sandbox_vmm::client::{Client, ConnectOptions, ExecEvent};
@@ -150,11 +151,15 @@ async fn fork_bomb(client: &Client, prober: &Client, script: &'static str) -> Bo
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+fn main() -> std::process::ExitCode {
+    vm_main(&[VmTest {
+        name: "workloads_are_confined_in_cgroups",
+        run: || block_on(workloads_are_confined_in_cgroups()),
+    }])
+}
+
 async fn workloads_are_confined_in_cgroups() {
-    let Some(host) = VmHost::get("microvm_cgroups") else {
-        return;
-    };
+    let host = VmHost::get("microvm_cgroups").expect("run only with the gate open");
     let scratch = TempDir::new("cgroups");
     let name = format!("e2e-cgroups-{}", std::process::id());
     let built = build_template(&name, "busybox", &scratch.path().join("template"));

@@ -4,13 +4,17 @@
 //! `qemu-system-x86_64`, `vhost-device-vsock`, `qemu-img` for a template with a disk,
 //! and a template whose agent sends `Ready` (`SANDBOX_TEST_TEMPLATE`, else the
 //! `default` template under `SANDBOX_HOME`). A missing prerequisite fails the test;
-//! `SANDBOX_SKIP_VM_TESTS=1` skips these tests, saying so.
+//! `SANDBOX_SKIP_VM_TESTS=1` marks them ignored (this target runs on `libtest-mimic`).
 //!
 //! Each boot costs about 1.5 CPU-seconds under TCG, so the tests share work: four
 //! boots cover readiness, the agent port, shutdown, drop, two VMs at once, detach and
 //! stop from another launcher, and a boot that fails.
 //!
 //! Boot-to-ready figures: `cargo bench -p sandbox-vmm --bench microvm`.
+
+// Off libtest's harness `#[test]` no longer exempts these functions: a failure here
+// is a test failure.
+#![allow(clippy::unwrap_used)]
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,15 +29,33 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const GRACE: Duration = Duration::from_secs(5);
 
 /// The workspace's one microVM prerequisite gate. `sandbox-tests` depends on this
-/// crate, so this crate's tests include the gate's file (it needs only `sandbox_vmm`
-/// and `std`) instead of depending on `sandbox-tests` in a cycle.
+/// crate, so this crate's tests include the gate's file (it needs only `sandbox_vmm`,
+/// `tokio` and `libtest-mimic`) instead of depending on `sandbox-tests` in a cycle.
 #[path = "../../tests/src/vm/gate.rs"]
 #[allow(dead_code)]
 mod gate;
 
+fn main() -> std::process::ExitCode {
+    gate::vm_main(&[
+        gate::VmTest {
+            name: "boots_to_ready_serves_the_agent_port_and_shuts_down_clean",
+            run: || gate::block_on(boots_to_ready_serves_the_agent_port_and_shuts_down_clean()),
+        },
+        gate::VmTest {
+            name: "two_vms_at_once_then_drop_one_and_stop_the_other_from_elsewhere",
+            run: || {
+                gate::block_on(two_vms_at_once_then_drop_one_and_stop_the_other_from_elsewhere())
+            },
+        },
+        gate::VmTest {
+            name: "a_guest_that_dies_fails_the_boot_with_its_console",
+            run: || gate::block_on(a_guest_that_dies_fails_the_boot_with_its_console()),
+        },
+    ])
+}
+
 /// A launcher with a run root of its own, and the template to boot, once the gate is
-/// open; `None`, after a loud `SKIPPED` line, when `SANDBOX_SKIP_VM_TESTS=1` (libtest's
-/// harness cannot mark a test ignored at run time, so it then counts as passed).
+/// open (the harness marks every test ignored when the microVM tests are skipped).
 fn setup(tag: &str) -> Option<(Launcher, TemplateRef)> {
     if !gate::require(&format!("launcher_boot::{tag}")) {
         return None;
@@ -42,16 +64,6 @@ fn setup(tag: &str) -> Option<(Launcher, TemplateRef)> {
     // Short and private, so the test can check that nothing is left behind.
     config.run_root = std::env::temp_dir().join(format!("sbx-e2e-{tag}-{}", std::process::id()));
     Some((Launcher::new(config), gate::default_template()))
-}
-
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(&format!(": {cause}"));
-        source = cause.source();
-    }
-    text
 }
 
 fn spec(template: &TemplateRef) -> BootSpec {
@@ -63,7 +75,7 @@ fn spec(template: &TemplateRef) -> BootSpec {
 async fn boot(launcher: &Launcher, spec: BootSpec) -> Vm {
     match launcher.boot(spec).await {
         Ok(vm) => vm,
-        Err(error) => panic!("boot failed: {}", chain(&error)),
+        Err(error) => panic!("boot failed: {}", sandbox_vmm::error_chain(&error)),
     }
 }
 
@@ -107,7 +119,6 @@ fn assert_run_root_empty(launcher: &Launcher) {
     let _ = std::fs::remove_dir(&launcher.config().run_root);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boots_to_ready_serves_the_agent_port_and_shuts_down_clean() {
     let Some((launcher, template)) = setup("ready") else {
         return;
@@ -145,7 +156,6 @@ async fn boots_to_ready_serves_the_agent_port_and_shuts_down_clean() {
     assert_run_root_empty(&launcher);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_vms_at_once_then_drop_one_and_stop_the_other_from_elsewhere() {
     let Some((launcher, template)) = setup("pair") else {
         return;
@@ -183,7 +193,6 @@ async fn two_vms_at_once_then_drop_one_and_stop_the_other_from_elsewhere() {
     assert_run_root_empty(&launcher);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guest_that_dies_fails_the_boot_with_its_console() {
     let Some((launcher, template)) = setup("fail") else {
         return;
@@ -195,7 +204,7 @@ async fn a_guest_that_dies_fails_the_boot_with_its_console() {
         .boot(spec)
         .await
         .expect_err("booted without an init");
-    let text = chain(&error);
+    let text = sandbox_vmm::error_chain(&error);
     assert!(
         matches!(error, LaunchError::QemuExited { .. }),
         "unexpected error: {text}"

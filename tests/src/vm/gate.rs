@@ -3,14 +3,16 @@
 //! boot. What is missing fails the tests loudly, saying how to get it; only the
 //! explicit `SANDBOX_SKIP_VM_TESTS=1` skips them.
 //!
-//! It needs nothing but `sandbox_vmm` and `std`, so that `sandbox-vmm`'s own tests
-//! (which `sandbox-tests` depends on, so they cannot depend on it) include this file
-//! by path and share the same gate.
+//! It needs nothing but `sandbox_vmm`, `std`, `tokio` and `libtest-mimic`, so that
+//! `sandbox-vmm`'s own tests (which `sandbox-tests` depends on, so they cannot depend
+//! on it) include this file by path and share the same gate and harness
+//! ([`vm_main`]).
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use sandbox_vmm::error_chain;
 use sandbox_vmm::launcher::accel::find_program;
 use sandbox_vmm::launcher::{Launcher, LauncherConfig, TemplateRef};
@@ -124,4 +126,50 @@ pub fn missing() -> Option<String> {
             missing.join("; ")
         )
     })
+}
+
+/// What an ignored trial says.
+pub const SKIP_NOTE: &str = "SANDBOX_SKIP_VM_TESTS=1";
+
+/// A test of a target on this harness whose every test boots microVMs.
+#[derive(Debug, Clone, Copy)]
+pub struct VmTest {
+    /// The trial's name.
+    pub name: &'static str,
+    /// Runs it; a panic is a failure.
+    pub run: fn(),
+}
+
+/// The `main` of a target of [`VmTest`]s: each is a trial, *ignored* (and shown so)
+/// when `SANDBOX_SKIP_VM_TESTS=1`, failing with what is missing when the gate says
+/// so. Unlike libtest's own harness, nothing counts as passed without running.
+pub fn vm_main(tests: &[VmTest]) -> std::process::ExitCode {
+    let args = Arguments::from_args();
+    let trials = tests
+        .iter()
+        .map(|test| {
+            let run = test.run;
+            Trial::ignorable_test(test.name, move || match gate() {
+                Gate::Open => {
+                    run();
+                    Ok(Completion::Completed)
+                }
+                Gate::Skipped => Ok(Completion::ignored_with(SKIP_NOTE)),
+                Gate::Missing(what) => Err(Failed::from(what)),
+            })
+            .with_ignored_flag(*gate() == Gate::Skipped)
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Runs `test` on a fresh two-worker runtime (what a microVM test with a background
+/// power-off and a foreground client needs).
+pub fn block_on<F: std::future::Future<Output = ()>>(test: F) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("cannot build a runtime")
+        .block_on(test);
 }
