@@ -17,9 +17,11 @@ use crate::server::{ListenAddr, PeerPolicy, VSOCK_CID_ANY};
     about = "In-guest agent of a sandbox microVM"
 )]
 pub struct Args {
-    /// Where to listen (repeatable): `unix://PATH` or `vsock://CID:PORT` (CID -1 = any).
-    /// As PID 1 the default is `vsock://-1:PORT` with `sandbox.port` from the kernel
-    /// command line (1024).
+    /// Where to listen (repeatable): `unix://PATH`, `vsock://CID:PORT` (CID -1 = any),
+    /// `serial://PORT_NAME` (the link on a virtio-serial port) or `link+unix://PATH`
+    /// (the link for a host relay). As PID 1 the default is `vsock://-1:PORT` with
+    /// `sandbox.port` from the kernel command line (1024), or `serial://NAME` with
+    /// `sandbox.serial`.
     #[arg(long = "listen", value_name = "URL")]
     pub listen: Vec<ListenAddr>,
     /// Token clients must present in their Hello.
@@ -60,9 +62,12 @@ impl Config {
         let mut listen = args.listen;
         if listen.is_empty() {
             if let Some(boot) = boot {
-                listen.push(ListenAddr::Vsock {
-                    cid: VSOCK_CID_ANY,
-                    port: boot.port,
+                listen.push(match &boot.serial {
+                    Some(name) => ListenAddr::Serial(name.clone()),
+                    None => ListenAddr::Vsock {
+                        cid: VSOCK_CID_ANY,
+                        port: boot.port,
+                    },
                 });
             }
         }

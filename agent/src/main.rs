@@ -70,7 +70,8 @@ fn run_as_init() -> PowerAction {
         tracing::error!(error = %init::ErrorChain(&error), "guest preparation failed");
         return PowerAction::PowerOff;
     }
-    let ready_port = boot.ready_port;
+    // Over the link, the `Attached` answer to a host is the readiness.
+    let ready_port = boot.ready_port.filter(|_| boot.serial.is_none());
     let served = runtime().and_then(|rt| {
         let served = rt.block_on(async move {
             let (listening_tx, listening_rx) = tokio::sync::oneshot::channel();

@@ -14,6 +14,8 @@
 //! - [`machine`]: requests about the whole guest: `info`, `resumed`, `shutdown`.
 //! - [`error`]: errors as a typed kind, a message and an errno.
 //! - [`limits`]: sizes and deadlines every side agrees on.
+//! - [`link`]: many connections as channels over one stream that cannot be reopened
+//!   (a virtio-serial port), for VMs that are snapshotted.
 //!
 //! # A connection
 //! 1. The client sends `ClientMsg::Hello` with id 0; the agent answers `AgentMsg::Hello`,
@@ -40,6 +42,7 @@ pub mod files;
 pub mod frame;
 pub mod hello;
 pub mod limits;
+pub mod link;
 pub mod machine;
 pub mod message;
 pub mod output;

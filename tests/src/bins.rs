@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The packages whose binaries the end-to-end tests drive: the agent and the
-/// `sandboxctl` front end. The one place that names them.
-pub const BINARY_PACKAGES: &[&str] = &["sandbox-agent", "sandboxctl"];
+/// The packages whose binaries the end-to-end tests drive: the agent, the
+/// `sandboxctl` front end and the host relay (`sandbox-vmm`'s `sandbox-relay`). The
+/// one place that names them.
+pub const BINARY_PACKAGES: &[&str] = &["sandbox-agent", "sandboxctl", "sandbox-vmm"];
 
 /// The image builder, built only by the tests that make templates.
 pub const ROOTFS_PACKAGE: &str = "sandbox-rootfs";
@@ -19,6 +20,8 @@ pub struct Binaries {
     pub agent: PathBuf,
     /// `sandboxctl`
     pub sandboxctl: PathBuf,
+    /// `sandbox-relay`
+    pub relay: PathBuf,
 }
 
 /// Builds [`BINARY_PACKAGES`] once per test process and returns the binaries' paths.
@@ -31,6 +34,7 @@ pub fn binaries() -> &'static Binaries {
         Binaries {
             agent: existing(dir.join("sandbox-agent")),
             sandboxctl: existing(dir.join("sandboxctl")),
+            relay: existing(dir.join("sandbox-relay")),
         }
     })
 }

@@ -107,12 +107,18 @@ pub struct AgentOptions {
     pub token: Option<String>,
     /// `--forget-after-secs`
     pub forget_after_secs: Option<u64>,
+    /// Serve the link (`link+unix://`) behind a `sandbox-relay`, the transport of
+    /// snapshot-capable VMs, instead of a plain Unix socket: clients reach the agent
+    /// through the relay exactly as they reach a VM's.
+    pub link: bool,
 }
 
 /// A running `sandbox-agent` listening on a throwaway Unix socket.
 #[derive(Debug)]
 pub struct TestAgent {
     child: Child,
+    /// The relay in front of the agent ([`AgentOptions::link`]).
+    relay: Option<Child>,
     socket: PathBuf,
     log: PathBuf,
     token: Option<String>,
@@ -133,10 +139,15 @@ impl TestAgent {
         let socket = dir.path().join("agent.sock");
         let log = dir.path().join("agent.log");
         let log_file = std::fs::File::create(&log).expect("cannot create the agent log");
+        let link_socket = dir.path().join("link.sock");
+        let listen = match options.link {
+            true => format!("link+unix://{}", link_socket.display()),
+            false => format!("unix://{}", socket.display()),
+        };
         let mut command = Command::new(&binaries.agent);
         command
             .arg("--listen")
-            .arg(format!("unix://{}", socket.display()))
+            .arg(listen)
             .env(CANARY_ENV, "leaked")
             .env_remove("SANDBOX_AGENT_TOKEN")
             .stdin(Stdio::null())
@@ -154,8 +165,23 @@ impl TestAgent {
         let child = command
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binaries.agent.display()));
+        let relay = options.link.then(|| {
+            let relay_log = std::fs::File::create(dir.path().join("relay.log"))
+                .expect("cannot create the relay log");
+            Command::new(&binaries.relay)
+                .arg("--agent")
+                .arg(&link_socket)
+                .arg("--listen")
+                .arg(&socket)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(relay_log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {}: {e}", binaries.relay.display()))
+        });
         let mut agent = Self {
             child,
+            relay,
             socket,
             log,
             token: options.token,
@@ -207,9 +233,17 @@ impl TestAgent {
         self.dir.path()
     }
 
-    /// What the agent has logged so far.
+    /// What the agent (and its relay, if any) has logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"))
+        let mut log =
+            std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(no log: {e})"));
+        if self.relay.is_some() {
+            let relay = std::fs::read_to_string(self.dir.path().join("relay.log"))
+                .unwrap_or_else(|e| format!("(no log: {e})"));
+            log.push_str("---- relay log ----\n");
+            log.push_str(&relay);
+        }
+        log
     }
 
     /// True while the agent process runs.
@@ -302,6 +336,12 @@ impl Drop for TestAgent {
         let _ = wait_child(&mut self.child, Duration::from_secs(2));
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(relay) = &mut self.relay {
+            // It exits when the agent's end closes; make sure.
+            let _ = wait_child(relay, Duration::from_secs(2));
+            let _ = relay.kill();
+            let _ = relay.wait();
+        }
         if std::thread::panicking() {
             eprintln!("---- agent log ----\n{}---- end ----", self.log());
         }

@@ -48,6 +48,11 @@ pub const TRANSPORTS: &[TransportKind] = &[
         start: || Box::pin(async { Arc::new(UnixTransport::start()) as Arc<dyn Transport> }),
     },
     TransportKind {
+        name: "link",
+        gate: || Gate::Open,
+        start: || Box::pin(async { Arc::new(UnixTransport::start_link()) as Arc<dyn Transport> }),
+    },
+    TransportKind {
         name: "microvm",
         gate: || gate().clone(),
         start: || Box::pin(async { Arc::new(VmTransport::boot().await) as Arc<dyn Transport> }),

@@ -4,7 +4,8 @@
 //! streams to it and states the [`Facts`] a scenario may depend on. A [`Target`] is
 //! what a scenario gets: a transport and a client already connected through it.
 //! The transports themselves:
-//! - [`UnixTransport`]: the agent as an ordinary process on a throwaway Unix socket;
+//! - [`UnixTransport`]: the agent as an ordinary process on a throwaway Unix socket,
+//!   or serving the link behind a `sandbox-relay` ([`UnixTransport::start_link`]);
 //! - [`VmTransport`]: the agent as PID 1 of a real microVM, over hybrid vsock.
 //!
 //! A new transport (say, a virtio-serial relay) implements [`Transport`] and adds one
@@ -20,7 +21,7 @@ use sandbox_vmm::client::Client;
 
 use crate::raw::RawConnection;
 use crate::vm::{TestVm, VmHost};
-use crate::{TempDir, TestAgent};
+use crate::{AgentOptions, TempDir, TestAgent};
 
 /// A boxed, sendable future (the trait below must stay object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -145,13 +146,27 @@ pub struct UnixTransport {
 impl UnixTransport {
     /// Starts an agent with default options; scratch space under the target dir.
     pub fn start() -> Self {
+        Self::start_with(AgentOptions::default(), 1 << 30)
+    }
+
+    /// Starts an agent serving the link behind a `sandbox-relay`: the transport of
+    /// snapshot-capable VMs, on the host.
+    pub fn start_link() -> Self {
+        let options = AgentOptions {
+            link: true,
+            ..AgentOptions::default()
+        };
+        Self::start_with(options, 256 << 20)
+    }
+
+    fn start_with(options: AgentOptions, big_file_bytes: u64) -> Self {
         let scratch = TempDir::new_in(&crate::bins::target_tmp_dir(), "scratch");
         Self {
-            agent: TestAgent::start(),
+            agent: TestAgent::start_with(options),
             facts: Facts {
                 is_pid1: false,
                 scratch_root: scratch.path().to_owned(),
-                big_file_bytes: 1 << 30,
+                big_file_bytes,
             },
             _scratch: scratch,
         }

@@ -17,9 +17,12 @@
 //! - [`client`]: URLs and dialing (`connect`, `hvsock`), the handshake, the
 //!   demultiplexer (`mux`), request handles (`stream`) and [`client::ClientError`].
 //! - [`launcher`]: boots and stops the microVMs the agent runs in.
+//! - [`relay`]: the per-VM host end of a snapshot-capable VM's one agent stream,
+//!   serving many clients as channels of the link (binary `sandbox-relay`).
 
 pub mod client;
 pub mod launcher;
+pub mod relay;
 
 pub use client::{Client, ClientError, ConnectOptions};
 

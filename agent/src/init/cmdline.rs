@@ -14,6 +14,7 @@
 //! | `sandbox.log` | `tracing` filter for the agent's console log | `info` |
 //! | `sandbox.ready_port` | host vsock port for the ready message; `0` disables it | 1025 |
 //! | `sandbox.allow_cid` | a peer CID accepted besides the host's (2) | none |
+//! | `sandbox.serial` | serve the link on the virtio-serial port of this name instead of vsock (no ready message either: the link's `Attached` is the readiness) | none |
 
 use std::fmt;
 use std::path::PathBuf;
@@ -46,6 +47,8 @@ pub struct BootParams {
     pub ready_port: Option<u32>,
     /// Peer CID accepted besides the host's.
     pub allow_cid: Option<u32>,
+    /// The virtio-serial port to serve the link on, instead of vsock.
+    pub serial: Option<String>,
     /// What was wrong with the command line (unknown keys, bad values).
     pub warnings: Vec<CmdlineWarning>,
 }
@@ -60,6 +63,7 @@ impl Default for BootParams {
             log: "info".to_owned(),
             ready_port: Some(READY_VSOCK_PORT),
             allow_cid: None,
+            serial: None,
             warnings: Vec::new(),
         }
     }
@@ -76,6 +80,7 @@ impl fmt::Debug for BootParams {
             .field("log", &self.log)
             .field("ready_port", &self.ready_port)
             .field("allow_cid", &self.allow_cid)
+            .field("serial", &self.serial)
             .field("warnings", &self.warnings)
             .finish()
     }
@@ -192,6 +197,16 @@ impl BootParams {
                 }
                 _ => Err(invalid("expected a guest or peer CID above 2")),
             },
+            "serial" => {
+                if is_valid_port_name(value) {
+                    self.serial = Some(value.to_owned());
+                    Ok(())
+                } else {
+                    Err(invalid(
+                        "expected a port name of letters, digits, '-', '_' or '.'",
+                    ))
+                }
+            }
             _ => Err(CmdlineWarning::UnknownKey {
                 key: key.to_owned(),
             }),
@@ -246,6 +261,15 @@ fn split_words(cmdline: &str) -> Vec<String> {
     words
 }
 
+/// A virtio-serial port name as QEMU's `virtserialport,name=` takes it.
+fn is_valid_port_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,7 +289,7 @@ mod tests {
         let params = BootParams::from_cmdline(
             "console=ttyS0 sandbox.port=5000 sandbox.token=s3cret sandbox.hostname=box-1 \
              sandbox.root=/dev/vda sandbox.log=debug,sandbox_agent=trace sandbox.ready_port=7 \
-             sandbox.allow_cid=9",
+             sandbox.allow_cid=9 sandbox.serial=sandbox.agent",
         );
         assert_eq!(params.port, 5000);
         assert_eq!(params.token.as_deref(), Some("s3cret"));
@@ -274,6 +298,7 @@ mod tests {
         assert_eq!(params.log, "debug,sandbox_agent=trace");
         assert_eq!(params.ready_port, Some(7));
         assert_eq!(params.allow_cid, Some(9));
+        assert_eq!(params.serial.as_deref(), Some("sandbox.agent"));
         assert!(params.warnings.is_empty());
     }
 
@@ -286,13 +311,15 @@ mod tests {
     #[test]
     fn bad_values_keep_defaults_and_warn() {
         let params = BootParams::from_cmdline(
-            "sandbox.port=abc sandbox.hostname=bad_name! sandbox.root=vda sandbox.allow_cid=2",
+            "sandbox.port=abc sandbox.hostname=bad_name! sandbox.root=vda sandbox.allow_cid=2 \
+             sandbox.serial=../x",
         );
         assert_eq!(params.port, 1024);
         assert_eq!(params.hostname, "sandbox");
         assert_eq!(params.root, None);
         assert_eq!(params.allow_cid, None);
-        assert_eq!(params.warnings.len(), 4);
+        assert_eq!(params.serial, None);
+        assert_eq!(params.warnings.len(), 5);
         assert!(params
             .warnings
             .iter()

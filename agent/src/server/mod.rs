@@ -8,6 +8,8 @@
 pub mod admission;
 pub mod connection;
 pub mod dispatch;
+pub mod link;
+pub mod serial;
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
@@ -44,13 +46,32 @@ pub enum ListenAddr {
         /// The port.
         port: u32,
     },
+    /// The link (channels over one stream, see [`link`]) on the virtio-serial port of
+    /// this name: how snapshot-capable VMs are reached.
+    Serial(String),
+    /// The link on a Unix socket a host relay connects to, one at a time (development
+    /// and tests of the snapshot transport without a VM).
+    LinkUnix(PathBuf),
 }
 
 impl std::str::FromStr for ListenAddr {
     type Err = String;
 
-    /// Parses `unix://PATH` or `vsock://CID:PORT` (CID `-1` means any).
+    /// Parses `unix://PATH`, `vsock://CID:PORT` (CID `-1` means any),
+    /// `serial://PORT_NAME` or `link+unix://PATH`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(name) = s.strip_prefix("serial://") {
+            if name.is_empty() {
+                return Err("serial:// needs a port name".into());
+            }
+            return Ok(Self::Serial(name.to_owned()));
+        }
+        if let Some(path) = s.strip_prefix("link+unix://") {
+            if path.is_empty() {
+                return Err("link+unix:// needs a path".into());
+            }
+            return Ok(Self::LinkUnix(path.into()));
+        }
         if let Some(path) = s.strip_prefix("unix://") {
             if path.is_empty() {
                 return Err("unix:// needs a path".into());
@@ -69,7 +90,9 @@ impl std::str::FromStr for ListenAddr {
                 .map_err(|_| format!("bad vsock port {port:?}"))?;
             return Ok(Self::Vsock { cid, port });
         }
-        Err(format!("{s:?} is not unix://PATH or vsock://CID:PORT"))
+        Err(format!(
+            "{s:?} is not unix://PATH, vsock://CID:PORT, serial://NAME or link+unix://PATH"
+        ))
     }
 }
 
@@ -82,6 +105,8 @@ impl std::fmt::Display for ListenAddr {
                 port,
             } => write!(f, "vsock://-1:{port}"),
             Self::Vsock { cid, port } => write!(f, "vsock://{cid}:{port}"),
+            Self::Serial(name) => write!(f, "serial://{name}"),
+            Self::LinkUnix(path) => write!(f, "link+unix://{}", path.display()),
         }
     }
 }
@@ -108,6 +133,9 @@ pub enum ServerError {
 enum Listener {
     Unix(UnixListener),
     Vsock(VsockListener),
+    /// Opened when served: the port may take a moment to appear.
+    Serial(String),
+    LinkUnix(UnixListener),
 }
 
 /// Which vsock peers may connect.
@@ -149,20 +177,25 @@ pub struct BoundListener(Listener);
 
 fn bind_one(addr: &ListenAddr) -> std::io::Result<Listener> {
     match addr {
-        ListenAddr::Unix(path) => {
-            match std::fs::remove_file(path) {
-                Ok(()) => {}
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                Err(error) => return Err(error),
-            }
-            let listener = UnixListener::bind(path)?;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-            Ok(Listener::Unix(listener))
-        }
+        ListenAddr::Unix(path) => Ok(Listener::Unix(bind_unix(path)?)),
         ListenAddr::Vsock { cid, port } => Ok(Listener::Vsock(VsockListener::bind(
             VsockAddr::new(*cid, *port),
         )?)),
+        ListenAddr::Serial(name) => Ok(Listener::Serial(name.clone())),
+        ListenAddr::LinkUnix(path) => Ok(Listener::LinkUnix(bind_unix(path)?)),
     }
+}
+
+/// A Unix listener at `path` (mode 0600), replacing a stale socket.
+fn bind_unix(path: &std::path::Path) -> std::io::Result<UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
 }
 
 /// Accepts on every listener until `shutdown` resolves.
@@ -196,8 +229,22 @@ async fn accept_loop(
     admissions: Admissions,
     peers: PeerPolicy,
 ) {
+    let listener = match listener {
+        Listener::Serial(name) => {
+            match serial::SerialPort::open(&name).await {
+                Ok(port) => link::serve_port(port, agent, admissions).await,
+                Err(error) => tracing::error!(%error, "cannot open the agent's serial port"),
+            }
+            return;
+        }
+        Listener::LinkUnix(listener) => {
+            return link::serve_link_listener(listener, agent, admissions).await
+        }
+        listener => listener,
+    };
     loop {
         match &listener {
+            Listener::Serial(_) | Listener::LinkUnix(_) => return,
             Listener::Unix(listener) => match listener.accept().await {
                 Ok((stream, _)) => {
                     tokio::spawn(connection::serve(stream, agent.clone(), admissions.clone()));
@@ -237,7 +284,13 @@ mod tests {
 
     #[test]
     fn listen_addresses_parse_and_print() {
-        for text in ["unix:///tmp/a.sock", "vsock://-1:1024", "vsock://3:52"] {
+        for text in [
+            "unix:///tmp/a.sock",
+            "vsock://-1:1024",
+            "vsock://3:52",
+            "serial://sandbox.agent",
+            "link+unix:///tmp/l.sock",
+        ] {
             let addr: ListenAddr = text.parse().unwrap();
             assert_eq!(addr.to_string(), text);
         }
@@ -247,6 +300,8 @@ mod tests {
             "vsock://x:1",
             "tcp://1.2.3.4:5",
             "vsock://3:99999999999",
+            "serial://",
+            "link+unix://",
         ] {
             assert!(bad.parse::<ListenAddr>().is_err(), "{bad}");
         }

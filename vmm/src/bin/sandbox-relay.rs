@@ -1,0 +1,86 @@
+//! `sandbox-relay`: the per-VM host relay of a snapshot-capable microVM (see
+//! `sandbox_vmm::relay`). The launcher starts it; it prints the agent's `Ready` as
+//! one JSON line on stdout when the agent first attaches, closes stdout, and runs
+//! until the agent stream ends. Logs go to stderr.
+//!
+//! Usage: `sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N]`
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use sandbox_vmm::relay::{self, RelayConfig};
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+    let config = match parse(std::env::args().skip(1)) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("sandbox-relay: {message}\nusage: sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N]");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("sandbox-relay: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(relay::run(&config, |ready| {
+        let mut stdout = std::io::stdout().lock();
+        let line = serde_json::to_string(ready).unwrap_or_default();
+        let _ = writeln!(stdout, "{line}");
+        let _ = stdout.flush();
+        // Close stdout so the launcher's read ends; the relay goes on.
+        close_stdout();
+    }));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("sandbox-relay: {}", sandbox_vmm::error_chain(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse(mut args: impl Iterator<Item = String>) -> Result<RelayConfig, String> {
+    let (mut agent, mut listen) = (None, None);
+    let mut connect_timeout = Duration::from_secs(10);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--agent" => agent = Some(PathBuf::from(value()?)),
+            "--listen" => listen = Some(PathBuf::from(value()?)),
+            "--connect-timeout-ms" => {
+                let ms = value()?;
+                let ms: u64 = ms.parse().map_err(|_| format!("bad milliseconds {ms:?}"))?;
+                connect_timeout = Duration::from_millis(ms);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(RelayConfig {
+        agent: agent.ok_or("--agent is required")?,
+        listen: listen.ok_or("--listen is required")?,
+        connect_timeout,
+    })
+}
+
+/// Points stdout at /dev/null, closing the pipe the launcher reads.
+fn close_stdout() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 1);
+    }
+}

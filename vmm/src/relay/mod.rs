@@ -1,0 +1,254 @@
+//! The relay: one per snapshot-capable VM, on the host. It owns the VM's single
+//! agent stream (QEMU's virtio-serial chardev, or an agent's `link+unix://` socket in
+//! development) and serves any number of clients on a Unix socket in the VM's run
+//! folder, each client one channel of the link (`sandbox_protocol::link`). A client
+//! sees an ordinary `unix://` agent connection: its own `Hello`, its own requests,
+//! and its disconnect cancels its execs.
+//!
+//! # A relay's life
+//! 1. Connect to the agent stream (retrying while QEMU creates its socket).
+//! 2. Send the session marker and `Attach` with a random nonce, again (after zero
+//!    padding that completes any half frame a restored agent holds) with backoff
+//!    until the agent answers `Attached` with that nonce. Everything read before it
+//!    belongs to an older session and is skipped.
+//! 3. Report the agent's `Ready` once ([`run`]'s `on_ready`), then accept clients;
+//!    each gets a channel. A client that goes quiet stalls only its channel.
+//! 4. Lost frame sync after attaching: every client is dropped and the relay attaches
+//!    again. The agent stream ending (QEMU exited) ends the relay.
+//!
+//! The guest is hostile: whatever it sends is bounded by the link's frame cap and
+//! each channel's window, and a frame that breaks either closes a channel or the
+//! session, never the relay.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_protocol::link::mux::{write_loop, Channels, LinkReader, Outbox};
+use sandbox_protocol::link::{ChannelId, LinkFrame, LinkItem, ATTACH_PADDING_BYTES};
+use sandbox_protocol::Ready;
+use tokio::net::{UnixListener, UnixStream};
+
+/// The first wait for `Attached` before trying again; it doubles up to
+/// [`ATTACH_RETRY_MAX`]. A booting agent takes a second or two to answer.
+pub const ATTACH_RETRY_FIRST: Duration = Duration::from_millis(500);
+
+/// The longest wait between two `Attach` attempts.
+pub const ATTACH_RETRY_MAX: Duration = Duration::from_secs(4);
+
+/// Where the relay connects and listens.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// The agent stream: a Unix socket to connect to.
+    pub agent: PathBuf,
+    /// Where clients connect (created with mode 0600; a stale socket is replaced).
+    pub listen: PathBuf,
+    /// How long to retry connecting to `agent`.
+    pub connect_timeout: Duration,
+}
+
+/// Why the relay stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The agent stream could not be reached in time.
+    #[error("Cannot connect to the agent stream at {}", path.display())]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// The last error.
+        #[source]
+        error: io::Error,
+    },
+    /// The client socket could not be created.
+    #[error("Cannot listen on {}", path.display())]
+    Listen {
+        /// The socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        error: io::Error,
+    },
+    /// Reading the agent stream failed.
+    #[error("Reading the agent stream failed")]
+    Read(#[source] io::Error),
+    /// Writing the agent stream failed.
+    #[error("Writing the agent stream failed")]
+    Write(#[source] io::Error),
+}
+
+/// Runs the relay until the agent stream ends; `on_ready` gets the agent's `Ready`
+/// from the first `Attached`.
+pub async fn run(config: &RelayConfig, on_ready: impl FnOnce(&Ready)) -> Result<(), RelayError> {
+    let stream = connect(&config.agent, config.connect_timeout).await?;
+    let listener = listen(&config.listen)?;
+    let result = relay(stream, &listener, on_ready).await;
+    let _ = std::fs::remove_file(&config.listen);
+    result
+}
+
+async fn connect(path: &Path, timeout: Duration) -> Result<UnixStream, RelayError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match UnixStream::connect(path).await {
+            Ok(stream) => return Ok(stream),
+            Err(error) if tokio::time::Instant::now() >= deadline => {
+                return Err(RelayError::Connect {
+                    path: path.to_owned(),
+                    error,
+                })
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+fn listen(path: &Path) -> Result<UnixListener, RelayError> {
+    let failed = |error| RelayError::Listen {
+        path: path.to_owned(),
+        error,
+    };
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => return Err(failed(error)),
+    }
+    let listener = UnixListener::bind(path).map_err(failed)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
+    Ok(listener)
+}
+
+/// The session loop over one connected agent stream.
+async fn relay(
+    stream: UnixStream,
+    listener: &UnixListener,
+    on_ready: impl FnOnce(&Ready),
+) -> Result<(), RelayError> {
+    let (read, write) = stream.into_split();
+    let (outbox, rx) = Outbox::new();
+    let channels = Channels::new(outbox.clone());
+    let writer_outbox = outbox.clone();
+    let mut writer = tokio::spawn(async move { write_loop(write, rx, &writer_outbox).await });
+    let mut reader = LinkReader::new(read);
+    let mut on_ready = Some(on_ready);
+    let mut state = Attaching::new();
+    outbox
+        .start_session(
+            &LinkFrame::Attach {
+                session: state.nonce,
+            },
+            0,
+        )
+        .await;
+    let mut next_channel: ChannelId = 0;
+    let mut at_marker = false;
+    loop {
+        tokio::select! {
+            item = reader.next() => {
+                let item = match item {
+                    Ok(Some(item)) => item,
+                    Ok(None) => return Ok(()),
+                    Err(error) => return Err(RelayError::Read(error)),
+                };
+                let after_marker = std::mem::take(&mut at_marker);
+                match item {
+                    LinkItem::Sync => at_marker = true,
+                    LinkItem::Desync if state.attached => {
+                        tracing::warn!(clients = channels.len(), "the link lost frame sync: dropping every client and attaching again");
+                        channels.reset();
+                        state = Attaching::new();
+                        outbox.start_session(&LinkFrame::Attach { session: state.nonce }, ATTACH_PADDING_BYTES).await;
+                    }
+                    LinkItem::Desync => {}
+                    LinkItem::Frame(LinkFrame::Attached { session, ready }) if after_marker && !state.attached && session == state.nonce => {
+                        state.attached = true;
+                        tracing::info!(agent_version = %ready.agent_version, "agent attached");
+                        if let Some(on_ready) = on_ready.take() {
+                            on_ready(&ready);
+                        }
+                    }
+                    LinkItem::Frame(frame) if state.attached => {
+                        let _ = channels.deliver(frame);
+                    }
+                    LinkItem::Frame(_) => {}
+                }
+            }
+            () = tokio::time::sleep(state.retry), if !state.attached => {
+                state.back_off();
+                tracing::debug!("no Attached yet: attaching again");
+                outbox.start_session(&LinkFrame::Attach { session: state.nonce }, ATTACH_PADDING_BYTES).await;
+            }
+            accepted = listener.accept(), if state.attached => match accepted {
+                Ok((client, _)) => {
+                    next_channel = next_channel.wrapping_add(1).max(1);
+                    open_channel(&channels, next_channel, client).await;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            result = &mut writer => {
+                return match result {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(error)) => Err(RelayError::Write(error)),
+                    Err(join) => Err(RelayError::Write(io::Error::other(join))),
+                };
+            }
+        }
+    }
+}
+
+/// Gives `client` a channel; refused (closed at once) when the session is full.
+async fn open_channel(channels: &Arc<Channels>, id: ChannelId, client: UnixStream) {
+    match channels.open(id) {
+        Ok(channel) => {
+            let outbox = channels.outbox();
+            outbox
+                .send(outbox.session(), &LinkFrame::Open { channel: id })
+                .await;
+            tokio::spawn(channel.splice(client));
+        }
+        Err(error) => tracing::warn!(%error, "client refused"),
+    }
+}
+
+/// Waiting for (or holding) an `Attached`.
+#[derive(Debug)]
+struct Attaching {
+    nonce: u64,
+    attached: bool,
+    retry: Duration,
+}
+
+impl Attaching {
+    fn new() -> Self {
+        Self {
+            nonce: random_nonce(),
+            attached: false,
+            retry: ATTACH_RETRY_FIRST,
+        }
+    }
+
+    fn back_off(&mut self) {
+        self.retry = (self.retry * 2).min(ATTACH_RETRY_MAX);
+    }
+}
+
+/// A nonce no other host end of this VM will pick: from the kernel's CSPRNG, falling
+/// back to the clock and pid (uniqueness, not secrecy, is what matters).
+fn random_nonce() -> u64 {
+    use std::io::Read;
+    let mut bytes = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .is_ok()
+    {
+        return u64::from_le_bytes(bytes);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    u64::from(nanos) ^ u64::from(std::process::id()).rotate_left(32)
+}
