@@ -90,6 +90,8 @@ pub struct Config {
 }
 
 /// Where sandboxes come from.
+// Built once per server: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Mode {
     /// One already-running agent, exposed as the pre-claimed sandbox [`ATTACHED_ID`].

@@ -58,6 +58,16 @@ impl RawConnection {
         Self::new(Box::new(stream))
     }
 
+    /// A raw connection to whatever `url` names (Unix or hybrid vsock sockets).
+    pub async fn to(url: &sandbox_vmm::client::AgentUrl) -> Self {
+        use sandbox_vmm::client::AgentUrl;
+        match url {
+            AgentUrl::Unix(path) => Self::unix(path).await,
+            AgentUrl::Hvsock { path, port } => Self::hvsock(path, *port).await,
+            AgentUrl::Vsock { .. } => panic!("raw vsock connections are not supported: {url}"),
+        }
+    }
+
     /// Connects to the guest's `port` through a hybrid vsock socket (`CONNECT`/`OK`);
     /// sends nothing else.
     pub async fn hvsock(socket: &Path, port: u32) -> Self {

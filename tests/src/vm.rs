@@ -245,10 +245,10 @@ impl TestVm {
         connect(self.vm()).await
     }
 
-    /// A raw connection to the agent through the VM's hybrid vsock socket (no hello
-    /// sent).
+    /// A raw connection to the agent through the VM's socket (its relay's, or its
+    /// hybrid vsock socket), no hello sent.
     pub async fn raw(&self) -> RawConnection {
-        RawConnection::hvsock(&self.vm().agent_socket(), self.vm().agent_port()).await
+        RawConnection::to(&self.vm().url()).await
     }
 
     /// The serial console so far.
@@ -317,9 +317,7 @@ impl Drop for TestVm {
         }
         // Ask the guest to power off; then dropping the handle reaps QEMU (killing it
         // if it still runs), stops the daemon and removes the run folder.
-        if let Err(error) =
-            request_power_off(&vm.agent_socket(), vm.agent_port(), vm.token().to_owned())
-        {
+        if let Err(error) = request_power_off(vm.url(), vm.token().to_owned()) {
             eprintln!(
                 "VM {}: shutdown request failed ({error}); killing it",
                 vm.id()
@@ -333,13 +331,9 @@ impl Drop for TestVm {
 
 /// Sends `shutdown` through a raw connection on a thread of its own, so it works in
 /// `Drop` whatever the state of the test's runtime; an error if it did not go through.
-fn request_power_off(socket: &Path, port: u32, token: String) -> Result<(), String> {
-    let socket = socket.to_owned();
+fn request_power_off(url: AgentUrl, token: String) -> Result<(), String> {
     let sent = on_own_thread(Duration::from_secs(10), async move {
-        let mut raw = RawConnection::hvsock(&socket, port)
-            .await
-            .hello(Some(token))
-            .await;
+        let mut raw = RawConnection::to(&url).await.hello(Some(token)).await;
         raw.call(1, Request::Shutdown(ShutdownRequest { reboot: false }))
             .await;
     });

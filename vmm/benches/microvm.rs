@@ -1,6 +1,7 @@
 //! A real microVM of the `default` template: boot-to-ready, and round trips over one
-//! kept hybrid-vsock connection next to a local fork/exec measured in the same run
-//! (these machines are noisy, so only the ratios mean much).
+//! kept connection next to a local fork/exec measured in the same run (these
+//! machines are noisy, so only the ratios mean much), over both transports: the
+//! serial link behind its relay (the default, snapshot-capable) and hybrid vsock.
 //! Run: `cargo bench -p sandbox-vmm --bench microvm`.
 //!
 //! Prints, in this order:
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use sandbox_protocol::{Command, ExecRequest, ProcessSpec};
 use sandbox_vmm::client::{Client, ConnectOptions};
 use sandbox_vmm::error_chain;
-use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
+use sandbox_vmm::launcher::{AgentTransport, BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
 
 /// The template booted.
 const TEMPLATE: &str = "default";
@@ -125,9 +126,10 @@ fn load_average() -> String {
         .unwrap_or_else(|e| format!("unknown ({e})"))
 }
 
-async fn boot(launcher: &Launcher) -> Vm {
+async fn boot(launcher: &Launcher, transport: Option<AgentTransport>) -> Vm {
     let mut spec = BootSpec::new(TemplateRef::parse(TEMPLATE));
     spec.ready_timeout = READY_TIMEOUT;
+    spec.transport = transport;
     match launcher.boot(spec).await {
         Ok(vm) => vm,
         Err(error) => panic!(
@@ -153,8 +155,16 @@ fn exec_true() -> ExecRequest {
     }
 }
 
+/// The medians one transport's round trips gave.
+struct Trips {
+    bare: Duration,
+    exec: Duration,
+    write: Duration,
+    local: Duration,
+}
+
 /// Round trips over one kept connection to `vm`.
-async fn round_trips(vm: &Vm) {
+async fn round_trips(vm: &Vm) -> Trips {
     let url = vm.agent_url();
     let deadline = tokio::time::Instant::now() + CONNECT_DEADLINE;
     let client = Client::connect_with_retry(
@@ -219,7 +229,10 @@ async fn round_trips(vm: &Vm) {
     }
     assert_eq!(client.read_file("/tmp/bench-large").await.unwrap(), large);
 
-    println!("one VM, one kept hybrid-vsock connection ({url})");
+    println!(
+        "one VM, one kept connection over {} ({url})",
+        vm.transport()
+    );
     let bare = summary(&format!("request round trip (ps) x{REQUESTS}"), bare);
     let local = summary(&format!("local fork/exec of true x{EXECS}"), local);
     let remote = summary(&format!("VM exec of true x{EXECS}"), remote);
@@ -248,6 +261,12 @@ async fn round_trips(vm: &Vm) {
         ratio(large.median, small.median),
         ratio(small.median, bare.median)
     );
+    Trips {
+        bare: bare.median,
+        exec: remote.median,
+        write: small.median,
+        local: local.median,
+    }
 }
 
 fn main() {
@@ -262,7 +281,7 @@ fn main() {
     runtime.block_on(async {
         // This boot also warms up the accelerator decision and the page cache; it is
         // not one of the samples.
-        let vm = boot(&launcher).await;
+        let vm = boot(&launcher, Some(AgentTransport::Vsock)).await;
         println!(
             "template {}, {} ({}), {} vCPU / {} MiB",
             TEMPLATE,
@@ -271,13 +290,24 @@ fn main() {
             vm.size().vcpus,
             vm.size().memory_mib
         );
-        round_trips(&vm).await;
+        let vsock = round_trips(&vm).await;
         stop(vm).await;
+        let vm = boot(&launcher, Some(AgentTransport::Serial)).await;
+        let serial = round_trips(&vm).await;
+        stop(vm).await;
+        println!(
+            "serial link / vsock: request {:.2}x, exec {:.2}x, write_file {:.2}x \
+             (local fork/exec drift between the two runs: {:.2}x)",
+            ratio(serial.bare, vsock.bare),
+            ratio(serial.exec, vsock.exec),
+            ratio(serial.write, vsock.write),
+            ratio(serial.local, vsock.local)
+        );
 
         let (mut ready, mut calls) = (Vec::with_capacity(BOOTS), Vec::with_capacity(BOOTS));
         for _ in 0..BOOTS {
             let start = Instant::now();
-            let vm = boot(&launcher).await;
+            let vm = boot(&launcher, None).await;
             calls.push(start.elapsed());
             ready.push(vm.boot_duration());
             stop(vm).await;
@@ -286,7 +316,10 @@ fn main() {
         calls.sort();
         let all: Vec<String> = ready.iter().map(|d| format!("{:.0}", millis(*d))).collect();
         let median = ready[BOOTS / 2];
-        println!("boot-to-ready over {BOOTS} sequential boots (QEMU start to Ready)");
+        println!(
+            "boot-to-ready over {BOOTS} sequential boots (QEMU start to Ready), {} transport",
+            launcher.config().transport
+        );
         println!(
             "boot-to-ready                            median {:>8.1} ms   min {:.1} ms   max {:.1} ms",
             millis(median),

@@ -20,7 +20,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use sandbox_vmm::launcher::{
-    BootSpec, LaunchError, Launcher, LauncherConfig, StopOutcome, TemplateRef, Vm, VmStatus,
+    AgentTransport, BootSpec, LaunchError, Launcher, LauncherConfig, StopOutcome, TemplateRef, Vm,
+    VmStatus,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
@@ -123,7 +124,10 @@ async fn boots_to_ready_serves_the_agent_port_and_shuts_down_clean() {
     let Some((launcher, template)) = setup("ready") else {
         return;
     };
-    let vm = boot(&launcher, spec(&template)).await;
+    // The vsock transport here (the other tests boot the default, serial one).
+    let mut vsock = spec(&template);
+    vsock.transport = Some(AgentTransport::Vsock);
+    let vm = boot(&launcher, vsock).await;
     eprintln!(
         "ready in {:?} ({}; agent {}, guest uptime {} ms)",
         vm.boot_duration(),

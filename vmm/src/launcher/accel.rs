@@ -284,6 +284,9 @@ async fn try_quick_boot_kvm(
         initramfs: None,
         cmdline: &cmdline,
         vhost_socket: None,
+        serial_socket: None,
+        ram_file: None,
+        incoming: false,
         disk: None,
         console_log: &console,
     };

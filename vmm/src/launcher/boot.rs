@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::accel::{self, AccelDecision, AccelProbe};
-use super::config::LauncherConfig;
+use super::config::{AgentTransport, LauncherConfig};
 use super::process::{ChildProcess, Lifetime};
 use super::qemu::{host_tsc_khz, kernel_cmdline, qemu_args, QemuSpec};
 use super::ready::ReadyListener;
+use super::relay_daemon::{self, ReadyLine, RelayPaths};
 use super::run_dir::{self, qemu_name, RunDir, RunDirEntry, VmId, VmRecord};
 use super::size::Size;
 use super::sys::PidFd;
@@ -20,12 +21,16 @@ use super::template::{Template, TemplateRef};
 use super::vm::{StopOutcome, Vm};
 use super::vsock_daemon::{DaemonPaths, VsockDaemon};
 use super::{
-    BootLogs, LaunchError, AGENT_PORT, CONSOLE_LOG, DEFAULT_READY_TIMEOUT_SECS, DISK_OVERLAY,
-    QEMU_IMG_LOG, QEMU_LOG, READY_PORT, VHOST_LOG, VHOST_SOCKET, VSOCK_SOCKET,
+    BootLogs, LaunchError, AGENT_PORT, AGENT_SOCKET, CONSOLE_LOG, DEFAULT_READY_TIMEOUT_SECS,
+    DISK_OVERLAY, QEMU_IMG_LOG, QEMU_LOG, READY_PORT, RELAY_LOG, SERIAL_SOCKET, VHOST_LOG,
+    VHOST_SOCKET, VSOCK_SOCKET,
 };
 
 /// How long a process stopped by [`Launcher::stop`] gets after `SIGKILL`.
 const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a boot whose relay gave up waits for QEMU's exit, to report that instead.
+const EXIT_AFTER_RELAY: Duration = Duration::from_secs(2);
 
 /// How long `vhost-device-vsock` gets to exit on `SIGTERM` in [`Launcher::stop`].
 const DAEMON_STOP_GRACE: Duration = Duration::from_millis(500);
@@ -51,6 +56,9 @@ pub struct BootSpec {
     /// writes persist, as on a real disk), and never removed by the launcher. `None`:
     /// a fresh overlay in the run folder, gone with the VM. Ignored without a disk.
     pub persistent_disk: Option<PathBuf>,
+    /// How the agent is reached; `None` takes the launcher's default
+    /// ([`LauncherConfig::transport`]). Only serial VMs can be checkpointed.
+    pub transport: Option<AgentTransport>,
 }
 
 impl BootSpec {
@@ -63,6 +71,7 @@ impl BootSpec {
             ready_timeout: Duration::from_secs(DEFAULT_READY_TIMEOUT_SECS),
             detached: false,
             persistent_disk: None,
+            transport: None,
         }
     }
 }
@@ -140,19 +149,26 @@ impl Launcher {
             Lifetime::Owned
         };
 
+        let transport = spec.transport.unwrap_or(self.config.transport);
         let dir = RunDir::create(&self.config.run_root)?;
-        let vsock_socket = dir.file(VSOCK_SOCKET);
+        let agent_url = match transport {
+            AgentTransport::Vsock => {
+                format!("hvsock://{}:{AGENT_PORT}", dir.file(VSOCK_SOCKET).display())
+            }
+            AgentTransport::Serial => format!("unix://{}", dir.file(AGENT_SOCKET).display()),
+        };
         let mut record = VmRecord {
             id: dir.id().clone(),
             owner_pid: std::process::id(),
             detached: spec.detached,
             qemu_pid: None,
             daemon_pid: None,
-            agent_url: format!("hvsock://{}:{AGENT_PORT}", vsock_socket.display()),
+            agent_url,
             template: template.name.clone(),
             accel: accel.accel,
             size,
             created_at_unix_ms: run_dir::now_unix_ms(),
+            transport,
         };
         dir.write_record(&record)?;
         // Every VM's agent requires its own random token: whoever can open the VM's
@@ -174,25 +190,19 @@ impl Launcher {
             ),
             (None, _) => None,
         };
-        let ready = ReadyListener::bind(&dir.file(&format!("{VSOCK_SOCKET}_{READY_PORT}")))
-            .map_err(LaunchError::ListenReady)?;
-        let daemon_paths = DaemonPaths {
-            vhost_socket: dir.file(VHOST_SOCKET),
-            uds_path: vsock_socket,
-            log: dir.file(VHOST_LOG),
-        };
-        let daemon = VsockDaemon::start(&self.config.vhost_path, &daemon_paths, lifetime)
-            .await
-            .map_err(|error| LaunchError::StartDaemon {
-                error,
-                logs: BootLogs::collect(dir.path()),
-            })?;
+        let attach = self.attach_agent(transport, &dir, lifetime).await?;
 
         // Kernel parameters first: an init part (after `--`) in the extras stays last.
-        let extra = format!("sandbox.token={token} {}", spec.extra_cmdline);
+        let serial = match transport {
+            AgentTransport::Serial => format!("sandbox.serial={} ", super::qemu::SERIAL_PORT_NAME),
+            AgentTransport::Vsock => String::new(),
+        };
+        let extra = format!("sandbox.token={token} {serial}{}", spec.extra_cmdline);
         let cmdline = kernel_cmdline(&template.cmdline, &extra, self.tsc_khz());
         let name = qemu_name(dir.id());
         let console = dir.file(CONSOLE_LOG);
+        let vhost_socket = dir.file(VHOST_SOCKET);
+        let serial_socket = dir.file(SERIAL_SOCKET);
         let qemu_spec = QemuSpec {
             name: &name,
             accel: accel.accel,
@@ -200,30 +210,39 @@ impl Launcher {
             kernel: &template.kernel,
             initramfs: template.initramfs.as_deref(),
             cmdline: &cmdline,
-            vhost_socket: Some(&daemon_paths.vhost_socket),
+            vhost_socket: (transport == AgentTransport::Vsock).then_some(vhost_socket.as_path()),
+            serial_socket: (transport == AgentTransport::Serial).then_some(serial_socket.as_path()),
+            ram_file: attach.ram_file.as_deref().map(|path| (path, true)),
+            incoming: false,
             disk: overlay.as_deref(),
             console_log: &console,
         };
         let started = Instant::now();
         let mut qemu = self.spawn_qemu(&qemu_spec, &dir, lifetime).await?;
         record.qemu_pid = Some(qemu.pid());
-        record.daemon_pid = Some(daemon.pid());
+        record.daemon_pid = Some(attach.daemon.pid());
         dir.write_record(&record)?;
-        tracing::info!(id = %record.id, template = %template.name, %size, accel = %accel.accel, qemu_pid = qemu.pid(), "booting");
+        tracing::info!(id = %record.id, template = %template.name, %size, accel = %accel.accel, %transport, qemu_pid = qemu.pid(), "booting");
 
+        let daemon = attach.daemon;
         let waited = tokio::select! {
-            ready = ready.receive() => Waited::Ready(ready),
+            ready = attach.ready.receive() => Waited::Ready(ready),
             status = qemu.wait() => Waited::Exited(status),
             () = tokio::time::sleep(spec.ready_timeout) => Waited::TimedOut,
         };
         let boot_duration = started.elapsed();
         let ready = match waited {
             Waited::Ready(Ok(ready)) => ready,
-            Waited::Ready(Err(error)) => {
-                return Err(fail(&mut qemu, &dir, |logs| LaunchError::Ready {
-                    error,
-                    logs,
-                }))
+            Waited::Ready(Err(make)) => {
+                // A relay ends when QEMU closes its chardev, often a moment before
+                // QEMU's exit is seen: report the exit, the real cause, if it comes.
+                if let Ok(Ok(status)) = tokio::time::timeout(EXIT_AFTER_RELAY, qemu.wait()).await {
+                    return Err(fail(&mut qemu, &dir, |logs| LaunchError::QemuExited {
+                        status,
+                        logs,
+                    }));
+                }
+                return Err(fail(&mut qemu, &dir, make));
             }
             Waited::Exited(Ok(status)) => {
                 return Err(fail(&mut qemu, &dir, |logs| LaunchError::QemuExited {
@@ -289,7 +308,7 @@ impl Launcher {
         if let Some(pid) = record.daemon_pid {
             stop_foreign(pid, &path.to_string_lossy(), DAEMON_STOP_GRACE).await;
         }
-        match std::fs::remove_dir_all(&path) {
+        match run_dir::remove_run_folder(&path) {
             Ok(()) => Ok(outcome),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(outcome),
             Err(error) => Err(LaunchError::RemoveRunDir {
@@ -297,6 +316,71 @@ impl Launcher {
                 error,
             }),
         }
+    }
+
+    /// The transport's host side, started before QEMU: the vsock daemon and the
+    /// readiness listener, or the relay (and where the guest RAM goes).
+    async fn attach_agent(
+        &self,
+        transport: AgentTransport,
+        dir: &RunDir,
+        lifetime: Lifetime,
+    ) -> Result<AgentAttach, LaunchError> {
+        match transport {
+            AgentTransport::Vsock => {
+                let ready = ReadyListener::bind(&dir.file(&format!("{VSOCK_SOCKET}_{READY_PORT}")))
+                    .map_err(LaunchError::ListenReady)?;
+                let daemon_paths = DaemonPaths {
+                    vhost_socket: dir.file(VHOST_SOCKET),
+                    uds_path: dir.file(VSOCK_SOCKET),
+                    log: dir.file(VHOST_LOG),
+                };
+                let daemon = VsockDaemon::start(&self.config.vhost_path, &daemon_paths, lifetime)
+                    .await
+                    .map_err(|error| LaunchError::StartDaemon {
+                        error,
+                        logs: BootLogs::collect(dir.path()),
+                    })?;
+                Ok(AgentAttach {
+                    daemon,
+                    ready: ReadyWait::Vsock(ready),
+                    ram_file: None,
+                })
+            }
+            AgentTransport::Serial => {
+                let ram_file = self.ram_file(dir)?;
+                let paths = RelayPaths {
+                    chardev: dir.file(SERIAL_SOCKET),
+                    listen: dir.file(AGENT_SOCKET),
+                    log: dir.file(RELAY_LOG),
+                };
+                let (daemon, line) = relay_daemon::start(&self.config.relay_path, &paths, lifetime)
+                    .await
+                    .map_err(|error| LaunchError::StartDaemon {
+                        error,
+                        logs: BootLogs::collect(dir.path()),
+                    })?;
+                Ok(AgentAttach {
+                    daemon,
+                    ready: ReadyWait::Serial(line),
+                    ram_file: Some(ram_file),
+                })
+            }
+        }
+    }
+
+    /// A fresh RAM file path on the RAM tmpfs, linked from the run folder so that
+    /// whoever removes the folder frees the memory too.
+    fn ram_file(&self, dir: &RunDir) -> Result<PathBuf, LaunchError> {
+        let path = self
+            .config
+            .ram_dir
+            .join(format!("sandbox-{}.ram", dir.id()));
+        let link = dir.file(run_dir::RAM_LINK);
+        std::os::unix::fs::symlink(&path, &link).map_err(|error| {
+            LaunchError::RunDir(run_dir::RunDirError::WriteRecord { path: link, error })
+        })?;
+        Ok(path)
     }
 
     fn tsc_khz(&self) -> Option<u32> {
@@ -452,9 +536,39 @@ fn reap_if_child(pid: u32) {
 
 /// What ended the wait for `Ready`.
 enum Waited {
-    Ready(Result<sandbox_protocol::Ready, super::ready::ReadyError>),
+    Ready(ReadyResult),
     Exited(std::io::Result<std::process::ExitStatus>),
     TimedOut,
+}
+
+/// The host side of the agent's transport, before QEMU starts.
+struct AgentAttach {
+    daemon: VsockDaemon,
+    ready: ReadyWait,
+    ram_file: Option<PathBuf>,
+}
+
+/// Where the agent's readiness arrives.
+enum ReadyWait {
+    /// A frame on the host's vsock readiness port.
+    Vsock(ReadyListener),
+    /// The relay's line once the agent attached to the link.
+    Serial(ReadyLine),
+}
+
+type ReadyResult = Result<sandbox_protocol::Ready, Box<dyn FnOnce(BootLogs) -> LaunchError + Send>>;
+
+impl ReadyWait {
+    async fn receive(self) -> ReadyResult {
+        match self {
+            Self::Vsock(listener) => listener.receive().await.map_err(|error| {
+                Box::new(move |logs| LaunchError::Ready { error, logs }) as Box<_>
+            }),
+            Self::Serial(line) => line.receive().await.map_err(|error| {
+                Box::new(move |logs| LaunchError::RelayReady { error, logs }) as Box<_>
+            }),
+        }
+    }
 }
 
 /// A failed boot: stops QEMU first so the console is complete, then quotes the logs.

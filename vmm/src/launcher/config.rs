@@ -12,6 +12,9 @@
 //! | `SANDBOX_QEMU` | `qemu_path` | `qemu-system-x86_64` on `PATH` |
 //! | `SANDBOX_QEMU_IMG` | `qemu_img_path` | `qemu-img` on `PATH` |
 //! | `SANDBOX_VHOST_VSOCK` | `vhost_path` | `vhost-device-vsock` on `PATH` |
+//! | `SANDBOX_RELAY` | `relay_path` | `sandbox-relay` next to the running program, else on `PATH` |
+//! | `SANDBOX_RAM_DIR` | `ram_dir` | `/dev/shm` (a tmpfs: RAM files of serial-transport VMs) |
+//! | `SANDBOX_TRANSPORT` | `transport` | `serial` (`serial` or `vsock`) |
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -35,6 +38,12 @@ pub struct LauncherConfig {
     pub qemu_img_path: PathBuf,
     /// `vhost-device-vsock`.
     pub vhost_path: PathBuf,
+    /// `sandbox-relay` (see `relay_daemon::resolve` for how a bare name is found).
+    pub relay_path: PathBuf,
+    /// A tmpfs folder for the guest RAM of serial-transport VMs (checkpoints copy it).
+    pub ram_dir: PathBuf,
+    /// How VMs are reached unless a boot says otherwise.
+    pub transport: AgentTransport,
     /// KVM, TCG, or probe.
     pub accel: AccelMode,
     /// The KVM device.
@@ -54,6 +63,55 @@ pub enum ConfigError {
     /// `SANDBOX_ACCEL` is not a mode.
     #[error("Invalid SANDBOX_ACCEL")]
     Accel(#[source] UnknownAccelMode),
+    /// `SANDBOX_TRANSPORT` is not a transport.
+    #[error("Invalid SANDBOX_TRANSPORT")]
+    Transport(#[source] UnknownTransport),
+}
+
+/// How the host reaches a VM's agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentTransport {
+    /// The link over one virtio-serial port, behind a per-VM `sandbox-relay`, with
+    /// guest RAM in a tmpfs file: the VM can be checkpointed, forked and hibernated.
+    #[default]
+    Serial,
+    /// virtio-vsock through `vhost-device-vsock`: what other VMMs offer; such a VM
+    /// cannot be snapshotted (vhost-user-vsock blocks migration).
+    Vsock,
+}
+
+impl AgentTransport {
+    /// `serial` or `vsock`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Serial => "serial",
+            Self::Vsock => "vsock",
+        }
+    }
+}
+
+impl std::fmt::Display for AgentTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A transport name that is neither `serial` nor `vsock`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("Unknown transport {0:?} (expected serial or vsock)")]
+pub struct UnknownTransport(String);
+
+impl std::str::FromStr for AgentTransport {
+    type Err = UnknownTransport;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "serial" => Ok(Self::Serial),
+            "vsock" => Ok(Self::Vsock),
+            other => Err(UnknownTransport(other.to_owned())),
+        }
+    }
 }
 
 impl LauncherConfig {
@@ -65,6 +123,9 @@ impl LauncherConfig {
             qemu_path: PathBuf::from("qemu-system-x86_64"),
             qemu_img_path: PathBuf::from("qemu-img"),
             vhost_path: PathBuf::from("vhost-device-vsock"),
+            relay_path: PathBuf::from(super::relay_daemon::RELAY_PROGRAM),
+            ram_dir: PathBuf::from("/dev/shm"),
+            transport: AgentTransport::default(),
             accel: AccelMode::Auto,
             kvm_device: PathBuf::from("/dev/kvm"),
             kvm_probe_timeout: Duration::from_secs(KVM_PROBE_TIMEOUT_SECS),
@@ -96,6 +157,18 @@ impl LauncherConfig {
         }
         if let Some(path) = set("SANDBOX_VHOST_VSOCK") {
             config.vhost_path = path.into();
+        }
+        if let Some(path) = set("SANDBOX_RELAY") {
+            config.relay_path = path.into();
+        }
+        if let Some(path) = set("SANDBOX_RAM_DIR") {
+            config.ram_dir = path.into();
+        }
+        if let Some(transport) = set("SANDBOX_TRANSPORT") {
+            config.transport = transport
+                .to_string_lossy()
+                .parse()
+                .map_err(ConfigError::Transport)?;
         }
         Ok(config)
     }
@@ -151,13 +224,22 @@ mod tests {
             ("SANDBOX_ACCEL", "tcg"),
             ("SANDBOX_RUN_DIR", "/r"),
             ("SANDBOX_QEMU", "/q"),
+            ("SANDBOX_TRANSPORT", "vsock"),
+            ("SANDBOX_RAM_DIR", "/m"),
         ]))
         .unwrap();
+        assert_eq!(c.transport, AgentTransport::Vsock);
+        assert_eq!(c.ram_dir, Path::new("/m"));
         assert_eq!(c.accel, AccelMode::Tcg);
         assert_eq!(c.run_root, Path::new("/r"));
         assert_eq!(c.qemu_path, Path::new("/q"));
         let err =
             LauncherConfig::from_vars(vars(&[("SANDBOX_HOME", "/s"), ("SANDBOX_ACCEL", "x")]));
         assert!(matches!(err, Err(ConfigError::Accel(_))));
+        let err = LauncherConfig::from_vars(vars(&[
+            ("SANDBOX_HOME", "/s"),
+            ("SANDBOX_TRANSPORT", "tcp"),
+        ]));
+        assert!(matches!(err, Err(ConfigError::Transport(_))));
     }
 }

@@ -45,6 +45,7 @@ pub mod post_mortem;
 mod process;
 pub mod qemu;
 pub mod ready;
+pub mod relay_daemon;
 pub mod run_dir;
 /// VM sizes are the builder's type: `template.json` records one, checked at build.
 pub use sandbox_rootfs::size;
@@ -55,7 +56,7 @@ pub mod vsock_daemon;
 
 pub use accel::{Accel, AccelDecision, AccelMode};
 pub use boot::{BootSpec, Launcher};
-pub use config::{ConfigError, LauncherConfig};
+pub use config::{AgentTransport, ConfigError, LauncherConfig};
 pub use post_mortem::{GuestEnd, PostMortem};
 pub use run_dir::{RunDirEntry, VmId, VmRecord, VmStatus};
 pub use size::Size;
@@ -87,6 +88,12 @@ pub const VHOST_LOG: &str = "vhost.log";
 pub const VHOST_SOCKET: &str = "vhost.sock";
 /// The hybrid vsock socket clients connect to.
 pub const VSOCK_SOCKET: &str = "vm.vsock";
+/// QEMU's end of the agent's virtio-serial port (serial transport).
+pub const SERIAL_SOCKET: &str = "serial.sock";
+/// Where clients reach a serial-transport VM's agent (its relay listens).
+pub const AGENT_SOCKET: &str = "agent.sock";
+/// `sandbox-relay`'s log.
+pub const RELAY_LOG: &str = "relay.log";
 /// The copy-on-write overlay of the template disk.
 pub const DISK_OVERLAY: &str = "overlay.qcow2";
 /// `qemu-img`'s output.
@@ -167,6 +174,15 @@ pub enum LaunchError {
         /// Console and QEMU log tails.
         logs: BootLogs,
     },
+    /// The relay reported no readiness (serial transport).
+    #[error("The agent did not attach to the relay\n{logs}")]
+    RelayReady {
+        /// The cause.
+        #[source]
+        error: relay_daemon::RelayReadyError,
+        /// Console, QEMU and relay log tails.
+        logs: BootLogs,
+    },
     /// Waiting on a VM process failed.
     #[error("Cannot wait for {what}")]
     Wait {
@@ -201,7 +217,8 @@ pub struct BootLogs {
     pub console: String,
     /// The end of QEMU's stdout and stderr.
     pub qemu: String,
-    /// The end of `vhost-device-vsock`'s output.
+    /// The end of the VM's daemon's output (`vhost-device-vsock` or
+    /// `sandbox-relay`).
     pub vhost: String,
 }
 
@@ -211,7 +228,11 @@ impl BootLogs {
         Self {
             console: tail(&dir.join(CONSOLE_LOG), LOG_TAIL_BYTES),
             qemu: tail(&dir.join(QEMU_LOG), LOG_TAIL_BYTES),
-            vhost: tail(&dir.join(VHOST_LOG), LOG_TAIL_BYTES),
+            vhost: if dir.join(RELAY_LOG).exists() {
+                tail(&dir.join(RELAY_LOG), LOG_TAIL_BYTES)
+            } else {
+                tail(&dir.join(VHOST_LOG), LOG_TAIL_BYTES)
+            },
         }
     }
 }
@@ -221,7 +242,7 @@ impl fmt::Display for BootLogs {
         let sections = [
             ("guest console", &self.console),
             ("QEMU log", &self.qemu),
-            ("vhost-device-vsock log", &self.vhost),
+            ("daemon log", &self.vhost),
         ];
         let mut any = false;
         for (name, text) in sections {
@@ -287,7 +308,7 @@ mod tests {
         let text = logs.to_string();
         assert!(text.contains("--- guest console (end):"));
         assert!(text.contains("qemu: boom"));
-        assert!(!text.contains("vhost-device-vsock"));
+        assert!(!text.contains("daemon log"));
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(
             BootLogs::default().to_string(),

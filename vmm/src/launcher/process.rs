@@ -217,6 +217,11 @@ impl ChildProcess {
         self.wait().await
     }
 
+    /// The child's stdout, when it was spawned with a pipe there (once).
+    pub(crate) fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
     /// Gives the child up without killing it (a detached VM); returns its pid.
     pub(crate) fn release(mut self) -> u32 {
         self.released = true;

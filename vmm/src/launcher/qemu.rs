@@ -25,6 +25,10 @@ use super::size::Size;
 
 /// The chardev id of the vhost-user socket.
 const VSOCK_CHARDEV: &str = "vsock0";
+/// The chardev id of the agent's virtio-serial port.
+const SERIAL_CHARDEV: &str = "agent0";
+/// The name the guest finds the agent's port by (`sandbox.serial=` tells the agent).
+pub const SERIAL_PORT_NAME: &str = "sandbox.agent";
 /// The chardev id of the serial console.
 const CONSOLE_CHARDEV: &str = "console0";
 /// The block device id of the root disk overlay.
@@ -43,6 +47,15 @@ pub(crate) struct QemuSpec<'a> {
     pub cmdline: &'a str,
     /// The `vhost-device-vsock` control socket; `None` boots without vsock.
     pub vhost_socket: Option<&'a Path>,
+    /// The socket QEMU listens on for the agent's virtio-serial port (the link);
+    /// `None` boots without it.
+    pub serial_socket: Option<&'a Path>,
+    /// Guest RAM in this file instead of a memfd: `(path, shared)`. Shared RAM on a
+    /// tmpfs is what checkpoints copy; a VM restored from a checkpoint maps the
+    /// checkpoint's file private (copy-on-write).
+    pub ram_file: Option<(&'a Path, bool)>,
+    /// Wait for an incoming migration (`-incoming defer`) instead of booting.
+    pub incoming: bool,
     /// A qcow2 overlay attached as virtio-blk (`/dev/vda`).
     pub disk: Option<&'a Path>,
     /// Where the serial console is written.
@@ -60,10 +73,23 @@ pub(crate) fn qemu_args(spec: &QemuSpec<'_>) -> Vec<OsString> {
     }
     args.push(["-M", "microvm,memory-backend=mem,acpi=on"]);
     args.push(["-m".to_owned(), format!("{mib}M")]);
-    args.push([
-        "-object".to_owned(),
-        format!("memory-backend-memfd,id=mem,size={mib}M,share=on"),
-    ]);
+    match spec.ram_file {
+        None => args.push([
+            "-object".to_owned(),
+            format!("memory-backend-memfd,id=mem,size={mib}M,share=on"),
+        ]),
+        Some((path, shared)) => {
+            let share = if shared { "on" } else { "off" };
+            args.push([
+                OsString::from("-object"),
+                option_with_path(
+                    &format!("memory-backend-file,id=mem,size={mib}M,mem-path="),
+                    path,
+                    &format!(",share={share}"),
+                ),
+            ]);
+        }
+    }
     args.push(["-smp".to_owned(), spec.size.vcpus.to_string()]);
     args.push([OsStr::new("-kernel"), spec.kernel.as_os_str()]);
     if let Some(initramfs) = spec.initramfs {
@@ -78,6 +104,21 @@ pub(crate) fn qemu_args(spec: &QemuSpec<'_>) -> Vec<OsString> {
         args.push([
             "-device".to_owned(),
             format!("vhost-user-vsock-device,chardev={VSOCK_CHARDEV}"),
+        ]);
+    }
+    if let Some(socket) = spec.serial_socket {
+        args.push(["-device", "virtio-serial-device"]);
+        args.push([
+            OsString::from("-chardev"),
+            option_with_path(
+                &format!("socket,id={SERIAL_CHARDEV},path="),
+                socket,
+                ",server=on,wait=off",
+            ),
+        ]);
+        args.push([
+            "-device".to_owned(),
+            format!("virtserialport,chardev={SERIAL_CHARDEV},name={SERIAL_PORT_NAME}"),
         ]);
     }
     if let Some(disk) = spec.disk {
@@ -104,6 +145,9 @@ pub(crate) fn qemu_args(spec: &QemuSpec<'_>) -> Vec<OsString> {
     ]);
     args.push(["-serial".to_owned(), format!("chardev:{CONSOLE_CHARDEV}")]);
     args.push(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
+    if spec.incoming {
+        args.push(["-incoming", "defer"]);
+    }
     args.0
 }
 
@@ -231,6 +275,9 @@ mod tests {
             initramfs: Some(Path::new("/t/initramfs.cpio")),
             cmdline: "console=ttyS0 quiet",
             vhost_socket: Some(Path::new("/run/abc/vhost.sock")),
+            serial_socket: None,
+            ram_file: None,
+            incoming: false,
             disk: None,
             console_log: Path::new("/run/abc/console.log"),
         }
@@ -274,6 +321,29 @@ mod tests {
             "-no-reboot",
         ];
         assert_eq!(args, expected);
+    }
+
+    #[test]
+    fn a_serial_vm_has_file_ram_a_named_port_and_no_vsock() {
+        let mut s = spec(Accel::Tcg);
+        s.vhost_socket = None;
+        s.serial_socket = Some(Path::new("/run/abc/serial.sock"));
+        s.ram_file = Some((Path::new("/dev/shm/a,b.ram"), true));
+        s.incoming = true;
+        let args = strings(&qemu_args(&s));
+        let joined = args.join(" ");
+        assert!(joined.contains(
+            "-object memory-backend-file,id=mem,size=1024M,mem-path=/dev/shm/a,,b.ram,share=on"
+        ));
+        assert!(joined.contains(
+            "-device virtio-serial-device -chardev socket,id=agent0,path=/run/abc/serial.sock,server=on,wait=off -device virtserialport,chardev=agent0,name=sandbox.agent"
+        ));
+        assert!(!joined.contains("vhost-user"));
+        assert!(joined.ends_with("-no-reboot -incoming defer"));
+        s.ram_file = Some((Path::new("/ckpt/ram"), false));
+        assert!(strings(&qemu_args(&s)).contains(
+            &"memory-backend-file,id=mem,size=1024M,mem-path=/ckpt/ram,share=off".to_owned()
+        ));
     }
 
     #[test]

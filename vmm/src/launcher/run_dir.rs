@@ -183,6 +183,13 @@ pub struct VmRecord {
     pub size: Size,
     /// When the folder was created, in milliseconds since the Unix epoch.
     pub created_at_unix_ms: u64,
+    /// How the agent is reached (records from before transports existed: vsock).
+    #[serde(default = "vsock")]
+    pub transport: super::AgentTransport,
+}
+
+fn vsock() -> super::AgentTransport {
+    super::AgentTransport::Vsock
 }
 
 /// A run folder owned by this process: locked while alive, removed on drop unless
@@ -301,7 +308,7 @@ impl Drop for RunDir {
         if self.keep {
             return;
         }
-        if let Err(error) = fs::remove_dir_all(&self.path) {
+        if let Err(error) = remove_run_folder(&self.path) {
             if error.kind() != io::ErrorKind::NotFound {
                 tracing::warn!(path = %self.path.display(), %error, "cannot remove run folder");
             }
@@ -394,7 +401,7 @@ pub fn sweep(root: &Path) -> Result<Vec<String>, RunDirError> {
         if let Some(pid) = entry.record.as_ref().and_then(|r| r.daemon_pid) {
             kill_if_ours(pid, &entry.path.to_string_lossy());
         }
-        match fs::remove_dir_all(&entry.path) {
+        match remove_run_folder(&entry.path) {
             Ok(()) => {
                 tracing::info!(name = %entry.name, "removed stale run folder");
                 removed.push(entry.name);
@@ -406,6 +413,24 @@ pub fn sweep(root: &Path) -> Result<Vec<String>, RunDirError> {
         }
     }
     Ok(removed)
+}
+
+/// The link in a run folder to the VM's RAM file, which lives on a tmpfs outside it.
+pub const RAM_LINK: &str = "ram";
+
+/// Removes a run folder and the RAM file its [`RAM_LINK`] points at (a tmpfs file
+/// that would otherwise hold the VM's memory forever).
+pub fn remove_run_folder(path: &Path) -> io::Result<()> {
+    if let Ok(ram) = fs::read_link(path.join(RAM_LINK)) {
+        match fs::remove_file(&ram) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::warn!(path = %ram.display(), %error, "cannot remove the VM's RAM file")
+            }
+        }
+    }
+    fs::remove_dir_all(path)
 }
 
 fn read_root(root: &Path) -> Result<Vec<PathBuf>, RunDirError> {
@@ -538,6 +563,7 @@ mod tests {
             accel: Accel::Tcg,
             size: Size::SMALL,
             created_at_unix_ms: now_unix_ms(),
+            transport: crate::launcher::AgentTransport::Vsock,
         }
     }
 

@@ -20,7 +20,7 @@ use super::process::ChildProcess;
 use super::run_dir::{RunDir, VmId, VmRecord};
 use super::size::Size;
 use super::vsock_daemon::VsockDaemon;
-use super::{LaunchError, AGENT_PORT, CONSOLE_LOG, VSOCK_SOCKET};
+use super::{AgentTransport, LaunchError, AGENT_PORT, AGENT_SOCKET, CONSOLE_LOG, VSOCK_SOCKET};
 
 /// How long QEMU gets to exit on `SIGTERM` once the grace period is over.
 const QEMU_TERM_GRACE: Duration = Duration::from_secs(1);
@@ -63,9 +63,28 @@ impl Vm {
         &self.record.id
     }
 
-    /// The agent's address for the client: `hvsock://RUN/vm.vsock:1024`.
+    /// The agent's address for the client: `unix://RUN/agent.sock` (the relay of a
+    /// serial VM) or `hvsock://RUN/vm.vsock:1024`.
     pub fn agent_url(&self) -> String {
         self.record.agent_url.clone()
+    }
+
+    /// [`Vm::agent_url`], typed.
+    pub fn url(&self) -> crate::client::AgentUrl {
+        match self.record.transport {
+            AgentTransport::Serial => {
+                crate::client::AgentUrl::Unix(self.run_path.join(AGENT_SOCKET))
+            }
+            AgentTransport::Vsock => crate::client::AgentUrl::Hvsock {
+                path: self.run_path.join(VSOCK_SOCKET),
+                port: AGENT_PORT,
+            },
+        }
+    }
+
+    /// How the agent is reached.
+    pub fn transport(&self) -> AgentTransport {
+        self.record.transport
     }
 
     /// The token this VM's agent requires: the launcher makes a random one per VM.
@@ -88,16 +107,13 @@ impl Vm {
         &self,
         options: &crate::client::ConnectOptions,
     ) -> Result<crate::client::Client, crate::client::ClientError> {
-        let url = crate::client::AgentUrl::Hvsock {
-            path: self.agent_socket(),
-            port: self.agent_port(),
-        };
+        let url = self.url();
         let options = self.connect_options(options.connect_timeout);
         let deadline = Instant::now() + options.connect_timeout;
         crate::client::Client::connect_with_retry(&url, &options, deadline).await
     }
 
-    /// The hybrid vsock Unix socket (connect, then `CONNECT <port>\n`).
+    /// The hybrid vsock Unix socket (connect, then `CONNECT <port>\n`) of a vsock VM.
     pub fn agent_socket(&self) -> PathBuf {
         self.run_path.join(VSOCK_SOCKET)
     }

@@ -139,6 +139,12 @@ impl VsockDaemon {
         }
     }
 
+    /// A VM's other per-VM daemon (the relay of a serial VM) under the same handle:
+    /// the VM stops, detaches and reaps it the same way.
+    pub(crate) fn from_child(child: ChildProcess) -> Self {
+        Self { child }
+    }
+
     pub(crate) fn pid(&self) -> u32 {
         self.child.pid()
     }
