@@ -31,6 +31,8 @@
 //! - [`template`], [`size`], [`accel`], [`qemu`], [`vsock_daemon`], [`ready`],
 //!   [`run_dir`]: one step each, as above.
 //! - [`post_mortem`]: how a VM that stopped ended (power-off, panic), from its console.
+//! - [`qmp`]: a typed QMP client (run state, migration to and from a file, disk
+//!   overlays), what snapshots drive a running QEMU with.
 //! - [`process`], [`sys`]: child processes and the syscalls std lacks.
 
 use std::fmt;
@@ -44,6 +46,7 @@ pub mod config;
 pub mod post_mortem;
 mod process;
 pub mod qemu;
+pub mod qmp;
 pub mod ready;
 pub mod relay_daemon;
 pub mod run_dir;
