@@ -2,7 +2,7 @@
 //! connection sees.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{AgentInfo, PROTOCOL_VERSION};
@@ -38,8 +38,9 @@ pub struct Agent {
     pub boot_id: String,
     /// Whether the agent is the guest's init (PID 1).
     pub is_init: bool,
-    /// The token clients must present, if any.
-    pub token: Option<String>,
+    /// The token clients must present in their `Hello`, if any; `reidentify`
+    /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
+    token: RwLock<Option<String>>,
     started: Instant,
     generation: AtomicU64,
     shutdown: watch::Sender<Option<PowerAction>>,
@@ -58,7 +59,7 @@ impl Agent {
             table: Arc::new(table),
             boot_id: crate::sys::random_hex(16),
             is_init,
-            token,
+            token: RwLock::new(token),
             started: Instant::now(),
             generation: AtomicU64::new(0),
             shutdown: watch::channel(None).0,
@@ -72,6 +73,23 @@ impl Agent {
             capabilities.push(CGROUPS_CAPABILITY.to_owned());
         }
         capabilities
+    }
+
+    /// Whether a client presenting `given` in its `Hello` may connect: any client
+    /// when the agent has no token, else one with exactly the current token. The
+    /// comparison takes the same time wherever the first difference is.
+    pub fn admits(&self, given: Option<&str>) -> bool {
+        let token = self.token.read().unwrap_or_else(PoisonError::into_inner);
+        match token.as_deref() {
+            None => true,
+            Some(expected) => constant_time_eq(given.unwrap_or("").as_bytes(), expected.as_bytes()),
+        }
+    }
+
+    /// Makes `token` the one every new connection must present. Connections
+    /// already past their handshake are not asked again.
+    pub fn replace_token(&self, token: String) {
+        *self.token.write().unwrap_or_else(PoisonError::into_inner) = Some(token);
     }
 
     /// Counts one more restore from a snapshot.
@@ -115,6 +133,11 @@ impl Agent {
     }
 }
 
+/// Compares without an early exit, so timing does not reveal a token prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 fn load_average() -> Option<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     let mut fields = text.split_whitespace().map(str::parse::<f64>);
@@ -147,6 +170,39 @@ mod tests {
         assert!(info.mem_total_bytes > 0);
         assert!(info.mem_available_bytes <= info.mem_total_bytes);
         assert_eq!(info.generation, 0);
+    }
+
+    #[test]
+    fn token_comparison_is_exact() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn without_a_token_every_client_is_admitted() {
+        let agent = Agent::new(Duration::from_secs(1), None, false);
+        assert!(agent.admits(None));
+        assert!(agent.admits(Some("anything")));
+    }
+
+    #[test]
+    fn a_replaced_token_admits_only_itself() {
+        let agent = Agent::new(Duration::from_secs(1), Some("old".into()), false);
+        assert!(agent.admits(Some("old")));
+        assert!(!agent.admits(None));
+        agent.replace_token("new".into());
+        assert!(!agent.admits(Some("old")));
+        assert!(!agent.admits(None));
+        assert!(agent.admits(Some("new")));
+    }
+
+    #[test]
+    fn a_token_can_be_set_on_an_agent_that_had_none() {
+        let agent = Agent::new(Duration::from_secs(1), None, false);
+        agent.replace_token("t".into());
+        assert!(!agent.admits(None));
+        assert!(agent.admits(Some("t")));
     }
 
     #[test]

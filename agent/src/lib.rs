@@ -15,7 +15,8 @@
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
-//!   identity after a restore or fork) and `shutdown`.
+//!   identity after a restore or fork), `reidentify` (a fork child's own hostname
+//!   and token) and `shutdown`.
 //! - [`agent`]: state shared by all connections, and `info`.
 //! - [`init`]: PID-1 duties (mounts, modules, console, shutdown); [`ready`]: telling
 //!   the host the agent listens.

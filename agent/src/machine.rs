@@ -1,25 +1,38 @@
 //! Requests about the whole machine rather than one process or file (see
-//! [`sandbox_protocol::machine`]): `resumed` after a snapshot restore or a fork, and
-//! `shutdown`. (`info` is [`Agent::info`], since it reports the agent's own state.)
+//! [`sandbox_protocol::machine`]): `resumed` after a snapshot restore or a fork,
+//! `reidentify` after a fork, and `shutdown`. (`info` is [`Agent::info`], since it
+//! reports the agent's own state.)
 //!
 //! `resumed` changes what every process in the guest sees (the wall clock, the
 //! kernel's random pool, `/etc/machine-id`), so only an agent that is the guest's
-//! init does it; a development agent on a Unix socket refuses. `shutdown` only
-//! records the power action: the server stops after the reply is sent, and init
-//! powers off (see [`crate::init::power_off`]).
+//! init does it; a development agent on a Unix socket refuses. `reidentify` follows
+//! the same rule for the hostname, but replaces the agent's token for any agent: the
+//! token concerns the agent alone. `shutdown` only records the power action: the
+//! server stops after the reply is sent, and init powers off (see
+//! [`crate::init::power_off`]).
 
 use std::path::Path;
 
-use sandbox_protocol::{AgentInfo, ErrorKind, ResumedRequest, ShutdownRequest, WireError};
+use sandbox_protocol::limits::MAX_TOKEN_BYTES;
+use sandbox_protocol::{
+    AgentInfo, ErrorKind, ReidentifyRequest, ResumedRequest, ShutdownRequest, WireError,
+};
 
 use crate::agent::Agent;
 use crate::files::atomic::AtomicFile;
 use crate::files::FileError;
+use crate::init::cmdline::{is_valid_hostname, HOSTNAME_MAX_BYTES};
 use crate::init::PowerAction;
 use crate::sys;
 
 /// Where systemd and friends read the machine's identity.
 const MACHINE_ID_PATH: &str = "/etc/machine-id";
+
+/// Where programs (and the next boot of a disk) read the machine's hostname.
+const HOSTNAME_PATH: &str = "/etc/hostname";
+
+/// How much of a refused hostname an error message shows.
+const SHOWN_NAME_CHARS: usize = 80;
 
 /// Why a `resumed` request failed.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +83,141 @@ pub async fn resumed(agent: &Agent, request: ResumedRequest) -> Result<AgentInfo
         Ok(Err(error)) => Err(error.to_wire()),
         Err(join) => Err(WireError::new(ErrorKind::Internal, join.to_string())),
     }
+}
+
+/// Why a `reidentify` request failed. The checks come first, so a refused request
+/// changes nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReidentifyError {
+    /// An empty token would admit anyone who sends an empty one.
+    #[error("The new token is empty")]
+    EmptyToken,
+    /// A token that no `Hello` could carry would lock every client out.
+    #[error("The new token has {len} bytes; at most {MAX_TOKEN_BYTES} fit in a Hello")]
+    TokenTooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Not a name the kernel and programs accept.
+    #[error(
+        "Invalid hostname {shown:?}: use 1 to {HOSTNAME_MAX_BYTES} ASCII letters, digits, \
+         '-' and '.'"
+    )]
+    InvalidHostname {
+        /// The name, cut to a readable length.
+        shown: String,
+    },
+    /// The hostname belongs to the whole machine.
+    #[error(
+        "reidentify sets the hostname of the whole machine, so only an agent running as \
+         the guest's init does it (a token alone may be changed by any agent)"
+    )]
+    NotInit,
+    /// `sethostname` failed.
+    #[error("Cannot set hostname {name:?}")]
+    SetHostname {
+        /// The requested name.
+        name: String,
+        /// Why.
+        #[source]
+        error: std::io::Error,
+    },
+    /// Writing `/etc/hostname` failed (the kernel's hostname is already set).
+    #[error("Cannot write {HOSTNAME_PATH}")]
+    HostnameFile(#[source] FileError),
+}
+
+impl ReidentifyError {
+    /// The error as the client sees it.
+    pub fn to_wire(&self) -> WireError {
+        match self {
+            Self::EmptyToken | Self::InvalidHostname { .. } => {
+                WireError::new(ErrorKind::BadRequest, self.to_string())
+            }
+            Self::TokenTooLong { .. } => WireError::new(ErrorKind::TooLarge, self.to_string()),
+            Self::NotInit => WireError::new(ErrorKind::PermissionDenied, self.to_string()),
+            Self::SetHostname { error, .. } => WireError::from_io(self, error),
+            Self::HostnameFile(error) => {
+                let inner = error.to_wire();
+                WireError {
+                    kind: inner.kind,
+                    message: format!("{self}: {}", inner.message),
+                    errno: inner.errno,
+                }
+            }
+        }
+    }
+}
+
+/// Handles `reidentify`: checks the whole request, then (as init) sets the hostname
+/// on the blocking pool, then replaces the token. A refused request changes nothing;
+/// one that fails writing `/etc/hostname` has set the kernel's hostname but kept the
+/// old token, and may simply be sent again. Connections already served stay served
+/// under the old token, the one that sent this included.
+pub async fn reidentify(agent: &Agent, request: ReidentifyRequest) -> Result<(), WireError> {
+    let ReidentifyRequest { hostname, token } = request;
+    check_reidentify(agent.is_init, hostname.as_deref(), token.as_deref())
+        .map_err(|error| error.to_wire())?;
+    if let Some(name) = hostname {
+        let job = {
+            let name = name.clone();
+            move || set_hostname(&name, Path::new(HOSTNAME_PATH))
+        };
+        match tokio::task::spawn_blocking(job).await {
+            Ok(Ok(())) => tracing::info!(hostname = %name, "reidentify: hostname set"),
+            Ok(Err(error)) => return Err(error.to_wire()),
+            Err(join) => return Err(WireError::new(ErrorKind::Internal, join.to_string())),
+        }
+    }
+    if let Some(token) = token {
+        agent.replace_token(token);
+        tracing::info!("reidentify: token replaced; new connections need the new one");
+    }
+    Ok(())
+}
+
+/// Everything about a `reidentify` that can be refused before anything changes.
+fn check_reidentify(
+    is_init: bool,
+    hostname: Option<&str>,
+    token: Option<&str>,
+) -> Result<(), ReidentifyError> {
+    match token {
+        Some("") => return Err(ReidentifyError::EmptyToken),
+        Some(token) if token.len() > MAX_TOKEN_BYTES => {
+            return Err(ReidentifyError::TokenTooLong { len: token.len() })
+        }
+        _ => {}
+    }
+    if let Some(name) = hostname {
+        if !is_valid_hostname(name) {
+            return Err(ReidentifyError::InvalidHostname {
+                shown: name.chars().take(SHOWN_NAME_CHARS).collect(),
+            });
+        }
+        if !is_init {
+            return Err(ReidentifyError::NotInit);
+        }
+    }
+    Ok(())
+}
+
+/// Sets the kernel's hostname to `name` (already checked), then replaces `file`
+/// with it atomically. Blocking.
+fn set_hostname(name: &str, file: &Path) -> Result<(), ReidentifyError> {
+    nix::unistd::sethostname(name).map_err(|errno| ReidentifyError::SetHostname {
+        name: name.to_owned(),
+        error: errno.into(),
+    })?;
+    write_hostname_file(name, file).map_err(ReidentifyError::HostnameFile)
+}
+
+/// Writes `name` and a newline to `path`, atomically.
+fn write_hostname_file(name: &str, path: &Path) -> Result<(), FileError> {
+    let mut file = AtomicFile::create(path, Some(0o644))?;
+    file.write(name.as_bytes())?;
+    file.write(b"\n")?;
+    file.commit().map(drop)
 }
 
 /// Handles `shutdown`: asks the server to stop and the guest to power off (or
@@ -128,6 +276,97 @@ mod tests {
         let agent = Agent::new(std::time::Duration::from_secs(1), None, false);
         shutdown(&agent, ShutdownRequest { reboot: true });
         assert_eq!(agent.requested_shutdown(), Some(PowerAction::Reboot));
+    }
+
+    fn reidentify_request(hostname: Option<&str>, token: Option<&str>) -> ReidentifyRequest {
+        ReidentifyRequest {
+            hostname: hostname.map(str::to_owned),
+            token: token.map(str::to_owned),
+        }
+    }
+
+    #[tokio::test]
+    async fn reidentify_replaces_the_token_of_any_agent() {
+        let agent = Agent::new(std::time::Duration::from_secs(1), Some("old".into()), false);
+        reidentify(&agent, reidentify_request(None, Some("new")))
+            .await
+            .unwrap();
+        assert!(agent.admits(Some("new")));
+        assert!(!agent.admits(Some("old")));
+    }
+
+    #[tokio::test]
+    async fn an_empty_or_overlong_token_is_refused_and_the_old_one_kept() {
+        let agent = Agent::new(std::time::Duration::from_secs(1), Some("old".into()), false);
+        let long = "t".repeat(MAX_TOKEN_BYTES + 1);
+        for (token, kind) in [("", ErrorKind::BadRequest), (&long, ErrorKind::TooLarge)] {
+            let error = reidentify(&agent, reidentify_request(None, Some(token)))
+                .await
+                .unwrap_err();
+            assert_eq!(error.kind, kind, "{error}");
+        }
+        assert!(agent.admits(Some("old")));
+        // The longest accepted token is accepted.
+        let longest = "t".repeat(MAX_TOKEN_BYTES);
+        reidentify(&agent, reidentify_request(None, Some(&longest)))
+            .await
+            .unwrap();
+        assert!(agent.admits(Some(&longest)));
+    }
+
+    #[tokio::test]
+    async fn a_bad_hostname_is_refused_and_nothing_changes() {
+        // Checked before the init rule, so even an agent that is not init says why.
+        let agent = Agent::new(std::time::Duration::from_secs(1), Some("old".into()), false);
+        let long = "a".repeat(HOSTNAME_MAX_BYTES + 1);
+        for name in ["", "bad_name!", "white space", "é", long.as_str()] {
+            let error = reidentify(&agent, reidentify_request(Some(name), Some("new")))
+                .await
+                .unwrap_err();
+            assert_eq!(error.kind, ErrorKind::BadRequest, "{name:?}: {error}");
+        }
+        // The token of a refused request is not applied either.
+        assert!(agent.admits(Some("old")));
+        assert!(!agent.admits(Some("new")));
+    }
+
+    #[test]
+    fn a_refused_hostname_is_shown_cut_to_a_readable_length() {
+        let error = check_reidentify(true, Some(&"_".repeat(100_000)), None).unwrap_err();
+        assert!(error.to_string().len() < 300, "{error}");
+    }
+
+    #[tokio::test]
+    async fn only_init_changes_the_hostname() {
+        let agent = Agent::new(std::time::Duration::from_secs(1), Some("old".into()), false);
+        let error = reidentify(&agent, reidentify_request(Some("box-2"), Some("new")))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, ErrorKind::PermissionDenied, "{error}");
+        assert!(
+            agent.admits(Some("old")),
+            "the token changed with a refused hostname"
+        );
+    }
+
+    #[test]
+    fn an_init_agent_may_change_both() {
+        assert!(check_reidentify(true, Some("box-2"), Some("new")).is_ok());
+        assert!(check_reidentify(true, None, None).is_ok());
+        assert!(check_reidentify(false, None, Some("new")).is_ok());
+    }
+
+    #[test]
+    fn the_hostname_file_holds_the_name_and_a_newline() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hostname");
+        std::fs::write(&path, "sandbox\n").unwrap();
+        write_hostname_file("box-2", &path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "box-2\n");
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o644);
     }
 
     #[test]

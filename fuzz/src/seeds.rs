@@ -7,9 +7,9 @@ use sandbox_protocol::{
     ExecReply, ExecRequest, ExitStatus, FileKind, FileStat, Hello, HelloReply, KillRequest,
     LogsBatch, LogsReply, LogsRequest, MkdirRequest, OutputChunk, PathRequest, Pid, ProcessInfo,
     ProcessKind, ProcessSpec, ProcessState, PtyInputRequest, PtyOpenRequest, PtyResizeRequest,
-    PutRequest, RemoveRequest, RenameRequest, Reply, Request, RequestId, ResumedRequest,
-    ShutdownRequest, SpawnRequest, Stream, User, WindowSize, WireError, WriteFileRequest,
-    PROTOCOL_VERSION,
+    PutRequest, ReidentifyRequest, RemoveRequest, RenameRequest, Reply, Request, RequestId,
+    ResumedRequest, ShutdownRequest, SpawnRequest, Stream, User, WindowSize, WireError,
+    WriteFileRequest, PROTOCOL_VERSION,
 };
 
 fn path(path: &str) -> Vec<u8> {
@@ -95,6 +95,11 @@ pub fn requests() -> Vec<(&'static str, Request)> {
             new_identity: true,
         }),
         Request::Shutdown(ShutdownRequest { reboot: false }),
+        // Last, so the ids of the seeds before it stay as committed.
+        Request::Reidentify(ReidentifyRequest {
+            hostname: Some("fork-1".into()),
+            token: Some("fresh".into()),
+        }),
     ];
     requests.into_iter().map(|r| (r.name(), r)).collect()
 }

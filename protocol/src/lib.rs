@@ -11,7 +11,8 @@
 //! - [`hello`]: the handshake that opens every connection.
 //! - [`process`], [`output`]: exec, spawn, pty, ps, kill and logs.
 //! - [`files`]: whole-file and streamed file transfer, directories.
-//! - [`machine`]: requests about the whole guest: `info`, `resumed`, `shutdown`.
+//! - [`machine`]: requests about the whole guest: `info`, `resumed`, `reidentify`,
+//!   `shutdown`.
 //! - [`error`]: errors as a typed kind, a message and an errno.
 //! - [`limits`]: sizes and deadlines every side agrees on.
 //! - [`link`]: many connections as channels over one stream that cannot be reopened
@@ -57,7 +58,9 @@ pub use files::{
     RenameRequest, WriteFileRequest,
 };
 pub use hello::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
-pub use machine::{AgentInfo, Confinement, ConfinementMode, ResumedRequest, ShutdownRequest};
+pub use machine::{
+    AgentInfo, Confinement, ConfinementMode, ReidentifyRequest, ResumedRequest, ShutdownRequest,
+};
 pub use message::{AgentFrame, AgentMsg, ClientFrame, ClientMsg, Event, Reply, Request, RequestId};
 pub use output::{LogsBatch, LogsReply, LogsRequest, OutputChunk, Stream};
 pub use process::{
@@ -139,6 +142,58 @@ mod wire_tests {
         assert_eq!(frame(2, resumed), [7, 0, 0, 0, 2, 1, 18, 5, 1, 9, 1]);
         let shutdown = Request::Shutdown(ShutdownRequest { reboot: true });
         assert_eq!(frame(3, shutdown), [4, 0, 0, 0, 3, 1, 19, 1]);
+    }
+
+    #[test]
+    fn reidentify_bytes_are_pinned() {
+        // Appended for fork children: request 22, answered with `Done` (4). Older
+        // variants keep their indexes (the tests above and below).
+        let frame = |id, request| {
+            bytes(&ClientFrame {
+                id: RequestId(id),
+                msg: ClientMsg::Request(request),
+            })
+        };
+        let both = Request::Reidentify(ReidentifyRequest {
+            hostname: Some("h".into()),
+            token: Some("t".into()),
+        });
+        assert_eq!(
+            frame(4, both),
+            [9, 0, 0, 0, 4, 1, 22, 1, 1, b'h', 1, 1, b't']
+        );
+        let neither = Request::Reidentify(ReidentifyRequest {
+            hostname: None,
+            token: None,
+        });
+        assert_eq!(frame(5, neither), [5, 0, 0, 0, 5, 1, 22, 0, 0]);
+        let done = AgentFrame {
+            id: RequestId(4),
+            msg: AgentMsg::Reply(Reply::Done),
+        };
+        assert_eq!(bytes(&done), [3, 0, 0, 0, 4, 2, 4]);
+    }
+
+    #[test]
+    fn reidentify_debug_hides_the_token() {
+        let request = ReidentifyRequest {
+            hostname: Some("box-2".into()),
+            token: Some("hunter2".into()),
+        };
+        let shown = format!("{:?}", Request::Reidentify(request));
+        assert!(shown.contains("box-2"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+
+    #[test]
+    fn the_longest_token_fits_in_a_hello() {
+        use crate::limits::{HELLO_FRAME_BYTES, MAX_TOKEN_BYTES};
+        let hello = ClientFrame {
+            id: RequestId(0),
+            msg: ClientMsg::Hello(Hello::new(Some("t".repeat(MAX_TOKEN_BYTES)))),
+        };
+        // The frame's body, without its 4-byte length prefix.
+        assert!(bytes(&hello).len() - 4 <= HELLO_FRAME_BYTES);
     }
 
     #[test]

@@ -10,6 +10,10 @@ pub const MAX_FRAME_BYTES: usize = 4 * 1024 * 1024;
 /// peer that has not proven it holds the token gets no large buffer.
 pub const HELLO_FRAME_BYTES: usize = 4 * 1024;
 
+/// Longest agent token `reidentify` accepts: every client must still be able to
+/// present it in a `Hello` of at most [`HELLO_FRAME_BYTES`], or none could connect.
+pub const MAX_TOKEN_BYTES: usize = 1024;
+
 /// Requests one connection may have in flight (from its frame until its final frame
 /// is queued for writing). The agent answers `Busy` beyond it; the host client waits
 /// for a slot instead, so a well-behaved client never sees that error. With replies

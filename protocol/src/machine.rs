@@ -6,6 +6,9 @@
 //!   before the guest is used again: the agent sets the wall clock, reseeds the
 //!   kernel's random pool and, for a fork, writes a new machine id, then answers
 //!   with [`AgentInfo`] (its `generation` bumped).
+//! - `reidentify` ([`ReidentifyRequest`]) gives a fork child an identity of its own
+//!   after `resumed`: a new hostname and a new token, since the child's agent was
+//!   restored with its parent's. The agent answers `Done`.
 //! - `shutdown` ([`ShutdownRequest`]) stops every process and powers the guest off
 //!   or reboots it; the agent answers before it goes.
 //!
@@ -51,6 +54,31 @@ pub struct ResumedRequest {
     pub entropy: Vec<u8>,
     /// Write a new `/etc/machine-id`: this guest is a new machine (a fork).
     pub new_identity: bool,
+}
+
+/// Gives the guest a new hostname, its agent a new token, or both; sent to a fork
+/// child after `resumed`. Fields left `None` keep their value.
+///
+/// A new token applies to every connection opened after the reply: connections
+/// already past their handshake stay served (the one that sent this, too). The
+/// hostname is set in the kernel and written to `/etc/hostname`, so only an agent
+/// that is the guest's init changes it; any agent changes its own token.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReidentifyRequest {
+    /// The guest's new hostname: 1 to 64 ASCII letters, digits, `-` and `.`.
+    pub hostname: Option<String>,
+    /// The token every new connection must present from now on; not empty.
+    pub token: Option<String>,
+}
+
+// The token is a secret: keep it out of logs.
+impl std::fmt::Debug for ReidentifyRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReidentifyRequest")
+            .field("hostname", &self.hostname)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// Stop every process and power the guest off (or reboot it).

@@ -13,7 +13,7 @@ use crate::files::{
     WriteFileRequest,
 };
 use crate::hello::{Hello, HelloReply};
-use crate::machine::{AgentInfo, Confinement, ResumedRequest, ShutdownRequest};
+use crate::machine::{AgentInfo, Confinement, ReidentifyRequest, ResumedRequest, ShutdownRequest};
 use crate::output::{LogsBatch, LogsReply, LogsRequest, OutputChunk};
 use crate::process::{
     ExecReply, ExecRequest, KillRequest, Pid, ProcessDetail, ProcessInfo, PtyInputRequest,
@@ -137,6 +137,9 @@ pub enum Request {
     PsDetail,
     /// How the agent confines processes; reply [`Reply::Confinement`].
     Confinement,
+    /// A fork child gets its own hostname and agent token (after `Resumed`); reply
+    /// [`Reply::Done`].
+    Reidentify(ReidentifyRequest),
 }
 
 impl Request {
@@ -165,6 +168,7 @@ impl Request {
             Self::Shutdown(_) => "shutdown",
             Self::PsDetail => "ps_detail",
             Self::Confinement => "confinement",
+            Self::Reidentify(_) => "reidentify",
         }
     }
 }

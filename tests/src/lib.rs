@@ -274,6 +274,12 @@ impl TestAgent {
         }
     }
 
+    /// Records that the agent now requires `token` (it was sent a `reidentify`), so
+    /// later clients, `sandboxctl` and the cleanup on drop present it.
+    pub fn token_replaced(&mut self, token: &str) {
+        self.token = Some(token.to_owned());
+    }
+
     /// A new client connection.
     pub async fn client(&self) -> Client {
         let url = self.url().parse().expect("bad test URL");

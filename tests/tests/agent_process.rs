@@ -1,6 +1,6 @@
 //! What needs an agent process of its own on a Unix socket, so it cannot run in the
-//! shared `suite`: agent flags (`--forget-after-secs`, `--token`) and losing the
-//! agent altogether.
+//! shared `suite`: agent flags (`--forget-after-secs`, `--token`), a new token from
+//! `reidentify`, and losing the agent altogether.
 
 // Tests fail by panicking, with the error in the message.
 #![allow(clippy::unwrap_used)]
@@ -8,13 +8,14 @@
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{
-    ClientMsg, ErrorKind, ExecRequest, Hello, LogsRequest, ProcessState, Request, RequestId,
+    ClientMsg, ErrorKind, ExecRequest, Hello, LogsRequest, ProcessState, ReidentifyRequest,
+    Request, RequestId,
 };
 use sandbox_tests::raw::RawConnection;
 use sandbox_tests::{
     eventually, exec_sh, ps_entry, shell, wait_exit, within, AgentOptions, TestAgent,
 };
-use sandbox_vmm::client::{Client, ClientError, ExecEvent};
+use sandbox_vmm::client::{Client, ClientError, ConnectOptions, ExecEvent};
 
 #[tokio::test]
 async fn exited_processes_are_forgotten_after_the_configured_delay() {
@@ -88,6 +89,71 @@ async fn tokens_are_required_when_configured() {
     agent.assert_alive();
     let client = agent.client().await;
     within(10, client.ps()).await.unwrap();
+}
+
+#[tokio::test]
+async fn reidentify_makes_new_connections_need_the_new_token_and_keeps_old_ones() {
+    let mut agent = TestAgent::start_with(AgentOptions {
+        token: Some("s3cret".into()),
+        ..AgentOptions::default()
+    });
+    let before = agent.client().await;
+    let other = agent.client().await;
+    let pid = before.spawn(shell("sleep 1000")).await.unwrap();
+
+    // What is refused changes nothing: an empty token, and (the agent is not init)
+    // a hostname, even together with a good token.
+    for (request, kind) in [
+        (
+            ReidentifyRequest {
+                hostname: None,
+                token: Some(String::new()),
+            },
+            ErrorKind::BadRequest,
+        ),
+        (
+            ReidentifyRequest {
+                hostname: Some("fork-1".into()),
+                token: Some("fresh".into()),
+            },
+            ErrorKind::PermissionDenied,
+        ),
+    ] {
+        let err = before.reidentify(request).await.unwrap_err();
+        assert_eq!(err.wire_kind(), Some(kind), "{err}");
+    }
+    within(10, agent.client().await.ps()).await.unwrap();
+
+    let token = ReidentifyRequest {
+        hostname: None,
+        token: Some("fresh".into()),
+    };
+    within(10, before.reidentify(token)).await.unwrap();
+
+    // Connections authenticated under the old token stay served, the sender too.
+    for client in [&before, &other] {
+        let listed = within(10, client.ps()).await.unwrap();
+        assert!(listed.iter().any(|info| info.pid == pid), "{listed:?}");
+    }
+    // A new connection needs the new token.
+    let url = agent.url().parse().unwrap();
+    for token in [None, Some("s3cret".to_owned())] {
+        let options = ConnectOptions {
+            token: token.clone(),
+            ..ConnectOptions::default()
+        };
+        let err = Client::connect(&url, &options).await.unwrap_err();
+        assert!(
+            matches!(err, ClientError::Unauthorized(_)),
+            "{token:?}: {err:?}"
+        );
+    }
+    agent.token_replaced("fresh");
+    let after = agent.client().await;
+    let listed = within(10, after.ps()).await.unwrap();
+    assert!(listed.iter().any(|info| info.pid == pid), "{listed:?}");
+    after.kill(pid, libc::SIGKILL).await.unwrap();
+    agent.assert_alive();
 }
 
 #[tokio::test]

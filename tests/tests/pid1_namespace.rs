@@ -1,17 +1,19 @@
 //! The agent as PID 1, fast: in fresh user, pid, mount, UTS and network namespaces
 //! (`unshare`, with a /proc of the new pid namespace), where it knows it is init,
 //! sets the hostname, reaps orphans with its one reaper, and turns SIGTERM into the
-//! shutdown path. What needs a kernel of its own (the mounts, devtmpfs, modules, the
-//! OOM shield, loopback, the real poweroff) is covered by the microVM tests; here
-//! the namespace refuses some of those steps and the agent must carry on.
+//! shutdown path; and, as init, `reidentify` changes the hostname (of the UTS
+//! namespace, and `/etc/hostname` on an overlay private to the mount namespace).
+//! What needs a kernel of its own (the mounts, devtmpfs, modules, the OOM shield,
+//! loopback, the real poweroff) is covered by the microVM tests; here the namespace
+//! refuses some of those steps and the agent must carry on.
 
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox_protocol::{Pid, ProcessState};
+use sandbox_protocol::{ErrorKind, Pid, ProcessState, ReidentifyRequest};
 use sandbox_tests::{binaries, sh, wait_child, wait_until_gone};
-use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
+use sandbox_vmm::client::{AgentUrl, Client, ClientError, ConnectOptions};
 
 /// An agent that is PID 1 of its own namespaces.
 struct NamespacedInit {
@@ -21,17 +23,33 @@ struct NamespacedInit {
     dir: std::path::PathBuf,
 }
 
+/// Makes `/etc` writable inside the mount namespace only: an overlay whose upper
+/// layer is a tmpfs at `$SBX_ETC_LAYERS` (unprivileged overlayfs, Linux 5.11+), so
+/// what the agent writes there never reaches the host's `/etc`.
+const PRIVATE_ETC: &str = "mount -t tmpfs tmpfs \"$SBX_ETC_LAYERS\" && \
+     mkdir \"$SBX_ETC_LAYERS/upper\" \"$SBX_ETC_LAYERS/work\" && \
+     mount -t overlay overlay \
+       -o \"lowerdir=/etc,upperdir=$SBX_ETC_LAYERS/upper,workdir=$SBX_ETC_LAYERS/work\" /etc && ";
+
 impl NamespacedInit {
-    fn start() -> Self {
+    /// The agent as init of fresh namespaces, in a test directory named after `tag`;
+    /// with `private_etc`, over an `/etc` of its own ([`PRIVATE_ETC`]).
+    fn start(tag: &str, private_etc: bool) -> Self {
         // As init the agent mounts a fresh tmpfs on /tmp and /run when they are not
         // mount points, which would hide a socket there (the checkout may well live
         // under /tmp). So they are bind-mounted onto themselves in the namespace first.
         let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("pid1-{}", std::process::id()));
+            .join(format!("pid1-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("cannot create the test dir");
         let socket = dir.join("agent.sock");
         let log = dir.join("agent.log");
         let log_file = std::fs::File::create(&log).expect("cannot create the log");
+        let layers = dir.join("etc-layers");
+        std::fs::create_dir_all(&layers).expect("cannot create the /etc layers dir");
+        let script = format!(
+            "{}mount --bind /tmp /tmp && mount --bind /run /run && exec \"$0\" \"$@\"",
+            if private_etc { PRIVATE_ETC } else { "" }
+        );
         let child = Command::new("unshare")
             .args([
                 "--user",
@@ -46,11 +64,12 @@ impl NamespacedInit {
                 "--net",
                 "sh",
                 "-c",
-                "mount --bind /tmp /tmp && mount --bind /run /run && exec \"$0\" \"$@\"",
+                &script,
             ])
             .arg(&binaries().agent)
             .arg("--listen")
             .arg(format!("unix://{}", socket.display()))
+            .env("SBX_ETC_LAYERS", &layers)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("cannot dup the log"))
             .stderr(log_file)
@@ -82,10 +101,16 @@ impl NamespacedInit {
     }
 
     async fn client(&self) -> Client {
+        self.connect(None).await.expect("cannot connect")
+    }
+
+    async fn connect(&self, token: Option<&str>) -> Result<Client, ClientError> {
         let url: AgentUrl = self.url.parse().expect("bad url");
-        Client::connect(&url, &ConnectOptions::default())
-            .await
-            .expect("cannot connect")
+        let options = ConnectOptions {
+            token: token.map(str::to_owned),
+            ..ConnectOptions::default()
+        };
+        Client::connect(&url, &options).await
     }
 }
 
@@ -99,7 +124,7 @@ impl Drop for NamespacedInit {
 
 #[tokio::test]
 async fn init_duties_run_and_orphans_are_reaped_and_sigterm_ends_the_namespace() {
-    let mut init = NamespacedInit::start();
+    let mut init = NamespacedInit::start("duties", false);
     let client = init.client().await;
 
     let info = client.info().await.expect("info");
@@ -186,5 +211,48 @@ async fn init_duties_run_and_orphans_are_reaped_and_sigterm_ends_the_namespace()
     assert!(
         log.contains("SIGTERM") && log.contains("shutting down"),
         "{log}"
+    );
+}
+
+#[tokio::test]
+async fn as_init_reidentify_sets_the_hostname_and_the_token() {
+    let init = NamespacedInit::start("reidentify", true);
+    let client = init.client().await;
+    let hostname = |client: Client| async move {
+        sh(&client, "cat /proc/sys/kernel/hostname; cat /etc/hostname").await
+    };
+    assert_eq!(
+        hostname(client.clone()).await.lines().next(),
+        Some("sandbox")
+    );
+
+    // A bad name is refused before anything changes, also for init.
+    let bad = ReidentifyRequest {
+        hostname: Some("bad_name!".into()),
+        token: Some("fresh".into()),
+    };
+    let err = client.reidentify(bad).await.unwrap_err();
+    assert_eq!(err.wire_kind(), Some(ErrorKind::BadRequest), "{err}");
+    init.connect(None)
+        .await
+        .expect("the token changed with a refused request");
+
+    let request = ReidentifyRequest {
+        hostname: Some("fork-1".into()),
+        token: Some("fresh".into()),
+    };
+    client
+        .reidentify(request)
+        .await
+        .unwrap_or_else(|e| panic!("reidentify: {e}\n{}", init.log()));
+    // The kernel's hostname and /etc/hostname, read through the old connection.
+    assert_eq!(hostname(client.clone()).await, "fork-1\nfork-1\n");
+    // The agent had no token; now new connections need one.
+    let err = init.connect(None).await.unwrap_err();
+    assert!(matches!(err, ClientError::Unauthorized(_)), "{err:?}");
+    let fresh = init.connect(Some("fresh")).await.expect("the new token");
+    assert_eq!(
+        sh(&fresh, "cat /proc/sys/kernel/hostname").await.trim(),
+        "fork-1"
     );
 }

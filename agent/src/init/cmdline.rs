@@ -28,7 +28,7 @@ pub const PROC_CMDLINE_PATH: &str = "/proc/cmdline";
 const PREFIX: &str = "sandbox.";
 
 /// Hostnames longer than this are refused (`HOST_NAME_MAX`).
-const HOSTNAME_MAX_BYTES: usize = 64;
+pub(crate) const HOSTNAME_MAX_BYTES: usize = 64;
 
 /// The agent's boot configuration.
 #[derive(Clone, PartialEq, Eq)]
@@ -222,7 +222,9 @@ fn parse_port(value: &str) -> Option<u32> {
     value.parse::<u32>().ok().filter(|port| *port != u32::MAX)
 }
 
-fn is_valid_hostname(name: &str) -> bool {
+/// Whether `name` may be the guest's hostname: 1 to [`HOSTNAME_MAX_BYTES`] ASCII
+/// letters, digits, `-` and `.` (also what `reidentify` accepts).
+pub(crate) fn is_valid_hostname(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= HOSTNAME_MAX_BYTES
         && name

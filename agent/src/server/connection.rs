@@ -5,7 +5,9 @@
 //! task is watched by a second task that always sends the final frame, also when the
 //! handler was cancelled or panicked, so a client never waits forever. When the
 //! connection ends, every request still running is cancelled (an exec's process group
-//! is killed; spawned processes and terminals live on).
+//! is killed; spawned processes and terminals live on). The token is checked once, in
+//! the handshake: a `reidentify` that replaces it binds the connections opened after
+//! it, and those already served stay served.
 //!
 //! # Bounds
 //! What one connection can make the agent hold is bounded by construction:
@@ -277,14 +279,11 @@ fn check_hello(hello: &Hello, agent: &Agent) -> Result<HelloReply, WireError> {
             ),
         ));
     }
-    if let Some(expected) = &agent.token {
-        let given = hello.token.as_deref().unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
-            return Err(WireError::new(
-                ErrorKind::Unauthorized,
-                "missing or wrong token",
-            ));
-        }
+    if !agent.admits(hello.token.as_deref()) {
+        return Err(WireError::new(
+            ErrorKind::Unauthorized,
+            "missing or wrong token",
+        ));
     }
     Ok(HelloReply {
         version: PROTOCOL_VERSION,
@@ -292,11 +291,6 @@ fn check_hello(hello: &Hello, agent: &Agent) -> Result<HelloReply, WireError> {
         boot_id: agent.boot_id.clone(),
         capabilities: agent.capabilities(),
     })
-}
-
-/// Compares without an early exit, so timing does not reveal a token prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn read_loop<R: AsyncRead + Unpin>(
@@ -612,12 +606,129 @@ fn queue<W: AsyncWrite + Unpin>(writer: &mut FrameWriter<W>, frame: &AgentFrame)
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use sandbox_protocol::{ReidentifyRequest, Reply};
+    use tokio::io::DuplexStream;
 
-    #[test]
-    fn token_comparison_is_exact() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
+    use super::*;
+    use crate::server::admission::Admission;
+
+    /// A client end of an in-memory connection to `agent`, served by [`serve`].
+    struct Peer {
+        reader: FrameReader<tokio::io::ReadHalf<DuplexStream>>,
+        writer: FrameWriter<WriteHalf<DuplexStream>>,
+    }
+
+    impl Peer {
+        fn connect(agent: &Arc<Agent>, admissions: &Admissions) -> Self {
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(serve(theirs, agent.clone(), admissions.clone()));
+            let (read_half, write_half) = tokio::io::split(ours);
+            Self {
+                reader: FrameReader::new(read_half, MAX_FRAME_BYTES),
+                writer: FrameWriter::new(write_half, MAX_FRAME_BYTES),
+            }
+        }
+
+        async fn send(&mut self, id: u64, msg: ClientMsg) {
+            let frame = ClientFrame {
+                id: RequestId(id),
+                msg,
+            };
+            self.writer.write(&frame).await.unwrap();
+        }
+
+        async fn answer(&mut self) -> AgentFrame {
+            match self.reader.read::<AgentFrame>().await.unwrap() {
+                Some(Decoded::Frame(frame)) => frame,
+                other => panic!("no frame from the agent: {other:?}"),
+            }
+        }
+
+        /// Sends a `Hello` with `token`; the agent's answer.
+        async fn hello(&mut self, token: &str) -> AgentMsg {
+            self.send(0, ClientMsg::Hello(Hello::new(Some(token.to_owned()))))
+                .await;
+            self.answer().await.msg
+        }
+
+        /// Sends `request` under `id`; its final answer.
+        async fn call(&mut self, id: u64, request: Request) -> AgentMsg {
+            self.send(id, ClientMsg::Request(request)).await;
+            let frame = self.answer().await;
+            assert_eq!(frame.id, RequestId(id));
+            frame.msg
+        }
+    }
+
+    fn admissions() -> Admissions {
+        Admissions {
+            pending: Admission::new(4),
+            served: Admission::new(4),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_new_token_applies_to_new_connections_only() {
+        let agent = Arc::new(Agent::new(
+            Duration::from_secs(60),
+            Some("old".into()),
+            false,
+        ));
+        let admissions = admissions();
+        let mut first = Peer::connect(&agent, &admissions);
+        assert!(matches!(first.hello("old").await, AgentMsg::Hello(_)));
+        let mut second = Peer::connect(&agent, &admissions);
+        assert!(matches!(second.hello("old").await, AgentMsg::Hello(_)));
+
+        let reidentify = Request::Reidentify(ReidentifyRequest {
+            hostname: None,
+            token: Some("new".into()),
+        });
+        assert_eq!(
+            first.call(1, reidentify).await,
+            AgentMsg::Reply(Reply::Done)
+        );
+
+        // Both connections authenticated under the old token are still served.
+        for peer in [&mut first, &mut second] {
+            assert!(matches!(
+                peer.call(2, Request::Ps).await,
+                AgentMsg::Reply(Reply::Ps(_))
+            ));
+        }
+        // A new connection with the old token is refused, one with the new accepted.
+        let mut stale = Peer::connect(&agent, &admissions);
+        match stale.hello("old").await {
+            AgentMsg::Error(error) => assert_eq!(error.kind, ErrorKind::Unauthorized),
+            other => panic!("the old token was accepted: {other:?}"),
+        }
+        let mut fresh = Peer::connect(&agent, &admissions);
+        assert!(matches!(fresh.hello("new").await, AgentMsg::Hello(_)));
+        assert!(matches!(
+            fresh.call(1, Request::Ps).await,
+            AgentMsg::Reply(Reply::Ps(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_refused_reidentify_keeps_the_old_token() {
+        let agent = Arc::new(Agent::new(
+            Duration::from_secs(60),
+            Some("old".into()),
+            false,
+        ));
+        let admissions = admissions();
+        let mut peer = Peer::connect(&agent, &admissions);
+        assert!(matches!(peer.hello("old").await, AgentMsg::Hello(_)));
+        let empty = Request::Reidentify(ReidentifyRequest {
+            hostname: None,
+            token: Some(String::new()),
+        });
+        match peer.call(1, empty).await {
+            AgentMsg::Error(error) => assert_eq!(error.kind, ErrorKind::BadRequest),
+            other => panic!("an empty token was accepted: {other:?}"),
+        }
+        let mut again = Peer::connect(&agent, &admissions);
+        assert!(matches!(again.hello("old").await, AgentMsg::Hello(_)));
     }
 }

@@ -90,6 +90,9 @@ pub async fn handle(
             .map(transferred)
             .map_err(file),
         Request::Resumed(request) => machine::resumed(agent, request).await.map(Reply::Info),
+        Request::Reidentify(request) => machine::reidentify(agent, request)
+            .await
+            .map(|()| Reply::Done),
         Request::Shutdown(request) => {
             machine::shutdown(agent, request);
             Ok(Reply::Done)

@@ -10,7 +10,8 @@
 //!
 //! # Layout
 //! One module per area: [`exec`], [`spawn_logs`], [`kill_ps`], [`pty`], [`files`],
-//! [`put_get`], [`protocol`] (raw frames), [`concurrency`].
+//! [`put_get`], [`protocol`] (raw frames), [`machine`] (what is safe on a shared
+//! agent), [`concurrency`].
 
 // Scenarios are tests: a failed unwrap is a failed test, with the value in the message.
 #![allow(clippy::unwrap_used)]
@@ -21,6 +22,7 @@ pub mod concurrency;
 pub mod exec;
 pub mod files;
 pub mod kill_ps;
+pub mod machine;
 pub mod protocol;
 pub mod pty;
 pub mod put_get;
@@ -109,6 +111,7 @@ pub fn all() -> Vec<Scenario> {
         protocol::plain_text_instead_of_a_hello_does_not_hurt_the_agent,
         protocol::a_connection_cut_mid_frame_does_not_hurt_the_agent,
         protocol::errors_about_a_running_requests_id_go_under_id_zero,
+        machine::reidentify_refuses_bad_input_and_changes_nothing,
         concurrency::two_hundred_concurrent_requests_on_one_connection_all_answer,
         concurrency::a_long_exec_and_a_follow_do_not_block_other_requests,
     ]
