@@ -332,6 +332,12 @@ impl Drop for TestVm {
 /// Sends `shutdown` through a raw connection on a thread of its own, so it works in
 /// `Drop` whatever the state of the test's runtime; an error if it did not go through.
 fn request_power_off(url: AgentUrl, token: String) -> Result<(), String> {
+    // A guest that is gone already has no socket (its relay removed it on the way out).
+    if let AgentUrl::Unix(path) | AgentUrl::Hvsock { path, .. } = &url {
+        if !path.exists() {
+            return Err(format!("{} is gone", path.display()));
+        }
+    }
     let sent = on_own_thread(Duration::from_secs(10), async move {
         let mut raw = RawConnection::to(&url).await.hello(Some(token)).await;
         raw.call(1, Request::Shutdown(ShutdownRequest { reboot: false }))

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use sandbox_vmm::launcher::AgentTransport;
 
 /// Drive a sandbox agent: run commands, manage processes, open terminals.
 #[derive(Debug, Parser)]
@@ -97,6 +98,69 @@ pub enum VmCommand {
     Ls(VmLsArgs),
     /// Shut a VM down (the guest first, then QEMU) and remove its run folder.
     Stop(VmStopArgs),
+    /// Checkpoint a running VM (brief pause; the VM goes on); prints the checkpoint id.
+    Checkpoint(VmCheckpointArgs),
+    /// Start N VMs from a checkpoint (copy-on-write RAM, each with its own identity);
+    /// prints each one's id and agent URL.
+    Branch(VmBranchArgs),
+    /// Checkpoint a VM and start N copies of it at once: all or nothing.
+    Fork(VmForkArgs),
+    /// List checkpoints and what uses them.
+    Checkpoints(VmLsArgs),
+    /// Delete a checkpoint (refused while a VM or another checkpoint uses it).
+    RmCheckpoint(VmRmCheckpointArgs),
+}
+
+/// `vm checkpoint`
+#[derive(Debug, Args)]
+pub struct VmCheckpointArgs {
+    /// The VM's id.
+    pub id: String,
+    /// A unique name to branch it by later.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `vm branch`
+#[derive(Debug, Args)]
+pub struct VmBranchArgs {
+    /// The checkpoint's id or name.
+    pub checkpoint: String,
+    /// How many VMs.
+    #[arg(short = 'n', long = "count", default_value_t = 1)]
+    pub count: usize,
+    /// Give up if a child's agent does not answer within this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120.0)]
+    pub boot_timeout: f64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `vm fork`
+#[derive(Debug, Args)]
+pub struct VmForkArgs {
+    /// The VM's id.
+    pub id: String,
+    /// How many copies.
+    #[arg(short = 'n', long = "count", default_value_t = 1)]
+    pub count: usize,
+    /// Give up if a copy's agent does not answer within this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 120.0)]
+    pub boot_timeout: f64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `vm rm-checkpoint`
+#[derive(Debug, Args)]
+pub struct VmRmCheckpointArgs {
+    /// The checkpoint's id or name.
+    pub checkpoint: String,
 }
 
 /// What to boot.
@@ -111,6 +175,10 @@ pub struct VmBootArgs {
     /// Give up if the agent is not ready within this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 120.0)]
     pub boot_timeout: f64,
+    /// How the host reaches the agent: serial (the default: can be checkpointed and
+    /// forked) or vsock.
+    #[arg(long, value_name = "serial|vsock")]
+    pub transport: Option<AgentTransport>,
 }
 
 /// `vm run`

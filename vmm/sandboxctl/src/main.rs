@@ -30,7 +30,8 @@
 //!   [`files`] (`put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`), [`system`]
 //!   (the guest-wide `resume` and `shutdown`), [`shell`] (`shell`, `attach`) on
 //!   [`terminal`] (raw mode, window size, stdin pump), [`info`], [`vm`]
-//!   (`vm run|start|ls|stop`, `--vm ID`), [`doctor`].
+//!   (`vm run|start|ls|stop`, `--vm ID`), [`snapshot`] (`vm checkpoint|branch|fork|
+//!   checkpoints|rm-checkpoint`), [`doctor`].
 //! - [`json`]: the JSON views of protocol types for `--json`.
 
 mod args;
@@ -45,6 +46,7 @@ mod output;
 mod procs;
 mod run;
 mod shell;
+mod snapshot;
 mod system;
 mod terminal;
 mod vm;

@@ -16,13 +16,14 @@ use crate::args::{VmBootArgs, VmCommand, VmLsArgs, VmRunArgs, VmStopArgs};
 use crate::exec;
 use crate::output::{self, print_json_line};
 use crate::run::{process_spec, seconds};
+use crate::snapshot;
 
 /// Exit code of `vm run` when SIGTERM or SIGHUP stopped it.
 const EXIT_SIGNALLED: u8 = 143;
 
 /// Resolves with the name of the first of SIGINT, SIGTERM or SIGHUP to arrive, so
 /// the caller can stop what it started instead of dying with the run folder left.
-async fn terminating_signal() -> &'static str {
+pub(crate) async fn terminating_signal() -> &'static str {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => "SIGINT",
         name = termination_request() => name,
@@ -57,6 +58,11 @@ pub(crate) async fn run(command: &VmCommand, token: Option<String>) -> anyhow::R
         VmCommand::Start(args) => vm_start(&launcher, args).await,
         VmCommand::Ls(args) => vm_ls(&launcher, args),
         VmCommand::Stop(args) => vm_stop(&launcher, args, token).await,
+        VmCommand::Checkpoint(args) => snapshot::checkpoint(&launcher, args).await,
+        VmCommand::Branch(args) => snapshot::branch(&launcher, args).await,
+        VmCommand::Fork(args) => snapshot::fork(&launcher, args).await,
+        VmCommand::Checkpoints(args) => snapshot::list(&launcher, args),
+        VmCommand::RmCheckpoint(args) => snapshot::remove(&launcher, args),
     }
 }
 
@@ -131,6 +137,7 @@ fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
         size,
         ready_timeout: seconds("--boot-timeout", args.boot_timeout)?,
         detached,
+        transport: args.transport,
         ..BootSpec::new(TemplateRef::parse(&args.template))
     })
 }

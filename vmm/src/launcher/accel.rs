@@ -287,6 +287,7 @@ async fn try_quick_boot_kvm(
         serial_socket: None,
         ram_file: None,
         incoming: false,
+        qmp_socket: None,
         disk: None,
         console_log: &console,
     };

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
@@ -14,23 +14,23 @@ use super::process::{ChildProcess, Lifetime};
 use super::qemu::{host_tsc_khz, kernel_cmdline, qemu_args, QemuSpec};
 use super::ready::ReadyListener;
 use super::relay_daemon::{self, ReadyLine, RelayPaths};
-use super::run_dir::{self, qemu_name, RunDir, RunDirEntry, VmId, VmRecord};
+use super::run_dir::{self, qemu_name, RunDir, RunDirEntry, VmId};
 use super::size::Size;
+use super::start::{transport_params, MachineSpec, Start};
 use super::sys::PidFd;
 use super::template::{Template, TemplateRef};
 use super::vm::{StopOutcome, Vm};
 use super::vsock_daemon::{DaemonPaths, VsockDaemon};
 use super::{
-    BootLogs, LaunchError, AGENT_PORT, AGENT_SOCKET, CONSOLE_LOG, DEFAULT_READY_TIMEOUT_SECS,
-    DISK_OVERLAY, QEMU_IMG_LOG, QEMU_LOG, READY_PORT, RELAY_LOG, SERIAL_SOCKET, VHOST_LOG,
-    VHOST_SOCKET, VSOCK_SOCKET,
+    BootLogs, LaunchError, AGENT_SOCKET, DEFAULT_READY_TIMEOUT_SECS, QEMU_IMG_LOG, QEMU_LOG,
+    READY_PORT, RELAY_LOG, SERIAL_SOCKET, VHOST_LOG, VHOST_SOCKET, VSOCK_SOCKET,
 };
 
 /// How long a process stopped by [`Launcher::stop`] gets after `SIGKILL`.
 const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a boot whose relay gave up waits for QEMU's exit, to report that instead.
-const EXIT_AFTER_RELAY: Duration = Duration::from_secs(2);
+pub(crate) const EXIT_AFTER_RELAY: Duration = Duration::from_secs(2);
 
 /// How long `vhost-device-vsock` gets to exit on `SIGTERM` in [`Launcher::stop`].
 const DAEMON_STOP_GRACE: Duration = Duration::from_millis(500);
@@ -86,7 +86,7 @@ impl Default for BootSpec {
 /// first boots of a kernel run the KVM quick boot once.
 #[derive(Debug)]
 pub struct Launcher {
-    config: LauncherConfig,
+    pub(crate) config: LauncherConfig,
     tsc_khz: OnceLock<Option<u32>>,
     /// Serializes accelerator decisions (the quick boot, then the cache).
     accel_lock: tokio::sync::Mutex<()>,
@@ -143,145 +143,40 @@ impl Launcher {
         let size = spec.size.unwrap_or(template.default_size);
         size.validate()?;
         let accel = self.accel_for(&template.kernel).await?;
-        let lifetime = if spec.detached {
-            Lifetime::Detached
-        } else {
-            Lifetime::Owned
-        };
 
         let transport = spec.transport.unwrap_or(self.config.transport);
-        let dir = RunDir::create(&self.config.run_root)?;
-        let agent_url = match transport {
-            AgentTransport::Vsock => {
-                format!("hvsock://{}:{AGENT_PORT}", dir.file(VSOCK_SOCKET).display())
-            }
-            AgentTransport::Serial => format!("unix://{}", dir.file(AGENT_SOCKET).display()),
-        };
-        let mut record = VmRecord {
-            id: dir.id().clone(),
-            owner_pid: std::process::id(),
-            detached: spec.detached,
-            qemu_pid: None,
-            daemon_pid: None,
-            agent_url,
+        // Every VM's agent requires its own random token: whoever can open the VM's
+        // socket still needs the token file, which only the owner can read.
+        let token = run_dir::generate_token().map_err(LaunchError::Token)?;
+        // Kernel parameters first: an init part (after `--`) in the extras stays last.
+        let extra = format!(
+            "{} {}",
+            transport_params(transport, &token),
+            spec.extra_cmdline
+        );
+        let cmdline = kernel_cmdline(&template.cmdline, &extra, self.tsc_khz());
+        let machine = MachineSpec {
             template: template.name.clone(),
             accel: accel.accel,
             size,
-            created_at_unix_ms: run_dir::now_unix_ms(),
             transport,
+            kernel: template.kernel.clone(),
+            initramfs: template.initramfs.clone(),
+            cmdline,
+            disk: template.disk.is_some(),
         };
-        dir.write_record(&record)?;
-        // Every VM's agent requires its own random token: whoever can open the VM's
-        // socket still needs the token file, which only the owner can read.
-        let token = run_dir::generate_token().map_err(|error| {
-            LaunchError::RunDir(run_dir::RunDirError::WriteRecord {
-                path: dir.file(run_dir::TOKEN_FILE),
-                error,
-            })
-        })?;
-        dir.write_token(&token)?;
-
-        let overlay = match (&template.disk, &spec.persistent_disk) {
-            (Some(_), Some(kept)) if kept.is_file() => Some(kept.clone()),
-            (Some(disk), Some(kept)) => Some(self.create_overlay(disk, kept, &dir).await?),
-            (Some(disk), None) => Some(
-                self.create_overlay(disk, &dir.file(DISK_OVERLAY), &dir)
-                    .await?,
-            ),
-            (None, _) => None,
-        };
-        let attach = self.attach_agent(transport, &dir, lifetime).await?;
-
-        // Kernel parameters first: an init part (after `--`) in the extras stays last.
-        let serial = match transport {
-            AgentTransport::Serial => format!("sandbox.serial={} ", super::qemu::SERIAL_PORT_NAME),
-            AgentTransport::Vsock => String::new(),
-        };
-        let extra = format!("sandbox.token={token} {serial}{}", spec.extra_cmdline);
-        let cmdline = kernel_cmdline(&template.cmdline, &extra, self.tsc_khz());
-        let name = qemu_name(dir.id());
-        let console = dir.file(CONSOLE_LOG);
-        let vhost_socket = dir.file(VHOST_SOCKET);
-        let serial_socket = dir.file(SERIAL_SOCKET);
-        let qemu_spec = QemuSpec {
-            name: &name,
-            accel: accel.accel,
-            size,
-            kernel: &template.kernel,
-            initramfs: template.initramfs.as_deref(),
-            cmdline: &cmdline,
-            vhost_socket: (transport == AgentTransport::Vsock).then_some(vhost_socket.as_path()),
-            serial_socket: (transport == AgentTransport::Serial).then_some(serial_socket.as_path()),
-            ram_file: attach.ram_file.as_deref().map(|path| (path, true)),
-            incoming: false,
-            disk: overlay.as_deref(),
-            console_log: &console,
-        };
-        let started = Instant::now();
-        let mut qemu = self.spawn_qemu(&qemu_spec, &dir, lifetime).await?;
-        record.qemu_pid = Some(qemu.pid());
-        record.daemon_pid = Some(attach.daemon.pid());
-        dir.write_record(&record)?;
-        tracing::info!(id = %record.id, template = %template.name, %size, accel = %accel.accel, %transport, qemu_pid = qemu.pid(), "booting");
-
-        let daemon = attach.daemon;
-        let waited = tokio::select! {
-            ready = attach.ready.receive() => Waited::Ready(ready),
-            status = qemu.wait() => Waited::Exited(status),
-            () = tokio::time::sleep(spec.ready_timeout) => Waited::TimedOut,
-        };
-        let boot_duration = started.elapsed();
-        let ready = match waited {
-            Waited::Ready(Ok(ready)) => ready,
-            Waited::Ready(Err(make)) => {
-                // A relay ends when QEMU closes its chardev, often a moment before
-                // QEMU's exit is seen: report the exit, the real cause, if it comes.
-                if let Ok(Ok(status)) = tokio::time::timeout(EXIT_AFTER_RELAY, qemu.wait()).await {
-                    return Err(fail(&mut qemu, &dir, |logs| LaunchError::QemuExited {
-                        status,
-                        logs,
-                    }));
-                }
-                return Err(fail(&mut qemu, &dir, make));
-            }
-            Waited::Exited(Ok(status)) => {
-                return Err(fail(&mut qemu, &dir, |logs| LaunchError::QemuExited {
-                    status,
-                    logs,
-                }))
-            }
-            Waited::Exited(Err(error)) => {
-                return Err(fail(&mut qemu, &dir, |_| LaunchError::Wait {
-                    what: "QEMU",
-                    error,
-                }))
-            }
-            Waited::TimedOut => {
-                return Err(fail(&mut qemu, &dir, |logs| LaunchError::ReadyTimeout {
-                    timeout: spec.ready_timeout,
-                    logs,
-                }))
-            }
-        };
-        tracing::info!(
-            id = %record.id,
-            boot_ms = u64::try_from(boot_duration.as_millis()).unwrap_or(u64::MAX),
-            agent_version = %ready.agent_version,
-            guest_uptime_ms = ready.uptime_ms,
-            "vm ready"
-        );
-        let run_path = dir.path().to_owned();
-        Ok(Vm {
-            record,
-            ready,
-            boot_duration,
+        self.start_machine(Start {
+            machine,
             accel,
+            disk_base: template.disk.clone(),
+            persistent_disk: spec.persistent_disk,
+            incoming: None,
             token,
-            qemu: Some(qemu),
-            daemon: Some(daemon),
-            run_dir: Some(dir),
-            run_path,
+            checkpoint: None,
+            detached: spec.detached,
+            ready_timeout: spec.ready_timeout,
         })
+        .await
     }
 
     /// Every run folder and whether its VM is alive.
@@ -290,8 +185,12 @@ impl Launcher {
     }
 
     /// Removes the folders of VMs whose owner and QEMU are gone; returns their names.
+    /// Then fork checkpoints that no VM maps any more go too (see
+    /// `snapshot::manifest::Store::sweep`).
     pub fn sweep(&self) -> Result<Vec<String>, LaunchError> {
-        Ok(run_dir::sweep(&self.config.run_root)?)
+        let removed = run_dir::sweep(&self.config.run_root)?;
+        self.checkpoint_store().sweep();
+        Ok(removed)
     }
 
     /// Stops a VM by id from any process (a detached VM, or one whose owner is
@@ -308,7 +207,10 @@ impl Launcher {
         if let Some(pid) = record.daemon_pid {
             stop_foreign(pid, &path.to_string_lossy(), DAEMON_STOP_GRACE).await;
         }
-        match run_dir::remove_run_folder(&path) {
+        let removed = run_dir::remove_run_folder(&path);
+        // The VM may have been the last user of a fork's checkpoint.
+        self.checkpoint_store().sweep();
+        match removed {
             Ok(()) => Ok(outcome),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(outcome),
             Err(error) => Err(LaunchError::RemoveRunDir {
@@ -320,7 +222,7 @@ impl Launcher {
 
     /// The transport's host side, started before QEMU: the vsock daemon and the
     /// readiness listener, or the relay (and where the guest RAM goes).
-    async fn attach_agent(
+    pub(crate) async fn attach_agent(
         &self,
         transport: AgentTransport,
         dir: &RunDir,
@@ -389,7 +291,7 @@ impl Launcher {
             .or_else(|| *self.tsc_khz.get_or_init(host_tsc_khz))
     }
 
-    async fn spawn_qemu(
+    pub(crate) async fn spawn_qemu(
         &self,
         spec: &QemuSpec<'_>,
         dir: &RunDir,
@@ -416,7 +318,7 @@ impl Launcher {
 
     /// `qemu-img create -f qcow2 -F <fmt> -b DISK RUN/overlay.qcow2`.
     /// Creates a qcow2 overlay at `overlay` backed by the template's `disk`.
-    async fn create_overlay(
+    pub(crate) async fn create_overlay(
         &self,
         disk: &Path,
         overlay: &Path,
@@ -535,31 +437,32 @@ fn reap_if_child(pid: u32) {
 }
 
 /// What ended the wait for `Ready`.
-enum Waited {
+pub(crate) enum Waited {
     Ready(ReadyResult),
     Exited(std::io::Result<std::process::ExitStatus>),
     TimedOut,
 }
 
 /// The host side of the agent's transport, before QEMU starts.
-struct AgentAttach {
-    daemon: VsockDaemon,
-    ready: ReadyWait,
-    ram_file: Option<PathBuf>,
+pub(crate) struct AgentAttach {
+    pub(crate) daemon: VsockDaemon,
+    pub(crate) ready: ReadyWait,
+    pub(crate) ram_file: Option<PathBuf>,
 }
 
 /// Where the agent's readiness arrives.
-enum ReadyWait {
+pub(crate) enum ReadyWait {
     /// A frame on the host's vsock readiness port.
     Vsock(ReadyListener),
     /// The relay's line once the agent attached to the link.
     Serial(ReadyLine),
 }
 
-type ReadyResult = Result<sandbox_protocol::Ready, Box<dyn FnOnce(BootLogs) -> LaunchError + Send>>;
+pub(crate) type ReadyResult =
+    Result<sandbox_protocol::Ready, Box<dyn FnOnce(BootLogs) -> LaunchError + Send>>;
 
 impl ReadyWait {
-    async fn receive(self) -> ReadyResult {
+    pub(crate) async fn receive(self) -> ReadyResult {
         match self {
             Self::Vsock(listener) => listener.receive().await.map_err(|error| {
                 Box::new(move |logs| LaunchError::Ready { error, logs }) as Box<_>
@@ -573,7 +476,7 @@ impl ReadyWait {
 
 /// A failed boot: stops QEMU first so the console is complete, then quotes the logs.
 /// The daemon and the run folder go when the caller returns.
-fn fail(
+pub(crate) fn fail(
     qemu: &mut ChildProcess,
     dir: &RunDir,
     make: impl FnOnce(BootLogs) -> LaunchError,

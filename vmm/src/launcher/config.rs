@@ -13,6 +13,7 @@
 //! | `SANDBOX_QEMU_IMG` | `qemu_img_path` | `qemu-img` on `PATH` |
 //! | `SANDBOX_VHOST_VSOCK` | `vhost_path` | `vhost-device-vsock` on `PATH` |
 //! | `SANDBOX_RELAY` | `relay_path` | `sandbox-relay` next to the running program, else on `PATH` |
+//! | `SANDBOX_CHECKPOINT_DIR` | `checkpoint_root` | `SANDBOX_HOME/checkpoints` |
 //! | `SANDBOX_RAM_DIR` | `ram_dir` | `/dev/shm` (a tmpfs: RAM files of serial-transport VMs) |
 //! | `SANDBOX_TRANSPORT` | `transport` | `serial` (`serial` or `vsock`) |
 
@@ -42,6 +43,8 @@ pub struct LauncherConfig {
     pub relay_path: PathBuf,
     /// A tmpfs folder for the guest RAM of serial-transport VMs (checkpoints copy it).
     pub ram_dir: PathBuf,
+    /// Where checkpoints are kept (on a disk: they outlive reboots).
+    pub checkpoint_root: PathBuf,
     /// How VMs are reached unless a boot says otherwise.
     pub transport: AgentTransport,
     /// KVM, TCG, or probe.
@@ -119,6 +122,7 @@ impl LauncherConfig {
     pub fn new(home: SandboxHome) -> Self {
         Self {
             run_root: home.run(),
+            checkpoint_root: home.root().join(super::snapshot::CHECKPOINTS_DIR),
             home,
             qemu_path: PathBuf::from("qemu-system-x86_64"),
             qemu_img_path: PathBuf::from("qemu-img"),
@@ -160,6 +164,9 @@ impl LauncherConfig {
         }
         if let Some(path) = set("SANDBOX_RELAY") {
             config.relay_path = path.into();
+        }
+        if let Some(path) = set("SANDBOX_CHECKPOINT_DIR") {
+            config.checkpoint_root = path.into();
         }
         if let Some(path) = set("SANDBOX_RAM_DIR") {
             config.ram_dir = path.into();

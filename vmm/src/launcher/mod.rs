@@ -50,6 +50,8 @@ pub mod qmp;
 pub mod ready;
 pub mod relay_daemon;
 pub mod run_dir;
+pub mod snapshot;
+pub mod start;
 /// VM sizes are the builder's type: `template.json` records one, checked at build.
 pub use sandbox_rootfs::size;
 mod sys;
@@ -95,6 +97,8 @@ pub const VSOCK_SOCKET: &str = "vm.vsock";
 pub const SERIAL_SOCKET: &str = "serial.sock";
 /// Where clients reach a serial-transport VM's agent (its relay listens).
 pub const AGENT_SOCKET: &str = "agent.sock";
+/// QEMU's monitor socket (serial-transport VMs).
+pub const QMP_SOCKET: &str = "qmp.sock";
 /// `sandbox-relay`'s log.
 pub const RELAY_LOG: &str = "relay.log";
 /// The copy-on-write overlay of the template disk.
@@ -175,6 +179,17 @@ pub enum LaunchError {
         #[source]
         error: ready::ReadyError,
         /// Console and QEMU log tails.
+        logs: BootLogs,
+    },
+    /// A fresh agent token could not be made.
+    #[error("Cannot generate an agent token")]
+    Token(#[source] std::io::Error),
+    /// A restoring QEMU did not take its checkpoint.
+    #[error("Cannot restore the checkpoint: {detail}\n{logs}")]
+    Restore {
+        /// What failed.
+        detail: String,
+        /// Console, QEMU and relay log tails.
         logs: BootLogs,
     },
     /// The relay reported no readiness (serial transport).

@@ -56,6 +56,8 @@ pub(crate) struct QemuSpec<'a> {
     pub ram_file: Option<(&'a Path, bool)>,
     /// Wait for an incoming migration (`-incoming defer`) instead of booting.
     pub incoming: bool,
+    /// QEMU's monitor (QMP) socket, for checkpoints and restores.
+    pub qmp_socket: Option<&'a Path>,
     /// A qcow2 overlay attached as virtio-blk (`/dev/vda`).
     pub disk: Option<&'a Path>,
     /// Where the serial console is written.
@@ -145,6 +147,12 @@ pub(crate) fn qemu_args(spec: &QemuSpec<'_>) -> Vec<OsString> {
     ]);
     args.push(["-serial".to_owned(), format!("chardev:{CONSOLE_CHARDEV}")]);
     args.push(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"]);
+    if let Some(socket) = spec.qmp_socket {
+        args.push([
+            OsString::from("-qmp"),
+            option_with_path("unix:", socket, ",server=on,wait=off"),
+        ]);
+    }
     if spec.incoming {
         args.push(["-incoming", "defer"]);
     }
@@ -278,6 +286,7 @@ mod tests {
             serial_socket: None,
             ram_file: None,
             incoming: false,
+            qmp_socket: None,
             disk: None,
             console_log: Path::new("/run/abc/console.log"),
         }
@@ -330,6 +339,7 @@ mod tests {
         s.serial_socket = Some(Path::new("/run/abc/serial.sock"));
         s.ram_file = Some((Path::new("/dev/shm/a,b.ram"), true));
         s.incoming = true;
+        s.qmp_socket = Some(Path::new("/run/abc/qmp.sock"));
         let args = strings(&qemu_args(&s));
         let joined = args.join(" ");
         assert!(joined.contains(
@@ -339,7 +349,9 @@ mod tests {
             "-device virtio-serial-device -chardev socket,id=agent0,path=/run/abc/serial.sock,server=on,wait=off -device virtserialport,chardev=agent0,name=sandbox.agent"
         ));
         assert!(!joined.contains("vhost-user"));
-        assert!(joined.ends_with("-no-reboot -incoming defer"));
+        assert!(joined.ends_with(
+            "-no-reboot -qmp unix:/run/abc/qmp.sock,server=on,wait=off -incoming defer"
+        ));
         s.ram_file = Some((Path::new("/ckpt/ram"), false));
         assert!(strings(&qemu_args(&s)).contains(
             &"memory-backend-file,id=mem,size=1024M,mem-path=/ckpt/ram,share=off".to_owned()

@@ -186,6 +186,10 @@ pub struct VmRecord {
     /// How the agent is reached (records from before transports existed: vsock).
     #[serde(default = "vsock")]
     pub transport: super::AgentTransport,
+    /// The checkpoint this VM was restored from and still maps (its RAM image and
+    /// disk): such a checkpoint is not deleted while the VM lives.
+    #[serde(default)]
+    pub checkpoint: Option<String>,
 }
 
 fn vsock() -> super::AgentTransport {
@@ -268,23 +272,26 @@ impl RunDir {
 
     /// Writes the agent's token, readable by the owner only.
     pub(crate) fn write_token(&self, token: &str) -> Result<(), RunDirError> {
-        let path = self.file(TOKEN_FILE);
-        let write = || -> io::Result<()> {
-            use std::io::Write;
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)?;
-            file.write_all(token.as_bytes())
-        };
-        write().map_err(|error| RunDirError::WriteRecord {
-            path: path.clone(),
-            error,
-        })
+        write_token_file(&self.path, token)
     }
 
-    /// Writes `vm.json` atomically (temporary file, then rename).
+    /// Writes `value` as `name` in the folder (atomically, like the record).
+    pub(crate) fn write_json<T: Serialize>(
+        &self,
+        name: &str,
+        value: &T,
+    ) -> Result<(), RunDirError> {
+        let path = self.file(name);
+        let failed = |error| RunDirError::WriteRecord {
+            path: path.clone(),
+            error,
+        };
+        let text = serde_json::to_vec_pretty(value).map_err(|e| failed(io::Error::other(e)))?;
+        let temp = self.file(&format!(".{name}.tmp"));
+        fs::write(&temp, text).map_err(failed)?;
+        fs::rename(&temp, &path).map_err(failed)
+    }
+
     pub(crate) fn write_record(&self, record: &VmRecord) -> Result<(), RunDirError> {
         let path = self.file(RECORD_FILE);
         let tmp = self.file(".vm.json.tmp");
@@ -369,6 +376,27 @@ impl RunDirEntry {
     pub fn token(&self) -> Option<String> {
         read_token(&self.path)
     }
+}
+
+/// Writes `dir/token` (mode 0600), replacing it atomically.
+pub(crate) fn write_token_file(dir: &Path, token: &str) -> Result<(), RunDirError> {
+    let path = dir.join(TOKEN_FILE);
+    let temp = dir.join(".token.tmp");
+    let write = || -> io::Result<()> {
+        use std::io::Write;
+        let _ = fs::remove_file(&temp);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temp)?;
+        file.write_all(token.as_bytes())?;
+        fs::rename(&temp, &path)
+    };
+    write().map_err(|error| RunDirError::WriteRecord {
+        path: path.clone(),
+        error,
+    })
 }
 
 /// Reads `dir/token`, if present.
@@ -564,6 +592,7 @@ mod tests {
             size: Size::SMALL,
             created_at_unix_ms: now_unix_ms(),
             transport: crate::launcher::AgentTransport::Vsock,
+            checkpoint: None,
         }
     }
 

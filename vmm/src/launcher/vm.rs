@@ -92,6 +92,18 @@ impl Vm {
         &self.token
     }
 
+    /// Records a new token the agent was given (`reidentify`): in the handle and the
+    /// run folder's token file.
+    pub(crate) fn set_token(&mut self, token: String) -> Result<(), LaunchError> {
+        if let Some(dir) = &self.run_dir {
+            dir.write_token(&token)?;
+        } else {
+            super::run_dir::write_token_file(&self.run_path, &token)?;
+        }
+        self.token = token;
+        Ok(())
+    }
+
     /// Connection options for this VM's agent: its token, and the given timeout.
     pub fn connect_options(&self, connect_timeout: Duration) -> crate::client::ConnectOptions {
         crate::client::ConnectOptions {

@@ -1,0 +1,458 @@
+//! Snapshots of real microVMs: checkpoint, branch, fork (and a fork of a fork), with
+//! what users rely on checked in the guests: children see the parent's files and
+//! processes at the fork point and diverge afterwards; each child draws its own random
+//! numbers, has its own machine id, hostname and token; the guest clock is within
+//! 50 ms of the host's after every restore; a checkpoint made by one process is
+//! branched by another (`sandboxctl vm branch`); deleting a checkpoint in use is
+//! refused; a failed fork leaves no VM, daemon or file; a VM on an ext4 root disk
+//! checkpoints and branches too.
+//!
+//! Checkpoints go to a folder of this test process (`LauncherConfig::checkpoint_root`),
+//! checked empty at the end. Timings are printed; run with `--nocapture` to see them.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::{Command, ProcessSpec, ProcessState};
+use sandbox_tests::vm::{block_on, vm_main, VmTest};
+use sandbox_tests::vm::{build_template_with, default_template, READY_TIMEOUT_SECS};
+use sandbox_tests::{binaries, exec_sh, TempDir};
+use sandbox_vmm::client::{Client, ConnectOptions};
+use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointSpec, SnapshotError};
+use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm, VmId};
+
+/// The largest distance allowed between a restored guest's wall clock and the host's.
+const CLOCK_SKEW_LIMIT: Duration = Duration::from_millis(50);
+
+fn main() -> std::process::ExitCode {
+    vm_main(&[
+        VmTest {
+            name: "fork_children_share_the_fork_point_then_diverge_with_their_own_identity",
+            run: || block_on(fork_children_share_the_fork_point_then_diverge()),
+        },
+        VmTest {
+            name: "a_checkpoint_is_branched_by_another_process_and_kept_while_in_use",
+            run: || block_on(a_checkpoint_is_branched_by_another_process()),
+        },
+        VmTest {
+            name: "a_failed_fork_leaves_no_vm_daemon_or_file",
+            run: || block_on(a_failed_fork_leaves_nothing()),
+        },
+        VmTest {
+            name: "a_vm_on_an_ext4_root_disk_checkpoints_and_branches",
+            run: || block_on(a_disk_vm_checkpoints_and_branches()),
+        },
+    ])
+}
+
+/// A launcher of this test alone: its own run root and checkpoint folder.
+struct Host {
+    launcher: Launcher,
+    _scratch: TempDir,
+}
+
+impl Host {
+    fn new(tag: &str) -> Option<Self> {
+        if !sandbox_tests::vm::require(&format!("microvm_snapshots::{tag}")) {
+            return None;
+        }
+        let scratch = TempDir::new(&format!("snap-{tag}"));
+        let mut config = LauncherConfig::from_env().unwrap();
+        config.run_root = scratch.path().join("run");
+        config.checkpoint_root = scratch.path().join("checkpoints");
+        Some(Self {
+            launcher: Launcher::new(config),
+            _scratch: scratch,
+        })
+    }
+
+    async fn boot(&self, template: TemplateRef) -> Vm {
+        let mut spec = BootSpec::new(template);
+        spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+        self.launcher
+            .boot(spec)
+            .await
+            .unwrap_or_else(|e| panic!("boot failed: {}", sandbox_vmm::error_chain(&e)))
+    }
+
+    fn checkpoint_root(&self) -> &Path {
+        &self.launcher.config().checkpoint_root
+    }
+
+    /// Nothing left: no run folder, no checkpoint (nor a half-written one).
+    fn assert_empty(&self) {
+        let left = self.launcher.list().unwrap();
+        assert!(left.is_empty(), "run folders left: {left:?}");
+        let checkpoints: Vec<_> = std::fs::read_dir(self.checkpoint_root())
+            .map(|dir| dir.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            checkpoints.is_empty(),
+            "checkpoint files left: {checkpoints:?}"
+        );
+    }
+}
+
+fn branch_spec() -> BranchSpec {
+    BranchSpec {
+        detached: false,
+        ready_timeout: Duration::from_secs(READY_TIMEOUT_SECS),
+    }
+}
+
+async fn client(vm: &Vm) -> Client {
+    vm.client(&ConnectOptions::default())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot reach VM {}: {}",
+                vm.id(),
+                sandbox_vmm::error_chain(&e)
+            )
+        })
+}
+
+/// Runs `script`, asserts exit 0, returns stdout.
+async fn sh(client: &Client, script: &str) -> String {
+    let reply = client.exec(exec_sh(script)).await.unwrap();
+    assert_eq!(
+        reply.exit.unwrap().code,
+        Some(0),
+        "{script}: {}",
+        String::from_utf8_lossy(&reply.stderr)
+    );
+    String::from_utf8(reply.stdout).unwrap()
+}
+
+/// Asserts the guest's wall clock is within [`CLOCK_SKEW_LIMIT`] of the host's
+/// (allowing for the round trip the reading took). The guest's time is the mtime it
+/// gives a file it writes (busybox `date` has no nanoseconds).
+async fn assert_clock(client: &Client, what: &str) {
+    let before = unix_ms();
+    client
+        .write_file("/tmp/.clock", Vec::new(), None)
+        .await
+        .unwrap();
+    let after = unix_ms();
+    let guest = i128::from(client.stat("/tmp/.clock").await.unwrap().modified_ms);
+    let limit = CLOCK_SKEW_LIMIT.as_millis() as i128;
+    assert!(
+        guest >= before - limit && guest <= after + limit,
+        "{what}: guest clock {guest} ms is off the host's [{before}, {after}] by more than {CLOCK_SKEW_LIMIT:?}"
+    );
+    eprintln!(
+        "{what}: guest clock {} ms after the start and {} ms before the end of the host's reading window",
+        guest - before,
+        after - guest
+    );
+}
+
+fn unix_ms() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i128
+}
+
+/// A counter that appends a line to a file and its log every 100 ms.
+fn ticker() -> ProcessSpec {
+    ProcessSpec::new(Command::Shell(
+        "i=0; while true; do i=$((i+1)); echo tick $i; echo $i >> /tmp/ticks; sleep 0.1; done"
+            .into(),
+    ))
+}
+
+async fn fork_children_share_the_fork_point_then_diverge() {
+    let Some(host) = Host::new("fork") else {
+        return;
+    };
+    let parent = host.boot(default_template()).await;
+    let parent_client = client(&parent).await;
+    sh(&parent_client, "echo before-fork > /tmp/state").await;
+    let ticker = parent_client.spawn(ticker()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A fresh boot may have no machine id yet: "none" then.
+    let parent_id = sh(
+        &parent_client,
+        "cat /etc/machine-id 2>/dev/null || echo none",
+    )
+    .await;
+
+    let started = Instant::now();
+    let fork = host
+        .launcher
+        .fork(parent.id(), 2, branch_spec())
+        .await
+        .unwrap_or_else(|e| panic!("fork failed: {}", sandbox_vmm::error_chain(&e)));
+    eprintln!(
+        "fork -n 2: pause {:?}, all children answering after {:?}",
+        fork.checkpoint.pause,
+        started.elapsed()
+    );
+    assert_eq!(fork.children.len(), 2);
+    assert!(fork.checkpoint.manifest.ephemeral);
+    // The parent goes on, with its clock corrected after the pause.
+    assert_eq!(sh(&parent_client, "cat /tmp/state").await, "before-fork\n");
+    assert_clock(&parent_client, "parent after the checkpoint").await;
+
+    let mut ids = vec![parent_id.clone()];
+    let mut draws = Vec::new();
+    for (n, child) in fork.children.iter().enumerate() {
+        let c = client(child).await;
+        assert_clock(&c, &format!("child {n}")).await;
+        // The parent's files and processes at the fork point.
+        assert_eq!(sh(&c, "cat /tmp/state").await, "before-fork\n");
+        let ps = c.ps().await.unwrap();
+        assert!(
+            ps.iter()
+                .any(|p| p.pid == ticker && p.state == ProcessState::Running),
+            "the spawned ticker is not running in child {n}: {ps:?}"
+        );
+        let logs = c.logs(ticker, Some(0)).await.unwrap();
+        let text: Vec<u8> = logs
+            .batch
+            .chunks
+            .iter()
+            .flat_map(|c| c.data.clone())
+            .collect();
+        assert!(
+            String::from_utf8_lossy(&text).contains("tick 1\n"),
+            "child {n} lost the ticker's log"
+        );
+        // It keeps ticking in the child.
+        let before: u64 = sh(&c, "tail -n1 /tmp/ticks").await.trim().parse().unwrap();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let after: u64 = sh(&c, "tail -n1 /tmp/ticks").await.trim().parse().unwrap();
+        assert!(
+            after > before,
+            "the ticker stopped in child {n}: {before} -> {after}"
+        );
+        // Diverge.
+        sh(&c, &format!("echo child-{n} > /tmp/state")).await;
+        assert_eq!(sh(&c, "cat /tmp/state").await, format!("child-{n}\n"));
+        ids.push(sh(&c, "cat /etc/machine-id").await);
+        draws.push(sh(&c, "head -c 32 /dev/urandom | od -An -tx1").await);
+        let hostname = sh(&c, "hostname").await;
+        assert_eq!(hostname.trim(), format!("sandbox-{}", child.id()));
+        // Its own token: the parent's is refused.
+        assert_ne!(child.token(), parent.token());
+        let stale = ConnectOptions {
+            token: Some(parent.token().to_owned()),
+            ..ConnectOptions::default()
+        };
+        let refused = Client::connect(&child.url(), &stale).await;
+        assert!(refused.is_err(), "child {n} accepted the parent's token");
+    }
+    assert_eq!(sh(&parent_client, "cat /tmp/state").await, "before-fork\n");
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "machine ids are not all different");
+    assert_ne!(
+        draws[0], draws[1],
+        "two children drew the same random bytes"
+    );
+
+    // A fork of a fork: the child's RAM is private, so it goes into the stream.
+    let grandchildren = host
+        .launcher
+        .fork(fork.children[0].id(), 1, branch_spec())
+        .await
+        .unwrap_or_else(|e| panic!("fork of a fork failed: {}", sandbox_vmm::error_chain(&e)));
+    let g = client(&grandchildren.children[0]).await;
+    assert_eq!(sh(&g, "cat /tmp/state").await, "child-0\n");
+    assert_clock(&g, "grandchild").await;
+
+    // The fork's checkpoint is in use while its children run.
+    let in_use = host
+        .launcher
+        .delete_checkpoint(&fork.checkpoint.manifest.id);
+    assert!(
+        matches!(in_use, Err(SnapshotError::InUse { .. })),
+        "{in_use:?}"
+    );
+
+    for vm in grandchildren.children.into_iter().chain(fork.children) {
+        vm.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+    parent.shutdown(Duration::from_secs(5)).await.unwrap();
+    for checkpoint in host.launcher.checkpoints().unwrap() {
+        host.launcher
+            .delete_checkpoint(&checkpoint.manifest.id)
+            .unwrap();
+    }
+    host.assert_empty();
+}
+
+async fn a_checkpoint_is_branched_by_another_process() {
+    let Some(host) = Host::new("branch") else {
+        return;
+    };
+    let parent = host.boot(default_template()).await;
+    let parent_client = client(&parent).await;
+    sh(&parent_client, "echo named > /tmp/marker").await;
+    let checkpoint = host
+        .launcher
+        .checkpoint(
+            parent.id(),
+            CheckpointSpec {
+                name: Some("e2e-base".into()),
+                ephemeral: false,
+            },
+        )
+        .await
+        .unwrap();
+    eprintln!(
+        "checkpoint: pause {:?}, total {:?}, state {} B, RAM {} B on disk",
+        checkpoint.pause,
+        checkpoint.total,
+        checkpoint.manifest.state_bytes,
+        checkpoint.manifest.ram_bytes
+    );
+    // A second checkpoint may not take the name.
+    let taken = host
+        .launcher
+        .checkpoint(
+            parent.id(),
+            CheckpointSpec {
+                name: Some("e2e-base".into()),
+                ephemeral: false,
+            },
+        )
+        .await;
+    assert!(
+        matches!(taken, Err(SnapshotError::NameTaken(_))),
+        "{taken:?}"
+    );
+    parent.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    // Another process branches it by name, detached.
+    let config = host.launcher.config();
+    let output = std::process::Command::new(&binaries().sandboxctl)
+        .args(["vm", "branch", "e2e-base", "-n", "1"])
+        .env("SANDBOX_RUN_DIR", &config.run_root)
+        .env("SANDBOX_CHECKPOINT_DIR", &config.checkpoint_root)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "vm branch failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let child_id: VmId = stdout.split('\t').next().unwrap().parse().unwrap();
+    let cat = std::process::Command::new(&binaries().sandboxctl)
+        .args(["--vm", child_id.as_str(), "cat", "/tmp/marker"])
+        .env("SANDBOX_RUN_DIR", &config.run_root)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&cat.stdout), "named\n");
+
+    // In use by the child: refused, with who uses it.
+    match host.launcher.delete_checkpoint("e2e-base") {
+        Err(SnapshotError::InUse { users, .. }) => assert!(users.contains(child_id.as_str())),
+        other => panic!("deleting a checkpoint in use: {other:?}"),
+    }
+    host.launcher
+        .stop(&child_id, Duration::from_secs(5))
+        .await
+        .unwrap();
+    host.launcher.delete_checkpoint("e2e-base").unwrap();
+    host.assert_empty();
+}
+
+async fn a_failed_fork_leaves_nothing() {
+    let Some(host) = Host::new("failed") else {
+        return;
+    };
+    let parent = host.boot(default_template()).await;
+    // No child can attach within a millisecond: every child fails.
+    let spec = BranchSpec {
+        detached: false,
+        ready_timeout: Duration::from_millis(1),
+    };
+    let error = host.launcher.fork(parent.id(), 2, spec).await.unwrap_err();
+    eprintln!(
+        "the fork failed as it should: {}",
+        sandbox_vmm::error_chain(&error)
+    );
+    assert!(matches!(error, SnapshotError::Child { .. }), "{error:?}");
+    // Only the parent is left: no child's folder, QEMU or relay, no checkpoint.
+    let left = host.launcher.list().unwrap();
+    assert_eq!(left.len(), 1, "{left:?}");
+    let strays = std::process::Command::new("pgrep")
+        .args(["-f", &host.launcher.config().run_root.to_string_lossy()])
+        .output()
+        .unwrap();
+    let pids = String::from_utf8_lossy(&strays.stdout).lines().count();
+    // The parent's QEMU and relay.
+    assert_eq!(
+        pids,
+        2,
+        "processes left: {}",
+        String::from_utf8_lossy(&strays.stdout)
+    );
+    parent.shutdown(Duration::from_secs(5)).await.unwrap();
+    host.assert_empty();
+}
+
+async fn a_disk_vm_checkpoints_and_branches() {
+    let Some(host) = Host::new("disk") else {
+        return;
+    };
+    let scratch = TempDir::new("snap-disk-tpl");
+    let name = format!("e2e-snap-disk-{}", std::process::id());
+    let built = build_template_with(
+        &name,
+        "busybox",
+        &scratch.path().join("template"),
+        &["--layout", "disk", "--disk-free-mib", "64"],
+    );
+    let parent = host.boot(TemplateRef::Path(built.dir.clone())).await;
+    let parent_client = client(&parent).await;
+    let mounts = sh(&parent_client, "cat /proc/mounts").await;
+    assert!(
+        mounts.contains("/dev/vda / ext4"),
+        "not on the ext4 disk:\n{mounts}"
+    );
+    sh(&parent_client, "echo on-disk > /root-marker && sync").await;
+    let checkpoint = host
+        .launcher
+        .checkpoint(parent.id(), CheckpointSpec::default())
+        .await
+        .unwrap_or_else(|e| panic!("checkpoint failed: {}", sandbox_vmm::error_chain(&e)));
+    // The source writes to its new overlay; the checkpoint's disk is frozen.
+    sh(&parent_client, "echo after > /root-marker && sync").await;
+    let children = host
+        .launcher
+        .branch(&checkpoint.manifest.id, 1, branch_spec())
+        .await
+        .unwrap_or_else(|e| panic!("branch failed: {}", sandbox_vmm::error_chain(&e)));
+    let c = client(&children[0]).await;
+    assert_eq!(sh(&c, "cat /root-marker").await, "on-disk\n");
+    sh(&c, "echo child > /root-marker && sync").await;
+    assert_eq!(sh(&parent_client, "cat /root-marker").await, "after\n");
+    // A second checkpoint of the source chains onto the first one's disk.
+    let second = host
+        .launcher
+        .checkpoint(parent.id(), CheckpointSpec::default())
+        .await
+        .unwrap();
+    let in_use = host.launcher.delete_checkpoint(&checkpoint.manifest.id);
+    assert!(
+        matches!(in_use, Err(SnapshotError::InUse { .. })),
+        "{in_use:?}"
+    );
+    for vm in children {
+        vm.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+    parent.shutdown(Duration::from_secs(5)).await.unwrap();
+    host.launcher
+        .delete_checkpoint(&second.manifest.id)
+        .unwrap();
+    host.launcher
+        .delete_checkpoint(&checkpoint.manifest.id)
+        .unwrap();
+    host.assert_empty();
+}

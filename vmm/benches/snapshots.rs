@@ -1,0 +1,219 @@
+//! Snapshots of a real microVM of the `default` template, next to the cold boot
+//! measured in the same run (these machines are noisy: the ratios are what to read).
+//! Run: `cargo bench -p sandbox-vmm --bench snapshots`.
+//!
+//! Prints:
+//! - cold boot (`Launcher::boot` to a connected client), median of [`COLD_BOOTS`];
+//! - the checkpoint pause of an idle VM (`stop` to `cont`), median of [`CHECKPOINTS`],
+//!   and the whole call;
+//! - start from a checkpoint (`branch -n 1` to a connected client) next to the cold
+//!   boot;
+//! - `fork -n N` to all N children answering, for N in [`FORKS`];
+//! - memory per child (PSS of its QEMU from `/proc/PID/smaps_rollup`), idle and after
+//!   each child wrote 32 MiB into its `/tmp`.
+//!
+//! Needs what the microVM tests need; VMs and checkpoints go to private folders
+//! under `/tmp`, checked empty at the end.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // A benchmark fails by panicking.
+
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::{Command, ExecRequest, ProcessSpec};
+use sandbox_vmm::client::{Client, ConnectOptions};
+use sandbox_vmm::error_chain;
+use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointSpec};
+use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
+
+const TEMPLATE: &str = "default";
+const COLD_BOOTS: usize = 3;
+const CHECKPOINTS: usize = 5;
+const FORKS: &[usize] = &[1, 4, 16];
+const READY_TIMEOUT: Duration = Duration::from_secs(300);
+const GRACE: Duration = Duration::from_secs(5);
+
+fn spec() -> BranchSpec {
+    BranchSpec {
+        detached: false,
+        ready_timeout: READY_TIMEOUT,
+    }
+}
+
+async fn client(vm: &Vm) -> Client {
+    vm.client(&ConnectOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach VM {}: {}", vm.id(), error_chain(&e)))
+}
+
+async fn boot(launcher: &Launcher) -> Vm {
+    let mut spec = BootSpec::new(TemplateRef::parse(TEMPLATE));
+    spec.ready_timeout = READY_TIMEOUT;
+    launcher
+        .boot(spec)
+        .await
+        .unwrap_or_else(|e| panic!("boot failed: {}", error_chain(&e)))
+}
+
+async fn sh(client: &Client, script: &str) {
+    let request = ExecRequest {
+        spec: ProcessSpec::new(Command::Shell(script.into())),
+        stdin: Vec::new(),
+        timeout_ms: None,
+        stream: false,
+    };
+    let reply = client.exec(request).await.unwrap();
+    assert_eq!(reply.exit.and_then(|e| e.code), Some(0), "{script}");
+}
+
+/// PSS of a process in MiB (`Pss:` of `/proc/PID/smaps_rollup`).
+fn pss_mib(pid: u32) -> f64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let kib: f64 = text
+        .lines()
+        .find(|l| l.starts_with("Pss:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    let scratch = std::env::temp_dir().join(format!("sbx-snapbench-{}", std::process::id()));
+    let mut config = LauncherConfig::from_env().expect("launcher configuration");
+    config.run_root = scratch.join("run");
+    config.checkpoint_root = scratch.join("checkpoints");
+    let launcher = Launcher::new(config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        // Warm-up boot (accelerator decision, page cache); not a sample.
+        boot(&launcher).await.shutdown(GRACE).await.unwrap();
+
+        let mut cold = Vec::new();
+        for _ in 0..COLD_BOOTS {
+            let started = Instant::now();
+            let vm = boot(&launcher).await;
+            client(&vm).await.ps().await.unwrap();
+            cold.push(started.elapsed());
+            vm.shutdown(GRACE).await.unwrap();
+        }
+        let cold = median(cold);
+
+        let parent = boot(&launcher).await;
+        let size = parent.size();
+        println!(
+            "template {TEMPLATE}: {} vCPU / {} MiB, {}",
+            size.vcpus,
+            size.memory_mib,
+            parent.accel().accel
+        );
+        let (mut pauses, mut totals) = (Vec::new(), Vec::new());
+        let mut last = None;
+        for _ in 0..CHECKPOINTS {
+            let checkpoint = launcher
+                .checkpoint(parent.id(), CheckpointSpec::default())
+                .await
+                .unwrap_or_else(|e| panic!("checkpoint failed: {}", error_chain(&e)));
+            pauses.push(checkpoint.pause);
+            totals.push(checkpoint.total);
+            if let Some(previous) = last.replace(checkpoint.manifest.id.clone()) {
+                launcher.delete_checkpoint(&previous).unwrap();
+            }
+        }
+        let checkpoint_id = last.unwrap();
+        let manifest = launcher
+            .checkpoints()
+            .unwrap()
+            .into_iter()
+            .find(|c| c.manifest.id == checkpoint_id)
+            .unwrap()
+            .manifest;
+
+        let mut restores = Vec::new();
+        for _ in 0..COLD_BOOTS {
+            let started = Instant::now();
+            let children = launcher.branch(&checkpoint_id, 1, spec()).await.unwrap();
+            client(&children[0]).await.ps().await.unwrap();
+            restores.push(started.elapsed());
+            for vm in children {
+                vm.shutdown(GRACE).await.unwrap();
+            }
+        }
+        let restore = median(restores);
+
+        println!("| measure | value | next to a cold boot |");
+        println!("| --- | --- | --- |");
+        println!(
+            "| cold boot to first answer (median of {COLD_BOOTS}) | {:.0} ms | 1.00x |",
+            ms(cold)
+        );
+        println!(
+            "| checkpoint pause, idle VM (median of {CHECKPOINTS}) | {:.1} ms | |",
+            ms(median(pauses))
+        );
+        println!(
+            "| checkpoint call, idle VM (median) | {:.0} ms | |",
+            ms(median(totals))
+        );
+        println!(
+            "| checkpoint size: device state / RAM image on disk | {:.2} MiB / {:.1} MiB | |",
+            manifest.state_bytes as f64 / 1048576.0,
+            manifest.ram_bytes as f64 / 1048576.0
+        );
+        println!(
+            "| start from checkpoint to first answer (median of {COLD_BOOTS}) | {:.0} ms | {:.1}x faster |",
+            ms(restore),
+            cold.as_secs_f64() / restore.as_secs_f64()
+        );
+
+        for &n in FORKS {
+            let started = Instant::now();
+            let fork = launcher
+                .fork(parent.id(), n, spec())
+                .await
+                .unwrap_or_else(|e| panic!("fork -n {n} failed: {}", error_chain(&e)));
+            for child in &fork.children {
+                client(child).await.ps().await.unwrap();
+            }
+            let took = started.elapsed();
+            let pids: Vec<u32> = fork.children.iter().filter_map(Vm::qemu_pid).collect();
+            let idle: f64 = pids.iter().map(|&p| pss_mib(p)).sum::<f64>() / n as f64;
+            for child in &fork.children {
+                sh(&client(child).await, "head -c 33554432 /dev/urandom > /tmp/fill").await;
+            }
+            let written: f64 = pids.iter().map(|&p| pss_mib(p)).sum::<f64>() / n as f64;
+            println!(
+                "| fork -n {n} to all answering (pause {:.0} ms) | {:.0} ms | {:.2}x of one cold boot |",
+                ms(fork.checkpoint.pause),
+                ms(took),
+                took.as_secs_f64() / cold.as_secs_f64()
+            );
+            println!(
+                "| PSS per child, {n} children: idle / after writing 32 MiB | {idle:.1} MiB ({:.1}% of RAM) / {written:.1} MiB | |",
+                100.0 * idle / size.memory_mib as f64
+            );
+            for vm in fork.children {
+                vm.shutdown(GRACE).await.unwrap();
+            }
+        }
+        parent.shutdown(GRACE).await.unwrap();
+        for checkpoint in launcher.checkpoints().unwrap() {
+            launcher.delete_checkpoint(&checkpoint.manifest.id).unwrap();
+        }
+    });
+    let left = launcher.list().unwrap();
+    assert!(left.is_empty(), "run folders left: {left:?}");
+    let _ = std::fs::remove_dir_all(&scratch);
+}

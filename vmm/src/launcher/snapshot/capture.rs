@@ -1,0 +1,449 @@
+//! Taking a checkpoint of a running VM (see the module docs of `snapshot`).
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::manifest::{
+    check_name, Manifest, RamImage, Store, DISK_FILE, INITRAMFS_FILE, KERNEL_FILE, MANIFEST_FILE,
+    RAM_FILE, STATE_FILE, TOKEN_FILE,
+};
+use super::SnapshotError;
+use crate::launcher::boot::Launcher;
+use crate::launcher::config::AgentTransport;
+use crate::launcher::qmp::{MigrationStatus, Qmp, RunState};
+use crate::launcher::run_dir::{self, VmId, RAM_LINK};
+use crate::launcher::start::{
+    read_disk_top, shell_quote, write_disk_top, MachineSpec, MACHINE_FILE,
+};
+use crate::launcher::{AGENT_SOCKET, DISK_OVERLAY, QMP_SOCKET};
+
+/// How long QEMU's monitor may take to answer the first connection.
+const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long writing the migration stream may take (RAM in the stream is the slow case).
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// QEMU's default migration bandwidth (128 MiB/s) would make the pause of a stream
+/// checkpoint seconds long: the stream goes to a local file, so no limit.
+const MAX_BANDWIDTH: u64 = 64 << 30;
+
+/// The device id of the root disk (see `qemu`).
+const DISK_DEVICE: &str = "disk0";
+
+/// What to checkpoint a VM as.
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointSpec {
+    /// A unique name to find it by, besides its id.
+    pub name: Option<String>,
+    /// Remove it once no VM maps it (a fork's checkpoint).
+    pub ephemeral: bool,
+}
+
+/// A checkpoint just taken.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its folder.
+    pub path: PathBuf,
+    /// How long the VM was paused.
+    pub pause: Duration,
+    /// The whole call.
+    pub total: Duration,
+}
+
+impl Launcher {
+    /// The checkpoint store (`LauncherConfig::checkpoint_root`).
+    pub fn checkpoint_store(&self) -> Store {
+        Store::new(
+            self.config.checkpoint_root.clone(),
+            self.config.run_root.clone(),
+        )
+    }
+
+    /// Checkpoints the running VM `id` (any process may: it goes through the VM's
+    /// QMP socket). The VM is paused briefly and goes on.
+    pub async fn checkpoint(
+        &self,
+        id: &VmId,
+        spec: CheckpointSpec,
+    ) -> Result<Checkpoint, SnapshotError> {
+        let started = Instant::now();
+        let run = self.config.run_root.join(id.as_str());
+        let record =
+            run_dir::read_record(&run).ok_or_else(|| SnapshotError::NoVm { id: id.to_string() })?;
+        let not_capable = |why: &str| SnapshotError::NotCapable {
+            id: id.to_string(),
+            why: why.to_owned(),
+        };
+        if record.transport != AgentTransport::Serial {
+            return Err(not_capable(
+                "it uses the vsock transport (vhost-user-vsock cannot be migrated); start it with the serial transport",
+            ));
+        }
+        let machine: MachineSpec = fs::read(run.join(MACHINE_FILE))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .ok_or_else(|| not_capable("its run folder has no machine.json"))?;
+        let token = run_dir::read_token(&run).ok_or_else(|| not_capable("it has no token"))?;
+        let store = self.checkpoint_store();
+        if let Some(name) = &spec.name {
+            check_name(name)?;
+            if store.name_taken(name)? {
+                return Err(SnapshotError::NameTaken(name.clone()));
+            }
+        }
+        let mut qmp = Qmp::connect(&run.join(QMP_SOCKET), QMP_CONNECT_TIMEOUT)
+            .await
+            .map_err(|error| SnapshotError::NotRunning {
+                id: id.to_string(),
+                state: crate::error_chain(&error),
+            })?;
+        let state = qmp
+            .query_status()
+            .await
+            .map_err(qemu("ask for the run state"))?;
+        if state != RunState::Running {
+            return Err(SnapshotError::NotRunning {
+                id: id.to_string(),
+                state: state.as_str().to_owned(),
+            });
+        }
+        // A shared RAM file (the run folder links it) stays out of the stream.
+        let shared_ram = fs::read_link(run.join(RAM_LINK))
+            .ok()
+            .filter(|p| p.is_file());
+        qmp.set_migration_capabilities(&[("x-ignore-shared", shared_ram.is_some())])
+            .await
+            .map_err(qemu("set the migration capabilities"))?;
+        qmp.set_max_bandwidth(MAX_BANDWIDTH)
+            .await
+            .map_err(qemu("raise the migration bandwidth"))?;
+
+        let ckpt_id = VmId::generate().to_string();
+        let root = store.root().to_owned();
+        let folder = root.join(&ckpt_id);
+        let temp = TempFolder::create(&root.join(format!(".tmp-{ckpt_id}")))?;
+        let disk = match machine.disk {
+            true => Some(self.prepare_disk_switch(&run, &folder).await?),
+            false => None,
+        };
+
+        // The pause: nothing in here may return early without `cont`.
+        let pause_started = Instant::now();
+        qmp.stop().await.map_err(qemu("pause the VM"))?;
+        let captured =
+            capture_paused(&mut qmp, temp.path(), disk.as_ref(), shared_ram.as_deref()).await;
+        let resumed = qmp.cont().await.map_err(qemu("resume the VM"));
+        let pause = pause_started.elapsed();
+        let (stream_bytes, disk_backing) = captured?;
+        resumed?;
+        tracing::info!(vm = %id, checkpoint = %ckpt_id, pause_ms = pause.as_millis(), "checkpoint captured");
+
+        // The source lost the pause from its wall clock: set it again (best effort:
+        // the checkpoint is good either way).
+        if let Err(error) = super::restore::fix_clock(&run.join(AGENT_SOCKET), &token).await {
+            tracing::warn!(vm = %id, %error, "could not correct the source's clock after the checkpoint");
+        }
+
+        link_or_copy(&machine.kernel, &temp.path().join(KERNEL_FILE))?;
+        if let Some(initramfs) = &machine.initramfs {
+            link_or_copy(initramfs, &temp.path().join(INITRAMFS_FILE))?;
+        }
+        write_private(&temp.path().join(TOKEN_FILE), token.as_bytes())?;
+        let manifest = Manifest {
+            id: ckpt_id.clone(),
+            name: spec.name.clone(),
+            ephemeral: spec.ephemeral,
+            created_at_unix_ms: run_dir::now_unix_ms(),
+            source_vm: id.to_string(),
+            parent: record.checkpoint.clone(),
+            machine,
+            ram: match shared_ram {
+                Some(_) => RamImage::File,
+                None => RamImage::InStream,
+            },
+            disk_backing,
+            qemu_version: qmp.greeting().version.to_string(),
+            qemu_args: qemu_args_of(record.qemu_pid),
+            pause_ms: u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+            state_bytes: stream_bytes,
+            ram_bytes: allocated_bytes(&temp.path().join(RAM_FILE)),
+            disk_bytes: allocated_bytes(&temp.path().join(DISK_FILE)),
+        };
+        let text = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| write_error(temp.path(), io::Error::other(e)))?;
+        write_private(&temp.path().join(MANIFEST_FILE), &text)?;
+        temp.commit(&folder)?;
+        Ok(Checkpoint {
+            manifest,
+            path: folder,
+            pause,
+            total: started.elapsed(),
+        })
+    }
+
+    /// Before the pause: the overlay the disk will switch to, created with its final
+    /// backing path (the checkpoint folder's `disk.qcow2`, not there yet: QEMU opens
+    /// it with `mode: existing` and links the current image underneath in memory).
+    async fn prepare_disk_switch(
+        &self,
+        run: &Path,
+        folder: &Path,
+    ) -> Result<DiskSwitch, SnapshotError> {
+        let current = read_disk_top(run).ok_or_else(|| SnapshotError::Damaged {
+            id: run.display().to_string(),
+            why: format!("its run folder does not say which image {DISK_DEVICE} writes to"),
+        })?;
+        let (size, backing) = image_info(&self.config.qemu_img_path, &current).await?;
+        let next = run.join(format!(
+            "{}-{}.qcow2",
+            DISK_OVERLAY.trim_end_matches(".qcow2"),
+            folder
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+        ));
+        let final_disk = folder.join(DISK_FILE);
+        let mut command = std::process::Command::new(&self.config.qemu_img_path);
+        command
+            .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-u", "-b"])
+            .arg(&final_disk)
+            .arg(&next)
+            .arg(size.to_string());
+        let output = output_of(command)
+            .await
+            .map_err(|error| write_error(&next, error))?;
+        if !output.status.success() {
+            return Err(write_error(
+                &next,
+                io::Error::other(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
+            ));
+        }
+        Ok(DiskSwitch {
+            current,
+            next,
+            backing,
+        })
+    }
+}
+
+/// The disk's images around a checkpoint.
+#[derive(Debug)]
+struct DiskSwitch {
+    /// The image the VM writes now: frozen by the checkpoint, it becomes its disk.
+    current: PathBuf,
+    /// The overlay the VM writes afterwards.
+    next: PathBuf,
+    /// `current`'s backing file.
+    backing: Option<PathBuf>,
+}
+
+/// The paused part: disk switch, device state, RAM copy. Returns the stream's size
+/// and the frozen disk's backing.
+async fn capture_paused(
+    qmp: &mut Qmp,
+    temp: &Path,
+    disk: Option<&DiskSwitch>,
+    shared_ram: Option<&Path>,
+) -> Result<(u64, Option<PathBuf>), SnapshotError> {
+    let mut backing = None;
+    if let Some(disk) = disk {
+        let arguments = json!({
+            "device": DISK_DEVICE,
+            "snapshot-file": disk.next.to_string_lossy(),
+            "format": "qcow2",
+            "mode": "existing",
+        });
+        qmp.execute("blockdev-snapshot-sync", arguments)
+            .await
+            .map_err(qemu("switch the disk to a new overlay"))?;
+        // From here on the VM writes to the new overlay, whatever happens next.
+        if let Some(run) = disk.next.parent() {
+            write_disk_top(run, &disk.next)
+                .map_err(|e| write_error(&disk.next, io::Error::other(e)))?;
+        }
+        link_or_copy(&disk.current, &temp.join(DISK_FILE))?;
+        backing.clone_from(&disk.backing);
+    }
+    let state = temp.join(STATE_FILE);
+    qmp.migrate(&format!("exec:cat > {}", shell_quote(&state)))
+        .await
+        .map_err(qemu("start saving the device state"))?;
+    let stats = qmp
+        .wait_migration(MIGRATION_TIMEOUT)
+        .await
+        .map_err(qemu("save the device state"))?;
+    if stats.status != MigrationStatus::Completed {
+        return Err(write_error(
+            &state,
+            io::Error::other(format!(
+                "migration ended {:?}: {}",
+                stats.status,
+                stats.error_desc.unwrap_or_default()
+            )),
+        ));
+    }
+    if let Some(ram) = shared_ram {
+        copy_sparse(ram, &temp.join(RAM_FILE)).await?;
+    }
+    let bytes = fs::metadata(&state).map(|m| m.len()).unwrap_or(0);
+    Ok((bytes, backing))
+}
+
+/// `qemu-img info`: virtual size and backing file of an image in use (`-U`).
+async fn image_info(
+    qemu_img: &Path,
+    image: &Path,
+) -> Result<(u64, Option<PathBuf>), SnapshotError> {
+    let mut command = std::process::Command::new(qemu_img);
+    command.args(["info", "-U", "--output=json"]).arg(image);
+    let output = output_of(command)
+        .await
+        .map_err(|error| write_error(image, error))?;
+    let info: serde_json::Value = serde_json::from_slice(&output.stdout).map_err(|_| {
+        write_error(
+            image,
+            io::Error::other(format!(
+                "qemu-img info failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )),
+        )
+    })?;
+    let size = info["virtual-size"].as_u64().ok_or_else(|| {
+        write_error(
+            image,
+            io::Error::other("qemu-img info gave no virtual size"),
+        )
+    })?;
+    let backing = info["full-backing-filename"]
+        .as_str()
+        .or_else(|| info["backing-filename"].as_str())
+        .map(PathBuf::from);
+    Ok((size, backing))
+}
+
+/// Copies `from` to `to` keeping holes (a RAM image is mostly zeros).
+async fn copy_sparse(from: &Path, to: &Path) -> Result<(), SnapshotError> {
+    let mut command = std::process::Command::new("cp");
+    command.arg("--sparse=always").arg(from).arg(to);
+    let output = output_of(command)
+        .await
+        .map_err(|error| write_error(to, error))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(write_error(
+            to,
+            io::Error::other(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
+        ))
+    }
+}
+
+/// Runs a short helper command (`qemu-img`, `cp`) to completion off the runtime.
+async fn output_of(mut command: std::process::Command) -> io::Result<std::process::Output> {
+    command.stdin(Stdio::null());
+    tokio::task::spawn_blocking(move || command.output())
+        .await
+        .map_err(io::Error::other)?
+}
+
+/// A hard link when `from` and `to` share a filesystem, else a copy.
+fn link_or_copy(from: &Path, to: &Path) -> Result<(), SnapshotError> {
+    if fs::hard_link(from, to).is_ok() {
+        return Ok(());
+    }
+    fs::copy(from, to)
+        .map(drop)
+        .map_err(|error| write_error(to, error))
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|error| write_error(path, error))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(|error| write_error(path, error))
+}
+
+/// Bytes a file occupies on disk (0 when absent).
+fn allocated_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
+/// The QEMU command line from `/proc`, for the manifest's record.
+fn qemu_args_of(pid: Option<u32>) -> Vec<String> {
+    pid.and_then(|pid| fs::read(format!("/proc/{pid}/cmdline")).ok())
+        .map(|bytes| {
+            bytes
+                .split(|&b| b == 0)
+                .filter(|part| !part.is_empty())
+                .map(|part| String::from_utf8_lossy(part).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn write_error(path: &Path, error: io::Error) -> SnapshotError {
+    SnapshotError::Write {
+        path: path.to_owned(),
+        error,
+    }
+}
+
+fn qemu(step: &'static str) -> impl Fn(crate::launcher::qmp::QmpError) -> SnapshotError {
+    move |error| SnapshotError::Qemu { step, error }
+}
+
+/// A checkpoint folder being written: removed on drop unless committed.
+struct TempFolder {
+    path: PathBuf,
+    committed: bool,
+}
+
+impl TempFolder {
+    fn create(path: &Path) -> Result<Self, SnapshotError> {
+        use std::os::unix::fs::DirBuilderExt;
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|error| write_error(parent, error))?;
+        }
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(path)
+            .map_err(|error| write_error(path, error))?;
+        Ok(Self {
+            path: path.to_owned(),
+            committed: false,
+        })
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Renames the folder into place.
+    fn commit(mut self, to: &Path) -> Result<(), SnapshotError> {
+        fs::rename(&self.path, to).map_err(|error| write_error(to, error))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempFolder {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! A checkpoint on disk, and the store of them.
+//!
+//! `SANDBOX_HOME/checkpoints/<id>/`:
+//! - `manifest.json`: [`Manifest`];
+//! - `state`: QEMU's migration stream (device state, and RAM for [`RamImage::InStream`]);
+//! - `ram`: the sparse RAM image ([`RamImage::File`]), mapped copy-on-write by children;
+//! - `disk.qcow2`: the frozen disk overlay, when the machine has a disk;
+//! - `kernel`, `initramfs`: links to (or copies of) what the machine booted, so a
+//!   rebuilt template cannot change what a restore loads;
+//! - `token` (0600): the agent token inside the snapshot, needed to reach a restored
+//!   agent until it is given its own.
+//!
+//! A folder being written is `.tmp-<id>` and renamed when complete; listings skip
+//! dot-folders and [`Store::sweep_temporary`] removes leftovers of crashed writers.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::SnapshotError;
+use crate::launcher::run_dir::{self, VmStatus};
+use crate::launcher::start::MachineSpec;
+
+/// The manifest's file name.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// QEMU's migration stream.
+pub const STATE_FILE: &str = "state";
+/// The RAM image.
+pub const RAM_FILE: &str = "ram";
+/// The frozen disk overlay.
+pub const DISK_FILE: &str = "disk.qcow2";
+/// The kernel.
+pub const KERNEL_FILE: &str = "kernel";
+/// The initramfs.
+pub const INITRAMFS_FILE: &str = "initramfs";
+/// The agent token in the snapshot.
+pub const TOKEN_FILE: &str = "token";
+
+/// How long a fork's checkpoint is kept even with no VM mapping it: a fork started
+/// in another process may still be starting its children.
+pub const EPHEMERAL_GRACE_MS: u64 = 60 * 1000;
+
+/// Where a checkpoint's RAM is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RamImage {
+    /// In [`RAM_FILE`]; the stream holds device state only.
+    File,
+    /// In the stream (the source's RAM was private: a child of a checkpoint).
+    InStream,
+}
+
+/// What a checkpoint is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Its id (the folder name).
+    pub id: String,
+    /// A name given at creation, unique among checkpoints.
+    pub name: Option<String>,
+    /// Made by a fork: removed once no VM maps it.
+    pub ephemeral: bool,
+    /// When it was made, in milliseconds since the Unix epoch.
+    pub created_at_unix_ms: u64,
+    /// The VM it was taken from.
+    pub source_vm: String,
+    /// The checkpoint the source VM had been restored from, if any.
+    pub parent: Option<String>,
+    /// The machine: restores use exactly these device arguments (kernel and
+    /// initramfs as file names inside the checkpoint folder).
+    pub machine: MachineSpec,
+    /// Where the RAM is.
+    pub ram: RamImage,
+    /// The base image `disk.qcow2` is an overlay of (a template disk or another
+    /// checkpoint's `disk.qcow2`).
+    pub disk_backing: Option<PathBuf>,
+    /// QEMU's version (`major.minor.micro`): a restore under another QEMU is refused.
+    pub qemu_version: String,
+    /// The source's QEMU arguments when it was checkpointed, for the record.
+    pub qemu_args: Vec<String>,
+    /// How long the source was paused, in milliseconds.
+    pub pause_ms: u64,
+    /// Bytes of the migration stream.
+    pub state_bytes: u64,
+    /// Bytes the RAM image occupies on disk (it is sparse).
+    pub ram_bytes: u64,
+    /// Bytes of the frozen disk overlay.
+    pub disk_bytes: u64,
+}
+
+/// A checkpoint and who still needs it.
+#[derive(Debug, Clone)]
+pub struct CheckpointInfo {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Its folder.
+    pub path: PathBuf,
+    /// Live VMs mapping it and checkpoints whose disks are based on it.
+    pub users: Vec<String>,
+}
+
+/// The checkpoints under one folder.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+    run_root: PathBuf,
+}
+
+impl Store {
+    /// The store at `root`, whose users are the VMs under `run_root`.
+    pub fn new(root: PathBuf, run_root: PathBuf) -> Self {
+        Self { root, run_root }
+    }
+
+    /// The folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Every complete checkpoint, oldest first, with its users.
+    pub fn list(&self) -> Result<Vec<CheckpointInfo>, SnapshotError> {
+        let mut found = Vec::new();
+        for (path, manifest) in self.read_all()? {
+            found.push(CheckpointInfo {
+                manifest,
+                path,
+                users: Vec::new(),
+            });
+        }
+        let live = self.live_checkpoint_users();
+        let disks: Vec<(String, PathBuf)> = found
+            .iter()
+            .filter_map(|c| Some((c.manifest.id.clone(), c.manifest.disk_backing.clone()?)))
+            .collect();
+        for info in &mut found {
+            let id = &info.manifest.id;
+            info.users.extend(
+                live.iter()
+                    .filter(|(_, ckpt)| ckpt == id)
+                    .map(|(vm, _)| format!("VM {vm}")),
+            );
+            info.users.extend(
+                disks
+                    .iter()
+                    .filter(|(_, backing)| backing.starts_with(&info.path))
+                    .map(|(other, _)| format!("checkpoint {other}")),
+            );
+        }
+        found.sort_by_key(|c| c.manifest.created_at_unix_ms);
+        Ok(found)
+    }
+
+    /// The checkpoint with this id or name.
+    pub fn find(&self, key: &str) -> Result<CheckpointInfo, SnapshotError> {
+        self.list()?
+            .into_iter()
+            .find(|c| c.manifest.id == key || c.manifest.name.as_deref() == Some(key))
+            .ok_or_else(|| SnapshotError::NoCheckpoint(key.to_owned()))
+    }
+
+    /// Deletes a checkpoint nobody uses; one in use is refused.
+    pub fn delete(&self, key: &str) -> Result<Manifest, SnapshotError> {
+        let info = self.find(key)?;
+        if !info.users.is_empty() {
+            return Err(SnapshotError::InUse {
+                id: info.manifest.id,
+                users: info.users.join(", "),
+            });
+        }
+        remove_folder(&info.path)?;
+        Ok(info.manifest)
+    }
+
+    /// Removes ephemeral checkpoints no VM maps any more, and folders left by
+    /// interrupted writers; returns the ids removed. A fork's checkpoint younger than
+    /// [`EPHEMERAL_GRACE_MS`] is kept: its children may still be starting.
+    pub fn sweep(&self) -> Vec<String> {
+        let mut removed = Vec::new();
+        let now = run_dir::now_unix_ms();
+        if let Ok(all) = self.list() {
+            for info in all {
+                let young =
+                    now.saturating_sub(info.manifest.created_at_unix_ms) < EPHEMERAL_GRACE_MS;
+                if info.manifest.ephemeral
+                    && info.users.is_empty()
+                    && !young
+                    && remove_folder(&info.path).is_ok()
+                {
+                    tracing::info!(id = %info.manifest.id, "removed a fork's checkpoint no VM uses");
+                    removed.push(info.manifest.id);
+                }
+            }
+        }
+        self.sweep_temporary();
+        removed
+    }
+
+    /// Removes `.tmp-*` folders whose writer is gone (older than a minute: a
+    /// checkpoint being written takes seconds).
+    pub fn sweep_temporary(&self) {
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|modified| modified.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 60);
+            if entry.file_name().to_string_lossy().starts_with(".tmp-") && stale {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+
+    /// True when a checkpoint has this name.
+    pub fn name_taken(&self, name: &str) -> Result<bool, SnapshotError> {
+        Ok(self
+            .read_all()?
+            .iter()
+            .any(|(_, m)| m.name.as_deref() == Some(name)))
+    }
+
+    fn read_all(&self) -> Result<Vec<(PathBuf, Manifest)>, SnapshotError> {
+        let entries = match fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(error) => {
+                return Err(SnapshotError::Write {
+                    path: self.root.clone(),
+                    error,
+                })
+            }
+        };
+        let mut found = Vec::new();
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            match read_manifest(&path) {
+                Ok(manifest) => found.push((path, manifest)),
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "skipping an unreadable checkpoint")
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// (VM id, checkpoint id) for every VM alive under the run root that maps one.
+    fn live_checkpoint_users(&self) -> Vec<(String, String)> {
+        run_dir::list(&self.run_root)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.status == VmStatus::Running)
+            .filter_map(|e| {
+                let record = e.record?;
+                Some((record.id.to_string(), record.checkpoint?))
+            })
+            .collect()
+    }
+}
+
+/// Reads and parses `dir/manifest.json`.
+pub fn read_manifest(dir: &Path) -> io::Result<Manifest> {
+    let text = fs::read(dir.join(MANIFEST_FILE))?;
+    serde_json::from_slice(&text).map_err(io::Error::other)
+}
+
+/// Checks a checkpoint name: what a file name and a command line take without quoting.
+pub fn check_name(name: &str) -> Result<(), SnapshotError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(SnapshotError::BadName(name.to_owned()))
+    }
+}
+
+fn remove_folder(path: &Path) -> Result<(), SnapshotError> {
+    fs::remove_dir_all(path).map_err(|error| SnapshotError::Write {
+        path: path.to_owned(),
+        error,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        for good in ["a", "base-1", "v1.2_x"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        for bad in ["", ".hidden", "a/b", "a b", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+}

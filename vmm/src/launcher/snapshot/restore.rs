@@ -1,0 +1,273 @@
+//! Starting VMs from a checkpoint: branch, and fork (checkpoint + branch).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use sandbox_protocol::{ReidentifyRequest, ResumedRequest};
+
+use super::capture::{Checkpoint, CheckpointSpec};
+use super::manifest::{
+    Manifest, RamImage, DISK_FILE, INITRAMFS_FILE, KERNEL_FILE, RAM_FILE, STATE_FILE, TOKEN_FILE,
+};
+use super::{SnapshotError, MAX_BRANCH};
+use crate::client::{AgentUrl, Client, ClientError, ConnectOptions};
+use crate::launcher::accel::AccelDecision;
+use crate::launcher::boot::Launcher;
+use crate::launcher::run_dir::{self, VmId};
+use crate::launcher::start::{Incoming, Start};
+use crate::launcher::vm::Vm;
+use crate::launcher::DEFAULT_READY_TIMEOUT_SECS;
+
+/// Bytes of fresh entropy each restored guest gets.
+const ENTROPY_BYTES: usize = 64;
+
+/// How long a restored agent may take to accept the identity connection.
+const IDENTITY_CONNECT: Duration = Duration::from_secs(30);
+
+/// How children are started.
+#[derive(Debug, Clone)]
+pub struct BranchSpec {
+    /// Let the children outlive this process (`vm branch`, `vm fork`).
+    pub detached: bool,
+    /// How long each child's agent may take to attach after its QEMU starts.
+    pub ready_timeout: Duration,
+}
+
+impl Default for BranchSpec {
+    fn default() -> Self {
+        Self {
+            detached: false,
+            ready_timeout: Duration::from_secs(DEFAULT_READY_TIMEOUT_SECS),
+        }
+    }
+}
+
+/// A fork's result.
+#[derive(Debug)]
+pub struct Fork {
+    /// The checkpoint the children were made from (ephemeral: removed once none of
+    /// them runs).
+    pub checkpoint: Checkpoint,
+    /// The children, each answering.
+    pub children: Vec<Vm>,
+    /// From the call to the last child answering.
+    pub total: Duration,
+}
+
+impl Launcher {
+    /// Every checkpoint, oldest first, with who uses it.
+    pub fn checkpoints(&self) -> Result<Vec<super::CheckpointInfo>, SnapshotError> {
+        self.checkpoint_store().list()
+    }
+
+    /// Deletes a checkpoint by id or name. One that a live VM maps, or that another
+    /// checkpoint's disk is based on, is refused with [`SnapshotError::InUse`].
+    pub fn delete_checkpoint(&self, key: &str) -> Result<Manifest, SnapshotError> {
+        self.checkpoint_store().delete(key)
+    }
+
+    /// Starts `count` children of the checkpoint `key` (id or name), all at once. All
+    /// or nothing: when one fails, the others are stopped and the error names it.
+    pub async fn branch(
+        &self,
+        key: &str,
+        count: usize,
+        spec: BranchSpec,
+    ) -> Result<Vec<Vm>, SnapshotError> {
+        if count == 0 || count > MAX_BRANCH {
+            return Err(SnapshotError::Count(count));
+        }
+        if let Err(error) = self.sweep() {
+            tracing::warn!(%error, "sweep of stale run folders failed");
+        }
+        let info = self.checkpoint_store().find(key)?;
+        let start = self.restore_start(&info.path, &info.manifest, &spec)?;
+        let started =
+            futures::future::join_all((0..count).map(|_| self.start_child(start.clone()))).await;
+        let mut children = Vec::with_capacity(count);
+        let mut failure = None;
+        for (index, result) in started.into_iter().enumerate() {
+            match result {
+                Ok(vm) => children.push(vm),
+                Err(error) if failure.is_none() => failure = Some((index, error)),
+                Err(_) => {}
+            }
+        }
+        if let Some((index, error)) = failure {
+            // Dropping a Vm stops its QEMU and relay and removes its run folder.
+            drop(children);
+            return Err(match error {
+                ChildError::Start(error) => SnapshotError::Child {
+                    index: index + 1,
+                    count,
+                    error: Box::new(error),
+                },
+                ChildError::Identity(error) => error,
+            });
+        }
+        Ok(children)
+    }
+
+    /// Checkpoints `id` and starts `count` children of it: all or nothing (a failed
+    /// fork leaves no child and no checkpoint). The checkpoint is ephemeral.
+    pub async fn fork(
+        &self,
+        id: &VmId,
+        count: usize,
+        spec: BranchSpec,
+    ) -> Result<Fork, SnapshotError> {
+        if count == 0 || count > MAX_BRANCH {
+            return Err(SnapshotError::Count(count));
+        }
+        let started = Instant::now();
+        let checkpoint = self
+            .checkpoint(
+                id,
+                CheckpointSpec {
+                    name: None,
+                    ephemeral: true,
+                },
+            )
+            .await?;
+        match self.branch(&checkpoint.manifest.id, count, spec).await {
+            Ok(children) => Ok(Fork {
+                checkpoint,
+                children,
+                total: started.elapsed(),
+            }),
+            Err(error) => {
+                if let Err(cleanup) = self.delete_checkpoint(&checkpoint.manifest.id) {
+                    tracing::warn!(error = %cleanup, "cannot remove the failed fork's checkpoint");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// What every child of a checkpoint starts from; checks the files are there.
+    fn restore_start(
+        &self,
+        folder: &Path,
+        manifest: &Manifest,
+        spec: &BranchSpec,
+    ) -> Result<Start, SnapshotError> {
+        let damaged = |why: String| SnapshotError::Damaged {
+            id: manifest.id.clone(),
+            why,
+        };
+        let need = |name: &str| {
+            let path = folder.join(name);
+            if path.is_file() {
+                Ok(path)
+            } else {
+                Err(damaged(format!("{name} is missing")))
+            }
+        };
+        let state = need(STATE_FILE)?;
+        let ram_file = match manifest.ram {
+            RamImage::File => Some(need(RAM_FILE)?),
+            RamImage::InStream => None,
+        };
+        let disk_base = match manifest.machine.disk {
+            true => Some(need(DISK_FILE)?),
+            false => None,
+        };
+        let mut machine = manifest.machine.clone();
+        machine.kernel = need(KERNEL_FILE)?;
+        if machine.initramfs.is_some() {
+            machine.initramfs = Some(need(INITRAMFS_FILE)?);
+        }
+        let token = std::fs::read_to_string(need(TOKEN_FILE)?)
+            .map_err(|e| damaged(format!("cannot read its token: {e}")))?
+            .trim()
+            .to_owned();
+        Ok(Start {
+            accel: AccelDecision {
+                accel: machine.accel,
+                reason: format!("restored from checkpoint {}", manifest.id),
+            },
+            machine,
+            disk_base,
+            persistent_disk: None,
+            incoming: Some(Incoming { state, ram_file }),
+            token,
+            checkpoint: Some(manifest.id.clone()),
+            detached: spec.detached,
+            ready_timeout: spec.ready_timeout,
+        })
+    }
+
+    /// One child: started, then given its own identity and token.
+    async fn start_child(&self, start: Start) -> Result<Vm, ChildError> {
+        let mut vm = self.start_machine(start).await.map_err(ChildError::Start)?;
+        let token = run_dir::generate_token()
+            .map_err(|e| ChildError::Start(crate::launcher::LaunchError::Token(e)))?;
+        let hostname = format!("sandbox-{}", vm.id());
+        let identify = async {
+            let client = connect(&vm.url(), vm.token()).await?;
+            resume(&client, true).await?;
+            client
+                .reidentify(ReidentifyRequest {
+                    hostname: Some(hostname),
+                    token: Some(token.clone()),
+                })
+                .await?;
+            Ok::<(), ClientError>(())
+        };
+        if let Err(error) = identify.await {
+            return Err(ChildError::Identity(SnapshotError::Identity {
+                id: vm.id().to_string(),
+                error,
+            }));
+        }
+        vm.set_token(token).map_err(ChildError::Start)?;
+        Ok(vm)
+    }
+}
+
+/// How one child failed.
+enum ChildError {
+    Start(crate::launcher::LaunchError),
+    Identity(SnapshotError),
+}
+
+/// Sends `resumed`: the host's time now and fresh entropy.
+async fn resume(client: &Client, new_identity: bool) -> Result<(), ClientError> {
+    let request = resumed_now(new_identity);
+    client
+        .resumed(request.wall_clock_ns, request.entropy, request.new_identity)
+        .await
+        .map(drop)
+}
+
+/// `resumed` with the host's time now and fresh entropy.
+pub(crate) fn resumed_now(new_identity: bool) -> ResumedRequest {
+    let wall_clock_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    let mut entropy = vec![0u8; ENTROPY_BYTES];
+    if let Ok(mut urandom) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = urandom.read_exact(&mut entropy);
+    }
+    ResumedRequest {
+        wall_clock_ns,
+        entropy,
+        new_identity,
+    }
+}
+
+async fn connect(url: &AgentUrl, token: &str) -> Result<Client, ClientError> {
+    let options = ConnectOptions {
+        token: Some(token.to_owned()),
+        ..ConnectOptions::default()
+    };
+    let deadline = tokio::time::Instant::now() + IDENTITY_CONNECT;
+    Client::connect_with_retry(url, &options, deadline).await
+}
+
+/// Sets a running agent's wall clock from the host's (after its VM was paused).
+pub(crate) async fn fix_clock(socket: &Path, token: &str) -> Result<(), ClientError> {
+    let client = connect(&AgentUrl::Unix(socket.to_owned()), token).await?;
+    resume(&client, false).await
+}

@@ -1,0 +1,323 @@
+//! Starting a machine, the part a cold boot and a restore from a checkpoint share:
+//! run folder, token, disk overlay, the transport's host side, QEMU, and the wait for
+//! the agent. A boot gives QEMU a kernel to run; a restore gives it the same machine
+//! with `-incoming defer` and feeds it a checkpoint's device state (see
+//! `snapshot`).
+//!
+//! What was started is written to the run folder as [`MachineSpec`]
+//! (`machine.json`): a checkpoint of this VM needs it to rebuild the exact device
+//! arguments a restore must repeat.
+
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::accel::{Accel, AccelDecision};
+use super::boot::{fail, Launcher, Waited, EXIT_AFTER_RELAY};
+use super::config::AgentTransport;
+use super::process::Lifetime;
+use super::qemu::{QemuSpec, SERIAL_PORT_NAME};
+use super::qmp::Qmp;
+use super::run_dir::{self, qemu_name, RunDir, VmRecord};
+use super::size::Size;
+use super::vm::Vm;
+use super::{
+    LaunchError, AGENT_PORT, AGENT_SOCKET, CONSOLE_LOG, DISK_OVERLAY, QMP_SOCKET, SERIAL_SOCKET,
+    VHOST_SOCKET, VSOCK_SOCKET,
+};
+
+/// The run folder's record of what QEMU was started with.
+pub const MACHINE_FILE: &str = "machine.json";
+
+/// The run folder's note of the disk image the VM writes now (a checkpoint moves the
+/// VM onto a new overlay, and QEMU then names the image by a `json:` pseudo-name).
+pub const DISK_TOP_FILE: &str = "disk-top";
+
+/// How long QEMU's monitor may take to come up after QEMU starts.
+const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long loading a checkpoint's device state (and, for a stream checkpoint, its
+/// RAM) may take.
+const INCOMING_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Everything that decides QEMU's device arguments: a restore must be started with
+/// the same, or QEMU refuses the checkpoint's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineSpec {
+    /// The template it came from (by name, for listings).
+    pub template: String,
+    /// KVM or TCG: a checkpoint restores under the accelerator that made it.
+    pub accel: Accel,
+    /// vCPUs and memory.
+    pub size: Size,
+    /// How the agent is reached.
+    pub transport: AgentTransport,
+    /// The kernel.
+    pub kernel: PathBuf,
+    /// The initramfs, if any.
+    pub initramfs: Option<PathBuf>,
+    /// The whole kernel command line.
+    pub cmdline: String,
+    /// Whether a `disk0` virtio-blk device exists.
+    pub disk: bool,
+}
+
+/// Where a restored machine's state comes from.
+#[derive(Debug, Clone)]
+pub(crate) struct Incoming {
+    /// The device state (and RAM, when `ram_file` is `None`).
+    pub state: PathBuf,
+    /// A RAM image to map copy-on-write (`share=off`); `None`: RAM is in the state
+    /// stream and goes into a fresh shared RAM file.
+    pub ram_file: Option<PathBuf>,
+}
+
+/// One machine to start.
+#[derive(Debug, Clone)]
+pub(crate) struct Start {
+    pub machine: MachineSpec,
+    pub accel: AccelDecision,
+    /// The base image of the disk overlay (a template disk or a checkpoint's).
+    pub disk_base: Option<PathBuf>,
+    /// A kept overlay (see `BootSpec::persistent_disk`).
+    pub persistent_disk: Option<PathBuf>,
+    /// `None`: boot. Some: restore.
+    pub incoming: Option<Incoming>,
+    /// The token of the agent in the machine (a restored agent still has its parent's
+    /// until it is reidentified); `None`: a fresh one, also put on the kernel command
+    /// line by the caller.
+    pub token: String,
+    /// The checkpoint whose files the machine maps, recorded so it is not deleted
+    /// under the VM.
+    pub checkpoint: Option<String>,
+    pub detached: bool,
+    pub ready_timeout: Duration,
+}
+
+impl Launcher {
+    /// Starts `start` and waits for its agent: the boot sequence of the module docs
+    /// of `launcher`, plus the incoming migration of a restore.
+    pub(crate) async fn start_machine(&self, start: Start) -> Result<Vm, LaunchError> {
+        let lifetime = if start.detached {
+            Lifetime::Detached
+        } else {
+            Lifetime::Owned
+        };
+        let machine = &start.machine;
+        let transport = machine.transport;
+        let dir = RunDir::create(&self.config.run_root)?;
+        let agent_url = match transport {
+            AgentTransport::Vsock => {
+                format!("hvsock://{}:{AGENT_PORT}", dir.file(VSOCK_SOCKET).display())
+            }
+            AgentTransport::Serial => format!("unix://{}", dir.file(AGENT_SOCKET).display()),
+        };
+        let mut record = VmRecord {
+            id: dir.id().clone(),
+            owner_pid: std::process::id(),
+            detached: start.detached,
+            qemu_pid: None,
+            daemon_pid: None,
+            agent_url,
+            template: machine.template.clone(),
+            accel: machine.accel,
+            size: machine.size,
+            created_at_unix_ms: run_dir::now_unix_ms(),
+            transport,
+            checkpoint: start.checkpoint.clone(),
+        };
+        dir.write_record(&record)?;
+        dir.write_token(&start.token)?;
+        dir.write_json(MACHINE_FILE, machine)?;
+
+        let overlay = match (&start.disk_base, &start.persistent_disk) {
+            (Some(_), Some(kept)) if kept.is_file() => Some(kept.clone()),
+            (Some(disk), Some(kept)) => Some(self.create_overlay(disk, kept, &dir).await?),
+            (Some(disk), None) => Some(
+                self.create_overlay(disk, &dir.file(DISK_OVERLAY), &dir)
+                    .await?,
+            ),
+            (None, _) => None,
+        };
+        if let Some(overlay) = &overlay {
+            write_disk_top(dir.path(), overlay)?;
+        }
+        let attach = self.attach_agent(transport, &dir, lifetime).await?;
+        let name = qemu_name(dir.id());
+        let console = dir.file(CONSOLE_LOG);
+        let vhost_socket = dir.file(VHOST_SOCKET);
+        let serial_socket = dir.file(SERIAL_SOCKET);
+        let qmp_socket = dir.file(QMP_SOCKET);
+        let ram_file = match &start.incoming {
+            Some(Incoming {
+                ram_file: Some(image),
+                ..
+            }) => {
+                // RAM is the checkpoint's image, private: no shared RAM file, so the
+                // run folder must not claim one (a checkpoint of this VM then puts
+                // its RAM into the stream).
+                let _ = std::fs::remove_file(dir.file(run_dir::RAM_LINK));
+                Some((image.as_path(), false))
+            }
+            _ => attach.ram_file.as_deref().map(|path| (path, true)),
+        };
+        let qemu_spec = QemuSpec {
+            name: &name,
+            accel: machine.accel,
+            size: machine.size,
+            kernel: &machine.kernel,
+            initramfs: machine.initramfs.as_deref(),
+            cmdline: &machine.cmdline,
+            vhost_socket: (transport == AgentTransport::Vsock).then_some(vhost_socket.as_path()),
+            serial_socket: (transport == AgentTransport::Serial).then_some(serial_socket.as_path()),
+            ram_file,
+            incoming: start.incoming.is_some(),
+            qmp_socket: (transport == AgentTransport::Serial).then_some(qmp_socket.as_path()),
+            disk: overlay.as_deref(),
+            console_log: &console,
+        };
+        let started = Instant::now();
+        let mut qemu = self.spawn_qemu(&qemu_spec, &dir, lifetime).await?;
+        record.qemu_pid = Some(qemu.pid());
+        record.daemon_pid = Some(attach.daemon.pid());
+        dir.write_record(&record)?;
+        tracing::info!(id = %record.id, template = %machine.template, size = %machine.size, accel = %machine.accel, %transport, restore = start.incoming.is_some(), qemu_pid = qemu.pid(), "starting");
+
+        if let Some(incoming) = &start.incoming {
+            let loaded = tokio::select! {
+                loaded = load_incoming(&qmp_socket, incoming) => loaded,
+                status = qemu.wait() => Err(format!("QEMU exited ({}) while loading the checkpoint", status.map_or_else(|e| e.to_string(), |s| s.to_string()))),
+            };
+            if let Err(detail) = loaded {
+                return Err(fail(&mut qemu, &dir, |logs| LaunchError::Restore {
+                    detail,
+                    logs,
+                }));
+            }
+        }
+
+        let daemon = attach.daemon;
+        let waited = tokio::select! {
+            ready = attach.ready.receive() => Waited::Ready(ready),
+            status = qemu.wait() => Waited::Exited(status),
+            () = tokio::time::sleep(start.ready_timeout) => Waited::TimedOut,
+        };
+        let boot_duration = started.elapsed();
+        let ready = match waited {
+            Waited::Ready(Ok(ready)) => ready,
+            Waited::Ready(Err(make)) => {
+                // A relay ends when QEMU closes its chardev, often a moment before
+                // QEMU's exit is seen: report the exit, the real cause, if it comes.
+                if let Ok(Ok(status)) = tokio::time::timeout(EXIT_AFTER_RELAY, qemu.wait()).await {
+                    return Err(fail(&mut qemu, &dir, |logs| LaunchError::QemuExited {
+                        status,
+                        logs,
+                    }));
+                }
+                return Err(fail(&mut qemu, &dir, make));
+            }
+            Waited::Exited(Ok(status)) => {
+                return Err(fail(&mut qemu, &dir, |logs| LaunchError::QemuExited {
+                    status,
+                    logs,
+                }))
+            }
+            Waited::Exited(Err(error)) => {
+                return Err(fail(&mut qemu, &dir, |_| LaunchError::Wait {
+                    what: "QEMU",
+                    error,
+                }))
+            }
+            Waited::TimedOut => {
+                return Err(fail(&mut qemu, &dir, |logs| LaunchError::ReadyTimeout {
+                    timeout: start.ready_timeout,
+                    logs,
+                }))
+            }
+        };
+        tracing::info!(
+            id = %record.id,
+            ready_ms = u64::try_from(boot_duration.as_millis()).unwrap_or(u64::MAX),
+            agent_version = %ready.agent_version,
+            guest_uptime_ms = ready.uptime_ms,
+            "vm ready"
+        );
+        let run_path = dir.path().to_owned();
+        Ok(Vm {
+            record,
+            ready,
+            boot_duration,
+            accel: start.accel,
+            token: start.token,
+            qemu: Some(qemu),
+            daemon: Some(daemon),
+            run_dir: Some(dir),
+            run_path,
+        })
+    }
+}
+
+/// Records the image a VM's disk writes to now (see [`DISK_TOP_FILE`]).
+pub(crate) fn write_disk_top(run: &Path, image: &Path) -> Result<(), run_dir::RunDirError> {
+    let path = run.join(DISK_TOP_FILE);
+    std::fs::write(&path, image.as_os_str().as_encoded_bytes())
+        .map_err(|error| run_dir::RunDirError::WriteRecord { path, error })
+}
+
+/// The image a VM's disk writes to now, if recorded.
+pub(crate) fn read_disk_top(run: &Path) -> Option<PathBuf> {
+    let bytes = std::fs::read(run.join(DISK_TOP_FILE)).ok()?;
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes)))
+}
+
+/// Feeds a restoring QEMU its checkpoint and lets it run.
+async fn load_incoming(qmp_socket: &Path, incoming: &Incoming) -> Result<(), String> {
+    let text = |error: super::qmp::QmpError| crate::error_chain(&error);
+    let mut qmp = Qmp::connect(qmp_socket, QMP_CONNECT_TIMEOUT)
+        .await
+        .map_err(text)?;
+    // RAM in a file (mapped copy-on-write) stays out of the stream, as it did when
+    // the checkpoint was written; RAM in the stream is loaded into fresh shared RAM.
+    let ignore_shared = incoming.ram_file.is_some();
+    qmp.set_migration_capabilities(&[("x-ignore-shared", ignore_shared)])
+        .await
+        .map_err(text)?;
+    qmp.migrate_incoming(&format!("exec:cat {}", shell_quote(&incoming.state)))
+        .await
+        .map_err(text)?;
+    let state = qmp.wait_incoming(INCOMING_TIMEOUT).await.map_err(text)?;
+    if state != super::qmp::RunState::Running {
+        // The source was stopped for the checkpoint, so the copy arrives paused.
+        qmp.cont().await.map_err(text)?;
+    }
+    Ok(())
+}
+
+/// `path` quoted for `/bin/sh` (QEMU runs `exec:` URIs through it).
+pub(crate) fn shell_quote(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// The kernel parameters the launcher adds for a transport and token.
+pub(crate) fn transport_params(transport: AgentTransport, token: &str) -> String {
+    match transport {
+        AgentTransport::Serial => {
+            format!("sandbox.token={token} sandbox.serial={SERIAL_PORT_NAME}")
+        }
+        AgentTransport::Vsock => format!("sandbox.token={token}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_quoted_for_the_shell() {
+        assert_eq!(shell_quote(Path::new("/a b/c")), "'/a b/c'");
+        assert_eq!(shell_quote(Path::new("/it's")), r"'/it'\''s'");
+    }
+}
