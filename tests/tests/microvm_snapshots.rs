@@ -41,6 +41,10 @@ fn main() -> std::process::ExitCode {
             run: || block_on(a_failed_fork_leaves_nothing()),
         },
         VmTest {
+            name: "hibernate_frees_the_vm_and_wake_brings_back_files_processes_and_logs",
+            run: || block_on(hibernate_and_wake()),
+        },
+        VmTest {
             name: "a_vm_on_an_ext4_root_disk_checkpoints_and_branches",
             run: || block_on(a_disk_vm_checkpoints_and_branches()),
         },
@@ -394,6 +398,98 @@ async fn a_failed_fork_leaves_nothing() {
         String::from_utf8_lossy(&strays.stdout)
     );
     parent.shutdown(Duration::from_secs(5)).await.unwrap();
+    host.assert_empty();
+}
+
+async fn hibernate_and_wake() {
+    let Some(host) = Host::new("hibernate") else {
+        return;
+    };
+    let mut spec = BootSpec::new(default_template());
+    spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+    spec.detached = true;
+    let vm = host.launcher.boot(spec).await.unwrap();
+    let c = client(&vm).await;
+    sh(&c, "echo kept > /tmp/kept").await;
+    let ticker = c.spawn(ticker()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(c);
+    let ram_file = std::fs::read_link(vm.run_dir().join("ram")).unwrap();
+    let record = vm.detach().unwrap();
+    let id = record.id.clone();
+
+    let hibernated = host.launcher.hibernate(&id).await.unwrap();
+    eprintln!(
+        "hibernate: {:?}, {} MiB on disk",
+        hibernated.took,
+        hibernated.bytes_on_disk >> 20
+    );
+    let entry = host
+        .launcher
+        .list()
+        .unwrap()
+        .into_iter()
+        .find(|e| e.name == id.as_str())
+        .unwrap();
+    assert_eq!(entry.status, sandbox_vmm::launcher::VmStatus::Hibernated);
+    assert!(!ram_file.exists(), "the RAM file outlived the hibernation");
+    let qemu_gone = std::process::Command::new("pgrep")
+        .args(["-f", &format!("sandbox-{id}")])
+        .output()
+        .unwrap();
+    assert!(qemu_gone.stdout.is_empty(), "QEMU still runs");
+    // Hibernated VMs survive a sweep.
+    host.launcher.sweep().unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let woken = host.launcher.wake(&id).await.unwrap();
+    eprintln!("wake: {:?}", woken.took);
+    let token = std::fs::read_to_string(
+        host.launcher
+            .config()
+            .run_root
+            .join(id.as_str())
+            .join("token"),
+    )
+    .unwrap();
+    let url = woken.record.agent_url.parse().unwrap();
+    let options = ConnectOptions {
+        token: Some(token.trim().to_owned()),
+        ..ConnectOptions::default()
+    };
+    let c = Client::connect(&url, &options).await.unwrap();
+    assert_clock(&c, "woken VM").await;
+    assert_eq!(sh(&c, "cat /tmp/kept").await, "kept\n");
+    let logs = c.logs(ticker, Some(0)).await.unwrap();
+    let text: Vec<u8> = logs
+        .batch
+        .chunks
+        .iter()
+        .flat_map(|c| c.data.clone())
+        .collect();
+    assert!(
+        String::from_utf8_lossy(&text).contains("tick 1\n"),
+        "the log was lost"
+    );
+    let before: u64 = sh(&c, "tail -n1 /tmp/ticks").await.trim().parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let after: u64 = sh(&c, "tail -n1 /tmp/ticks").await.trim().parse().unwrap();
+    assert!(after > before, "the ticker did not go on after the wake");
+    // It checkpoints again after waking (its RAM is a shared file again).
+    let again = host
+        .launcher
+        .checkpoint(&id, CheckpointSpec::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        again.manifest.ram,
+        sandbox_vmm::launcher::snapshot::RamImage::File
+    );
+    host.launcher.delete_checkpoint(&again.manifest.id).unwrap();
+    host.launcher
+        .stop(&id, Duration::from_secs(5))
+        .await
+        .unwrap();
     host.assert_empty();
 }
 

@@ -84,7 +84,7 @@ async fn serve_stream<R, W>(
         channels: &channels,
         agent,
         admissions,
-        attached: false,
+        attached: None,
         at_marker: false,
     };
     loop {
@@ -122,8 +122,8 @@ struct Session<'a> {
     channels: &'a Arc<Channels>,
     agent: &'a Arc<Agent>,
     admissions: &'a Admissions,
-    /// A host's `Attach` was answered and no desync happened since.
-    attached: bool,
+    /// The nonce of the `Attach` answered, while no desync happened since.
+    attached: Option<u64>,
     /// The last item was the session marker.
     at_marker: bool,
 }
@@ -143,6 +143,9 @@ impl Session<'_> {
             LinkItem::Frame(frame) => frame,
         };
         match frame {
+            // The same host trying again (its retries may queue up while the guest
+            // boots): the session it has stands.
+            LinkFrame::Attach { session } if after_marker && self.attached == Some(session) => {}
             LinkFrame::Attach { session } if after_marker => {
                 self.end("a host attached");
                 let attached = LinkFrame::Attached {
@@ -150,10 +153,10 @@ impl Session<'_> {
                     ready: ready_message(self.agent.boot_id.clone()),
                 };
                 self.channels.outbox().start_session(&attached, 0).await;
-                self.attached = true;
+                self.attached = Some(session);
                 tracing::info!("link session started");
             }
-            _ if !self.attached => {}
+            _ if self.attached.is_none() => {}
             LinkFrame::Open { channel } => self.open(channel).await,
             frame => {
                 if self.channels.deliver(frame) == Delivery::Violation {
@@ -186,10 +189,10 @@ impl Session<'_> {
 
     /// Ends the session, if any: every channel closes, as if its client had gone.
     fn end(&mut self, why: &str) {
-        if self.attached || !self.channels.is_empty() {
+        if self.attached.is_some() || !self.channels.is_empty() {
             tracing::info!(channels = self.channels.len(), "link session ended: {why}");
         }
-        self.attached = false;
+        self.attached = None;
         self.channels.reset();
     }
 }

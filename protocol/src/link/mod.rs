@@ -10,7 +10,7 @@
 //!
 //! # Frames
 //! A link frame is a `u32` little-endian body length (1..=[`LINK_FRAME_BYTES`]) and a
-//! postcard [`LinkFrame`]. A session starts with [`LINK_SYNC`], eight bytes that can
+//! postcard [`LinkFrame`]; a zero length is padding and is skipped. A session starts with [`LINK_SYNC`], eight bytes that can
 //! never begin a frame (as a length they are far over the limit), followed by the
 //! host's [`LinkFrame::Attach`]; the agent answers with the same marker and
 //! [`LinkFrame::Attached`] carrying the session's nonce and its [`Ready`].
@@ -67,8 +67,9 @@ pub const CREDIT_BATCH_BYTES: u32 = CHANNEL_WINDOW_BYTES / 4;
 pub const MAX_CHANNELS: usize = crate::limits::MAX_CONNECTIONS + 16;
 
 /// Zeros the host sends before a repeated `Attach`: they complete any half frame the
-/// agent holds (its remaining body is at most [`LINK_FRAME_BYTES`]), and at a frame
-/// boundary a zero length is itself a desync, so the agent then hunts for the marker.
+/// agent holds (its remaining body is at most [`LINK_FRAME_BYTES`]); at a frame
+/// boundary each run of four zeros is an empty frame, which receivers skip, so
+/// padding that reaches an agent in sync costs nothing.
 pub const ATTACH_PADDING_BYTES: usize = LINK_FRAME_BYTES + LEN_PREFIX_BYTES;
 
 /// A channel's number, chosen by the host, unique within a session.
@@ -195,7 +196,11 @@ impl LinkDecoder {
             };
         }
         let len = u32::from_le_bytes(*prefix) as usize;
-        if len == 0 || len > LINK_FRAME_BYTES {
+        if len == 0 {
+            // Padding (see ATTACH_PADDING_BYTES).
+            return (LEN_PREFIX_BYTES, None);
+        }
+        if len > LINK_FRAME_BYTES {
             return self.desync();
         }
         let Some(body) = buf.get(LEN_PREFIX_BYTES..LEN_PREFIX_BYTES + len) else {
@@ -323,7 +328,8 @@ mod tests {
     #[test]
     fn garbage_desyncs_once_then_the_next_marker_resyncs() {
         let mut decoder = LinkDecoder::new();
-        let mut stream = vec![0, 0, 0, 0, 1, 2, 3];
+        // Padding, then a length over the limit.
+        let mut stream = vec![0, 0, 0, 0, 0xff, 0xff, 0xff, 0x0f, 1, 2, 3];
         stream.extend_from_slice(&[0xff, b'S', b'B']); // a marker's start, not a marker
         let mut start = Vec::new();
         encode_session_start(&LinkFrame::Attach { session: 4 }, &mut start).unwrap();
@@ -367,7 +373,15 @@ mod tests {
     #[test]
     fn a_marker_split_across_reads_is_found_while_hunting() {
         let mut decoder = LinkDecoder::new();
-        assert_eq!(decoder.decode(&[0, 0, 0, 0]), (0, Some(LinkItem::Desync)));
+        assert_eq!(
+            decoder.decode(&[0, 0, 0, 0]),
+            (4, None),
+            "padding is skipped"
+        );
+        assert_eq!(
+            decoder.decode(&[0xff, 0xff, 0xff, 0x0f]),
+            (0, Some(LinkItem::Desync))
+        );
         let mut buf = vec![9; 20];
         buf.extend_from_slice(&LINK_SYNC[..5]);
         let (used, item) = decoder.decode(&buf);

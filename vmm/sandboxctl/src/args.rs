@@ -109,6 +109,18 @@ pub enum VmCommand {
     Checkpoints(VmLsArgs),
     /// Delete a checkpoint (refused while a VM or another checkpoint uses it).
     RmCheckpoint(VmRmCheckpointArgs),
+    /// Save a VM's state to disk and stop its QEMU (its memory is freed); the next
+    /// `--vm ID` (or `vm wake`) brings it back as it was.
+    Hibernate(VmIdArgs),
+    /// Wake a hibernated VM.
+    Wake(VmIdArgs),
+}
+
+/// A VM by id.
+#[derive(Debug, Args)]
+pub struct VmIdArgs {
+    /// The VM's id.
+    pub id: String,
 }
 
 /// `vm checkpoint`

@@ -88,6 +88,8 @@ async fn connect(cli: &Cli) -> anyhow::Result<Client> {
     // --vm ID brings the VM's own token; --token (or SANDBOX_TOKEN) overrides it.
     let (vm_url, vm_token) = match &cli.vm {
         Some(id) => {
+            // A hibernated VM wakes transparently on its next use.
+            vm::wake_if_hibernated(id).await?;
             let (url, token) = vm::agent_address(id)?;
             (Some(url), token)
         }

@@ -7,7 +7,9 @@ use serde::Serialize;
 use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointInfo, CheckpointSpec};
 use sandbox_vmm::launcher::{Launcher, Vm, VmId};
 
-use crate::args::{VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmLsArgs, VmRmCheckpointArgs};
+use crate::args::{
+    VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmIdArgs, VmLsArgs, VmRmCheckpointArgs,
+};
 use crate::output::{self, print_json_line};
 use crate::run::seconds;
 use crate::vm::terminating_signal;
@@ -146,6 +148,40 @@ pub(crate) fn remove(launcher: &Launcher, args: &VmRmCheckpointArgs) -> anyhow::
         .delete_checkpoint(&args.checkpoint)
         .with_context(|| format!("Cannot delete checkpoint {}", args.checkpoint))?;
     eprintln!("deleted checkpoint {}", manifest.id);
+    Ok(0)
+}
+
+pub(crate) async fn hibernate(launcher: &Launcher, args: &VmIdArgs) -> anyhow::Result<u8> {
+    let id = args
+        .id
+        .parse::<VmId>()
+        .with_context(|| format!("Bad VM id {:?}", args.id))?;
+    let done = launcher
+        .hibernate(&id)
+        .await
+        .with_context(|| format!("Cannot hibernate VM {id}"))?;
+    eprintln!(
+        "VM {id} hibernated in {}: {} on disk; `--vm {id}` or `sandboxctl vm wake {id}` brings it back",
+        humantime_ms(done.took.as_millis()),
+        bytes(done.bytes_on_disk)
+    );
+    Ok(0)
+}
+
+pub(crate) async fn wake(launcher: &Launcher, args: &VmIdArgs) -> anyhow::Result<u8> {
+    let id = args
+        .id
+        .parse::<VmId>()
+        .with_context(|| format!("Bad VM id {:?}", args.id))?;
+    let woken = launcher
+        .wake(&id)
+        .await
+        .with_context(|| format!("Cannot wake VM {id}"))?;
+    output::print(&format!(
+        "{}\t{}\n",
+        woken.record.id, woken.record.agent_url
+    ))?;
+    eprintln!("VM {id} woken in {}", humantime_ms(woken.took.as_millis()));
     Ok(0)
 }
 

@@ -63,6 +63,8 @@ pub(crate) async fn run(command: &VmCommand, token: Option<String>) -> anyhow::R
         VmCommand::Fork(args) => snapshot::fork(&launcher, args).await,
         VmCommand::Checkpoints(args) => snapshot::list(&launcher, args),
         VmCommand::RmCheckpoint(args) => snapshot::remove(&launcher, args),
+        VmCommand::Hibernate(args) => snapshot::hibernate(&launcher, args).await,
+        VmCommand::Wake(args) => snapshot::wake(&launcher, args).await,
     }
 }
 
@@ -109,6 +111,26 @@ pub(crate) fn explain_failure(id: &str, error: anyhow::Error) -> anyhow::Error {
         }
         _ => error,
     }
+}
+
+/// Wakes VM `id` first when it is hibernated (`vm hibernate`), so `--vm ID` works on
+/// it as on a running VM.
+pub(crate) async fn wake_if_hibernated(id: &str) -> anyhow::Result<()> {
+    let launcher = launcher()?;
+    let hibernated = launcher
+        .list()?
+        .into_iter()
+        .any(|entry| entry.name == id && entry.status == VmStatus::Hibernated);
+    if !hibernated {
+        return Ok(());
+    }
+    let vm_id: VmId = id.parse().with_context(|| format!("Bad VM id {id:?}"))?;
+    let wake = launcher
+        .wake(&vm_id)
+        .await
+        .with_context(|| format!("Cannot wake VM {id}"))?;
+    tracing::info!(id, took = ?wake.took, "woke a hibernated VM");
+    Ok(())
 }
 
 /// Where VM `id`'s agent listens and the token it requires, from its run folder.
@@ -246,12 +268,12 @@ fn vm_ls(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
         return Ok(0);
     }
     let mut table = format!(
-        "{:<14}{:<9}{:<12}{:<6}{:<8}AGENT\n",
+        "{:<14}{:<11}{:<12}{:<6}{:<8}AGENT\n",
         "ID", "STATUS", "TEMPLATE", "CPUS", "MEMORY"
     );
     for view in views {
         table.push_str(&format!(
-            "{:<14}{:<9}{:<12}{:<6}{:<8}{}\n",
+            "{:<14}{:<11}{:<12}{:<6}{:<8}{}\n",
             view.id,
             serde_json::to_value(view.status)?.as_str().unwrap_or("?"),
             view.template.as_deref().unwrap_or("-"),

@@ -173,6 +173,7 @@ impl Launcher {
             incoming: None,
             token,
             checkpoint: None,
+            reuse: None,
             detached: spec.detached,
             ready_timeout: spec.ready_timeout,
         })
@@ -279,6 +280,8 @@ impl Launcher {
             .ram_dir
             .join(format!("sandbox-{}.ram", dir.id()));
         let link = dir.file(run_dir::RAM_LINK);
+        // A woken VM's folder has the link of its previous life.
+        let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(&path, &link).map_err(|error| {
             LaunchError::RunDir(run_dir::RunDirError::WriteRecord { path: link, error })
         })?;
@@ -363,7 +366,7 @@ impl Launcher {
 /// Stops a VM process this handle does not own (`SIGTERM`, up to `grace`, `SIGKILL`),
 /// identified by `needle` in its arguments, and reaps it if it is a child of this
 /// process (a VM detached here and stopped here).
-async fn stop_foreign(pid: u32, needle: &str, grace: Duration) -> StopOutcome {
+pub(crate) async fn stop_foreign(pid: u32, needle: &str, grace: Duration) -> StopOutcome {
     let outcome = signal_foreign(pid, needle, grace).await;
     // A child of this process (a VM detached here) cannot have had its pid reused, as
     // nobody reaped it: it is that VM's process, whatever its command line says now.

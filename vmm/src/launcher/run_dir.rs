@@ -190,6 +190,10 @@ pub struct VmRecord {
     /// disk): such a checkpoint is not deleted while the VM lives.
     #[serde(default)]
     pub checkpoint: Option<String>,
+    /// Set while the VM is hibernated: the folder (inside the run folder) holding its
+    /// image. No QEMU runs; the next `--vm ID` or `vm wake` restores it.
+    #[serde(default)]
+    pub hibernation: Option<String>,
 }
 
 fn vsock() -> super::AgentTransport {
@@ -257,6 +261,33 @@ impl RunDir {
         }
     }
 
+    /// Takes over the existing folder of VM `id` (to wake it), locked by this
+    /// process. It is never removed by this handle: what it holds (a hibernation
+    /// image) must survive a failed wake.
+    pub(crate) fn adopt(root: &Path, id: &VmId) -> Result<Self, RunDirError> {
+        let path = root.join(id.as_str());
+        let lock = lock_file(&path).and_then(|file| {
+            if sys::try_lock_exclusive(&file)? {
+                Ok(file)
+            } else {
+                Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "another process holds this VM",
+                ))
+            }
+        });
+        let lock = lock.map_err(|error| RunDirError::Lock {
+            path: path.clone(),
+            error,
+        })?;
+        Ok(Self {
+            id: id.clone(),
+            path,
+            lock: Some(lock),
+            keep: true,
+        })
+    }
+
     pub(crate) fn id(&self) -> &VmId {
         &self.id
     }
@@ -293,14 +324,8 @@ impl RunDir {
     }
 
     pub(crate) fn write_record(&self, record: &VmRecord) -> Result<(), RunDirError> {
-        let path = self.file(RECORD_FILE);
-        let tmp = self.file(".vm.json.tmp");
-        let json = serde_json::to_vec_pretty(record).map_err(io::Error::from);
-        json.and_then(|json| fs::write(&tmp, json))
-            .and_then(|()| fs::rename(&tmp, &path))
-            .map_err(|error| RunDirError::WriteRecord { path, error })
+        write_record_file(&self.path, record)
     }
-
     /// Leaves the folder in place and releases the lock: a detached VM lives on and
     /// its liveness is now its QEMU's.
     pub(crate) fn keep(mut self) -> PathBuf {
@@ -345,6 +370,8 @@ pub enum VmStatus {
     Busy,
     /// Nobody owns it and its QEMU is gone: [`sweep`] removes it.
     Stale,
+    /// Hibernated: no QEMU, its image kept in the folder until it is woken or stopped.
+    Hibernated,
 }
 
 /// One run folder as seen by [`list`].
@@ -376,6 +403,16 @@ impl RunDirEntry {
     pub fn token(&self) -> Option<String> {
         read_token(&self.path)
     }
+}
+
+/// Writes `dir/vm.json`, replacing it atomically.
+pub(crate) fn write_record_file(dir: &Path, record: &VmRecord) -> Result<(), RunDirError> {
+    let path = dir.join(RECORD_FILE);
+    let tmp = dir.join(".vm.json.tmp");
+    let json = serde_json::to_vec_pretty(record).map_err(io::Error::from);
+    json.and_then(|json| fs::write(&tmp, json))
+        .and_then(|()| fs::rename(&tmp, &path))
+        .map_err(|error| RunDirError::WriteRecord { path, error })
 }
 
 /// Writes `dir/token` (mode 0600), replacing it atomically.
@@ -499,10 +536,13 @@ fn inspect(path: &Path) -> (RunDirEntry, Option<File>) {
         .ok()
         .and_then(|t| t.elapsed().ok())
         .is_some_and(|age| age < UNRECORDED_GRACE);
+    let hibernated = record.as_ref().is_some_and(|r| r.hibernation.is_some());
     let status = if qemu_alive {
         VmStatus::Running
     } else if owner_alive || (record.is_none() && young) {
         VmStatus::Busy
+    } else if hibernated {
+        VmStatus::Hibernated
     } else {
         VmStatus::Stale
     };
@@ -593,6 +633,7 @@ mod tests {
             created_at_unix_ms: now_unix_ms(),
             transport: crate::launcher::AgentTransport::Vsock,
             checkpoint: None,
+            hibernation: None,
         }
     }
 

@@ -20,7 +20,7 @@ use super::config::AgentTransport;
 use super::process::Lifetime;
 use super::qemu::{QemuSpec, SERIAL_PORT_NAME};
 use super::qmp::Qmp;
-use super::run_dir::{self, qemu_name, RunDir, VmRecord};
+use super::run_dir::{self, qemu_name, RunDir, VmId, VmRecord};
 use super::size::Size;
 use super::vm::Vm;
 use super::{
@@ -67,11 +67,22 @@ pub struct MachineSpec {
 /// Where a restored machine's state comes from.
 #[derive(Debug, Clone)]
 pub(crate) struct Incoming {
-    /// The device state (and RAM, when `ram_file` is `None`).
+    /// The device state (and RAM, for [`IncomingRam::Stream`]).
     pub state: PathBuf,
-    /// A RAM image to map copy-on-write (`share=off`); `None`: RAM is in the state
-    /// stream and goes into a fresh shared RAM file.
-    pub ram_file: Option<PathBuf>,
+    /// Where its RAM comes from.
+    pub ram: IncomingRam,
+}
+
+/// Where a restored machine's RAM comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum IncomingRam {
+    /// This image, mapped copy-on-write (`share=off`): a branch's children share it.
+    Map(PathBuf),
+    /// A copy of this image in the VM's own shared RAM file (a woken VM: its image
+    /// on disk goes, and it can be checkpointed cheaply again).
+    CopyOf(PathBuf),
+    /// The state stream holds RAM; it is loaded into the VM's own shared RAM file.
+    Stream,
 }
 
 /// One machine to start.
@@ -92,6 +103,9 @@ pub(crate) struct Start {
     /// The checkpoint whose files the machine maps, recorded so it is not deleted
     /// under the VM.
     pub checkpoint: Option<String>,
+    /// Wake this hibernated VM: its own run folder, id and hibernation record (kept
+    /// until the caller clears it after a successful wake).
+    pub reuse: Option<(VmId, Option<String>)>,
     pub detached: bool,
     pub ready_timeout: Duration,
 }
@@ -107,7 +121,10 @@ impl Launcher {
         };
         let machine = &start.machine;
         let transport = machine.transport;
-        let dir = RunDir::create(&self.config.run_root)?;
+        let dir = match &start.reuse {
+            Some((id, _)) => RunDir::adopt(&self.config.run_root, id)?,
+            None => RunDir::create(&self.config.run_root)?,
+        };
         let agent_url = match transport {
             AgentTransport::Vsock => {
                 format!("hvsock://{}:{AGENT_PORT}", dir.file(VSOCK_SOCKET).display())
@@ -127,6 +144,7 @@ impl Launcher {
             created_at_unix_ms: run_dir::now_unix_ms(),
             transport,
             checkpoint: start.checkpoint.clone(),
+            hibernation: start.reuse.as_ref().and_then(|(_, h)| h.clone()),
         };
         dir.write_record(&record)?;
         dir.write_token(&start.token)?;
@@ -136,7 +154,7 @@ impl Launcher {
             (Some(_), Some(kept)) if kept.is_file() => Some(kept.clone()),
             (Some(disk), Some(kept)) => Some(self.create_overlay(disk, kept, &dir).await?),
             (Some(disk), None) => Some(
-                self.create_overlay(disk, &dir.file(DISK_OVERLAY), &dir)
+                self.create_overlay(disk, &fresh_overlay_path(&dir), &dir)
                     .await?,
             ),
             (None, _) => None,
@@ -150,18 +168,28 @@ impl Launcher {
         let vhost_socket = dir.file(VHOST_SOCKET);
         let serial_socket = dir.file(SERIAL_SOCKET);
         let qmp_socket = dir.file(QMP_SOCKET);
-        let ram_file = match &start.incoming {
-            Some(Incoming {
-                ram_file: Some(image),
-                ..
-            }) => {
+        let ram_file = match start.incoming.as_ref().map(|i| &i.ram) {
+            Some(IncomingRam::Map(image)) => {
                 // RAM is the checkpoint's image, private: no shared RAM file, so the
                 // run folder must not claim one (a checkpoint of this VM then puts
                 // its RAM into the stream).
                 let _ = std::fs::remove_file(dir.file(run_dir::RAM_LINK));
                 Some((image.as_path(), false))
             }
-            _ => attach.ram_file.as_deref().map(|path| (path, true)),
+            Some(IncomingRam::CopyOf(image)) => {
+                let own = attach.ram_file.as_deref().ok_or(LaunchError::Restore {
+                    detail: "no RAM file for the restored VM".into(),
+                    logs: super::BootLogs::default(),
+                })?;
+                copy_sparse(image, own)
+                    .await
+                    .map_err(|error| LaunchError::Restore {
+                        detail: format!("cannot copy the RAM image: {error}"),
+                        logs: super::BootLogs::default(),
+                    })?;
+                Some((own, true))
+            }
+            Some(IncomingRam::Stream) | None => attach.ram_file.as_deref().map(|path| (path, true)),
         };
         let qemu_spec = QemuSpec {
             name: &name,
@@ -278,9 +306,9 @@ async fn load_incoming(qmp_socket: &Path, incoming: &Incoming) -> Result<(), Str
     let mut qmp = Qmp::connect(qmp_socket, QMP_CONNECT_TIMEOUT)
         .await
         .map_err(text)?;
-    // RAM in a file (mapped copy-on-write) stays out of the stream, as it did when
-    // the checkpoint was written; RAM in the stream is loaded into fresh shared RAM.
-    let ignore_shared = incoming.ram_file.is_some();
+    // RAM in a file stays out of the stream, as it did when the checkpoint was
+    // written; RAM in the stream is loaded into fresh shared RAM.
+    let ignore_shared = !matches!(incoming.ram, IncomingRam::Stream);
     qmp.set_migration_capabilities(&[("x-ignore-shared", ignore_shared)])
         .await
         .map_err(text)?;
@@ -293,6 +321,37 @@ async fn load_incoming(qmp_socket: &Path, incoming: &Incoming) -> Result<(), Str
         qmp.cont().await.map_err(text)?;
     }
     Ok(())
+}
+
+/// The disk overlay of a new start: `overlay.qcow2`, or a fresh name when the folder
+/// has one already (a woken VM: that image is part of its disk's chain).
+fn fresh_overlay_path(dir: &RunDir) -> PathBuf {
+    let first = dir.file(DISK_OVERLAY);
+    if !first.exists() {
+        return first;
+    }
+    let stem = DISK_OVERLAY.trim_end_matches(".qcow2");
+    dir.file(&format!("{stem}-{}.qcow2", VmId::generate()))
+}
+
+/// Copies `from` to `to` keeping holes (a RAM image is mostly zeros).
+pub(crate) async fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
+    let mut command = std::process::Command::new("cp");
+    command
+        .arg("--sparse=always")
+        .arg(from)
+        .arg(to)
+        .stdin(std::process::Stdio::null());
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .map_err(std::io::Error::other)??;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(
+            String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        ))
+    }
 }
 
 /// `path` quoted for `/bin/sh` (QEMU runs `exec:` URIs through it).

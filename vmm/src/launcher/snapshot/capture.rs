@@ -35,6 +35,16 @@ const MAX_BANDWIDTH: u64 = 64 << 30;
 /// The device id of the root disk (see `qemu`).
 const DISK_DEVICE: &str = "disk0";
 
+/// What becomes of the VM once its state is captured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterCapture {
+    /// It goes on (a checkpoint), its clock corrected.
+    Continue,
+    /// It stays paused, for the caller to stop (hibernation). A failed capture
+    /// resumes it all the same.
+    StayPaused,
+}
+
 /// What to checkpoint a VM as.
 #[derive(Debug, Clone, Default)]
 pub struct CheckpointSpec {
@@ -73,6 +83,29 @@ impl Launcher {
         id: &VmId,
         spec: CheckpointSpec,
     ) -> Result<Checkpoint, SnapshotError> {
+        let store = self.checkpoint_store();
+        if let Some(name) = &spec.name {
+            check_name(name)?;
+            if store.name_taken(name)? {
+                return Err(SnapshotError::NameTaken(name.clone()));
+            }
+        }
+        let ckpt_id = VmId::generate().to_string();
+        let folder = store.root().join(&ckpt_id);
+        self.capture(id, &folder, &ckpt_id, &spec, AfterCapture::Continue)
+            .await
+    }
+
+    /// Captures VM `id` into `folder` (written as a `.tmp-` sibling, then renamed):
+    /// then the VM goes on, or stays paused for the caller to end it (hibernation).
+    pub(crate) async fn capture(
+        &self,
+        id: &VmId,
+        folder: &Path,
+        ckpt_id: &str,
+        spec: &CheckpointSpec,
+        after: AfterCapture,
+    ) -> Result<Checkpoint, SnapshotError> {
         let started = Instant::now();
         let run = self.config.run_root.join(id.as_str());
         let record =
@@ -91,13 +124,6 @@ impl Launcher {
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .ok_or_else(|| not_capable("its run folder has no machine.json"))?;
         let token = run_dir::read_token(&run).ok_or_else(|| not_capable("it has no token"))?;
-        let store = self.checkpoint_store();
-        if let Some(name) = &spec.name {
-            check_name(name)?;
-            if store.name_taken(name)? {
-                return Err(SnapshotError::NameTaken(name.clone()));
-            }
-        }
         let mut qmp = Qmp::connect(&run.join(QMP_SOCKET), QMP_CONNECT_TIMEOUT)
             .await
             .map_err(|error| SnapshotError::NotRunning {
@@ -125,21 +151,23 @@ impl Launcher {
             .await
             .map_err(qemu("raise the migration bandwidth"))?;
 
-        let ckpt_id = VmId::generate().to_string();
-        let root = store.root().to_owned();
-        let folder = root.join(&ckpt_id);
+        let root = folder.parent().unwrap_or(folder).to_owned();
         let temp = TempFolder::create(&root.join(format!(".tmp-{ckpt_id}")))?;
         let disk = match machine.disk {
-            true => Some(self.prepare_disk_switch(&run, &folder).await?),
+            true => Some(self.prepare_disk_switch(&run, folder).await?),
             false => None,
         };
 
-        // The pause: nothing in here may return early without `cont`.
+        // The pause: nothing in here may return early without `cont`, unless the VM
+        // is to stay stopped.
         let pause_started = Instant::now();
         qmp.stop().await.map_err(qemu("pause the VM"))?;
         let captured =
             capture_paused(&mut qmp, temp.path(), disk.as_ref(), shared_ram.as_deref()).await;
-        let resumed = qmp.cont().await.map_err(qemu("resume the VM"));
+        let resumed = match (&captured, after) {
+            (Ok(_), AfterCapture::StayPaused) => Ok(()),
+            _ => qmp.cont().await.map_err(qemu("resume the VM")),
+        };
         let pause = pause_started.elapsed();
         let (stream_bytes, disk_backing) = captured?;
         resumed?;
@@ -147,8 +175,10 @@ impl Launcher {
 
         // The source lost the pause from its wall clock: set it again (best effort:
         // the checkpoint is good either way).
-        if let Err(error) = super::restore::fix_clock(&run.join(AGENT_SOCKET), &token).await {
-            tracing::warn!(vm = %id, %error, "could not correct the source's clock after the checkpoint");
+        if after == AfterCapture::Continue {
+            if let Err(error) = super::restore::fix_clock(&run.join(AGENT_SOCKET), &token).await {
+                tracing::warn!(vm = %id, %error, "could not correct the source's clock after the checkpoint");
+            }
         }
 
         link_or_copy(&machine.kernel, &temp.path().join(KERNEL_FILE))?;
@@ -157,7 +187,7 @@ impl Launcher {
         }
         write_private(&temp.path().join(TOKEN_FILE), token.as_bytes())?;
         let manifest = Manifest {
-            id: ckpt_id.clone(),
+            id: ckpt_id.to_owned(),
             name: spec.name.clone(),
             ephemeral: spec.ephemeral,
             created_at_unix_ms: run_dir::now_unix_ms(),
@@ -179,10 +209,10 @@ impl Launcher {
         let text = serde_json::to_vec_pretty(&manifest)
             .map_err(|e| write_error(temp.path(), io::Error::other(e)))?;
         write_private(&temp.path().join(MANIFEST_FILE), &text)?;
-        temp.commit(&folder)?;
+        temp.commit(folder)?;
         Ok(Checkpoint {
             manifest,
-            path: folder,
+            path: folder.to_owned(),
             pause,
             total: started.elapsed(),
         })
@@ -329,19 +359,9 @@ async fn image_info(
 
 /// Copies `from` to `to` keeping holes (a RAM image is mostly zeros).
 async fn copy_sparse(from: &Path, to: &Path) -> Result<(), SnapshotError> {
-    let mut command = std::process::Command::new("cp");
-    command.arg("--sparse=always").arg(from).arg(to);
-    let output = output_of(command)
+    crate::launcher::start::copy_sparse(from, to)
         .await
-        .map_err(|error| write_error(to, error))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(write_error(
-            to,
-            io::Error::other(String::from_utf8_lossy(&output.stderr).trim().to_owned()),
-        ))
-    }
+        .map_err(|error| write_error(to, error))
 }
 
 /// Runs a short helper command (`qemu-img`, `cp`) to completion off the runtime.

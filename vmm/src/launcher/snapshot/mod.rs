@@ -19,6 +19,8 @@
 //!    hostname). All or nothing: if one child fails, every child goes.
 //! 3. **Fork** = checkpoint + branch; its checkpoint is *ephemeral*: removed by the
 //!    launcher once no VM maps it.
+//! 4. **Hibernate** ([`hibernate`]) = a capture into the VM's run folder that leaves
+//!    the VM stopped, then QEMU ends; **wake** restores the same id in place.
 //!
 //! A child's RAM is private, so checkpointing a child puts its RAM into the stream
 //! instead (slower, but a fork of a fork works); a branch from such a checkpoint
@@ -30,12 +32,14 @@
 //! is based on, is refused ([`SnapshotError::InUse`]).
 
 pub mod capture;
+pub mod hibernate;
 pub mod manifest;
 pub mod restore;
 
 use std::path::PathBuf;
 
 pub use capture::{Checkpoint, CheckpointSpec};
+pub use hibernate::{Hibernation, Wake};
 pub use manifest::{CheckpointInfo, Manifest, RamImage};
 pub use restore::{BranchSpec, Fork};
 
@@ -91,6 +95,24 @@ pub enum SnapshotError {
         #[source]
         error: std::io::Error,
     },
+    /// A hibernated VM could not be restored; its image is kept.
+    #[error("Cannot wake VM {id}; its image is kept")]
+    Wake {
+        /// The VM.
+        id: String,
+        /// The cause.
+        #[source]
+        error: Box<LaunchError>,
+    },
+    /// Wake of a VM that is not hibernated.
+    #[error("VM {id} is not hibernated")]
+    NotHibernated {
+        /// The VM.
+        id: String,
+    },
+    /// The run folder could not be updated.
+    #[error(transparent)]
+    RunDir(#[from] crate::launcher::run_dir::RunDirError),
     /// No checkpoint with that id or name.
     #[error("No checkpoint {0:?}")]
     NoCheckpoint(String),

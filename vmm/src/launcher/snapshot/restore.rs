@@ -14,7 +14,7 @@ use crate::client::{AgentUrl, Client, ClientError, ConnectOptions};
 use crate::launcher::accel::AccelDecision;
 use crate::launcher::boot::Launcher;
 use crate::launcher::run_dir::{self, VmId};
-use crate::launcher::start::{Incoming, Start};
+use crate::launcher::start::{Incoming, IncomingRam, Start};
 use crate::launcher::vm::Vm;
 use crate::launcher::DEFAULT_READY_TIMEOUT_SECS;
 
@@ -145,7 +145,7 @@ impl Launcher {
     }
 
     /// What every child of a checkpoint starts from; checks the files are there.
-    fn restore_start(
+    pub(crate) fn restore_start(
         &self,
         folder: &Path,
         manifest: &Manifest,
@@ -164,9 +164,9 @@ impl Launcher {
             }
         };
         let state = need(STATE_FILE)?;
-        let ram_file = match manifest.ram {
-            RamImage::File => Some(need(RAM_FILE)?),
-            RamImage::InStream => None,
+        let ram = match manifest.ram {
+            RamImage::File => IncomingRam::Map(need(RAM_FILE)?),
+            RamImage::InStream => IncomingRam::Stream,
         };
         let disk_base = match manifest.machine.disk {
             true => Some(need(DISK_FILE)?),
@@ -189,9 +189,10 @@ impl Launcher {
             machine,
             disk_base,
             persistent_disk: None,
-            incoming: Some(Incoming { state, ram_file }),
+            incoming: Some(Incoming { state, ram }),
             token,
             checkpoint: Some(manifest.id.clone()),
+            reuse: None,
             detached: spec.detached,
             ready_timeout: spec.ready_timeout,
         })
@@ -231,11 +232,19 @@ enum ChildError {
     Identity(SnapshotError),
 }
 
-/// Sends `resumed`: the host's time now and fresh entropy.
+/// Sends `resumed`: the host's time now and fresh entropy; then, for a restored
+/// guest, the time once more. A guest just restored runs slowly at first (under TCG
+/// every code path is translated again), so the first request can spend tens of
+/// milliseconds in transit and leave the clock that far behind (measured: up to
+/// 55 ms); the second one travels a warm path.
 async fn resume(client: &Client, new_identity: bool) -> Result<(), ClientError> {
     let request = resumed_now(new_identity);
     client
         .resumed(request.wall_clock_ns, request.entropy, request.new_identity)
+        .await?;
+    let again = resumed_now(false);
+    client
+        .resumed(again.wall_clock_ns, again.entropy, false)
         .await
         .map(drop)
 }
@@ -264,6 +273,12 @@ async fn connect(url: &AgentUrl, token: &str) -> Result<Client, ClientError> {
     };
     let deadline = tokio::time::Instant::now() + IDENTITY_CONNECT;
     Client::connect_with_retry(url, &options, deadline).await
+}
+
+/// Sets a restored VM's wall clock from the host's (no new identity).
+pub(crate) async fn fix_clock_of(vm: &Vm) -> Result<(), ClientError> {
+    let client = connect(&vm.url(), vm.token()).await?;
+    resume(&client, false).await
 }
 
 /// Sets a running agent's wall clock from the host's (after its VM was paused).
