@@ -254,6 +254,7 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         cmdline.push_str(extra);
     }
     let manifest = TemplateManifest {
+        snapshot: None,
         name: opts.name.clone(),
         kernel: PathBuf::from(kernel_name),
         initramfs: PathBuf::from(initramfs_name),

@@ -39,6 +39,10 @@ pub struct TemplateManifest {
     pub default_size: Size,
     /// When the template was built (RFC 3339, UTC).
     pub created_at: String,
+    /// A snapshot folder (a checkpoint of a running VM, written by `promote`): VMs
+    /// of this template restore it instead of booting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<PathBuf>,
 }
 
 /// The manifest could not be read or written.
@@ -114,6 +118,7 @@ mod tests {
 
     fn sample() -> TemplateManifest {
         TemplateManifest {
+            snapshot: None,
             name: "default".into(),
             kernel: "vmlinux".into(),
             initramfs: "initramfs.cpio".into(),

@@ -45,6 +45,10 @@ fn main() -> std::process::ExitCode {
             run: || block_on(hibernate_and_wake()),
         },
         VmTest {
+            name: "boots_restore_the_templates_ready_snapshot_and_promote_makes_a_template",
+            run: || block_on(ready_snapshots_and_promote()),
+        },
+        VmTest {
             name: "a_vm_on_an_ext4_root_disk_checkpoints_and_branches",
             run: || block_on(a_disk_vm_checkpoints_and_branches()),
         },
@@ -490,6 +494,70 @@ async fn hibernate_and_wake() {
         .stop(&id, Duration::from_secs(5))
         .await
         .unwrap();
+    host.assert_empty();
+}
+
+async fn ready_snapshots_and_promote() {
+    let Some(host) = Host::new("ready") else {
+        return;
+    };
+    // A template of this test's own, so its first boot is cold here.
+    let scratch = TempDir::new("snap-ready-tpl");
+    let name = format!("e2e-ready-{}", std::process::id());
+    let built =
+        sandbox_tests::vm::build_template(&name, "busybox", &scratch.path().join("template"));
+    let template = TemplateRef::Path(built.dir.clone());
+    let started = Instant::now();
+    let first = host.boot(template.clone()).await;
+    let cold = started.elapsed();
+    assert_eq!(
+        first.record().checkpoint,
+        None,
+        "the first boot restored something"
+    );
+    let started = Instant::now();
+    let second = host.boot(template.clone()).await;
+    let warm = started.elapsed();
+    eprintln!("cold boot {cold:?}, start from the ready snapshot {warm:?}");
+    let restored_from = second.record().checkpoint.clone();
+    assert!(
+        restored_from.is_some(),
+        "the second boot did not restore the ready snapshot"
+    );
+    let (a, b) = (client(&first).await, client(&second).await);
+    assert_ne!(sh(&a, "hostname").await, sh(&b, "hostname").await);
+    assert_clock(&b, "VM started from the ready snapshot").await;
+    // A cold boot on request.
+    let mut spec = BootSpec::new(template.clone());
+    spec.cold = true;
+    spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+    let cold_vm = host.launcher.boot(spec).await.unwrap();
+    assert_eq!(cold_vm.record().checkpoint, None);
+    cold_vm.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    // Promote: the second VM's state becomes a template; its VMs restore it.
+    sh(&b, "echo promoted-1 > /etc/promoted").await;
+    let tpl_name = format!("e2e-promoted-{}", std::process::id());
+    let promoted = host.launcher.promote(second.id(), &tpl_name).await.unwrap();
+    assert!(!promoted.replaced);
+    let from_template = host.boot(TemplateRef::Name(tpl_name.clone())).await;
+    let c = client(&from_template).await;
+    assert_eq!(sh(&c, "cat /etc/promoted").await, "promoted-1\n");
+    // Re-promoting replaces it; the VM from the old one keeps running.
+    sh(&b, "echo promoted-2 > /etc/promoted").await;
+    let again = host.launcher.promote(second.id(), &tpl_name).await.unwrap();
+    assert!(again.replaced);
+    let newer = host.boot(TemplateRef::Name(tpl_name.clone())).await;
+    assert_eq!(
+        sh(&client(&newer).await, "cat /etc/promoted").await,
+        "promoted-2\n"
+    );
+    assert_eq!(sh(&c, "cat /etc/promoted").await, "promoted-1\n");
+
+    for vm in [first, second, from_template, newer] {
+        vm.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+    std::fs::remove_dir_all(&promoted.dir).unwrap();
     host.assert_empty();
 }
 

@@ -130,6 +130,9 @@ async fn boot(launcher: &Launcher, transport: Option<AgentTransport>) -> Vm {
     let mut spec = BootSpec::new(TemplateRef::parse(TEMPLATE));
     spec.ready_timeout = READY_TIMEOUT;
     spec.transport = transport;
+    // Boot-to-ready of the kernel: not a restore from the template's ready snapshot
+    // (`cargo bench --bench snapshots` measures those).
+    spec.cold = true;
     match launcher.boot(spec).await {
         Ok(vm) => vm,
         Err(error) => panic!(

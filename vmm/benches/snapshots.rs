@@ -6,11 +6,13 @@
 //! - cold boot (`Launcher::boot` to a connected client), median of [`COLD_BOOTS`];
 //! - the checkpoint pause of an idle VM (`stop` to `cont`), median of [`CHECKPOINTS`],
 //!   and the whole call;
-//! - start from a checkpoint (`branch -n 1` to a connected client) next to the cold
+//! - start from a checkpoint (`branch -n 1` to a connected client) and a plain
+//!   `Launcher::boot` that restores the template's ready snapshot, next to the cold
 //!   boot;
 //! - `fork -n N` to all N children answering, for N in [`FORKS`];
 //! - memory per child (PSS of its QEMU from `/proc/PID/smaps_rollup`), idle and after
-//!   each child wrote 32 MiB into its `/tmp`.
+//!   each child wrote 32 MiB into its `/tmp`;
+//! - hibernate (the call, the image's size on disk) and wake to the first answer.
 //!
 //! Needs what the microVM tests need; VMs and checkpoints go to private folders
 //! under `/tmp`, checked empty at the end.
@@ -45,9 +47,10 @@ async fn client(vm: &Vm) -> Client {
         .unwrap_or_else(|e| panic!("cannot reach VM {}: {}", vm.id(), error_chain(&e)))
 }
 
-async fn boot(launcher: &Launcher) -> Vm {
+async fn boot(launcher: &Launcher, cold: bool) -> Vm {
     let mut spec = BootSpec::new(TemplateRef::parse(TEMPLATE));
     spec.ready_timeout = READY_TIMEOUT;
+    spec.cold = cold;
     launcher
         .boot(spec)
         .await
@@ -98,20 +101,32 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        // Warm-up boot (accelerator decision, page cache); not a sample.
-        boot(&launcher).await.shutdown(GRACE).await.unwrap();
+        // Warm-up boot (accelerator decision, page cache, the template's ready
+        // snapshot); not a sample.
+        boot(&launcher, false).await.shutdown(GRACE).await.unwrap();
 
         let mut cold = Vec::new();
         for _ in 0..COLD_BOOTS {
             let started = Instant::now();
-            let vm = boot(&launcher).await;
+            let vm = boot(&launcher, true).await;
             client(&vm).await.ps().await.unwrap();
             cold.push(started.elapsed());
             vm.shutdown(GRACE).await.unwrap();
         }
         let cold = median(cold);
 
-        let parent = boot(&launcher).await;
+        let mut ready = Vec::new();
+        for _ in 0..COLD_BOOTS {
+            let started = Instant::now();
+            let vm = boot(&launcher, false).await;
+            client(&vm).await.ps().await.unwrap();
+            ready.push(started.elapsed());
+            assert!(vm.record().checkpoint.is_some(), "the boot did not restore");
+            vm.shutdown(GRACE).await.unwrap();
+        }
+        let ready = median(ready);
+
+        let parent = boot(&launcher, true).await;
         let size = parent.size();
         println!(
             "template {TEMPLATE}: {} vCPU / {} MiB, {}",
@@ -177,6 +192,11 @@ fn main() {
             ms(restore),
             cold.as_secs_f64() / restore.as_secs_f64()
         );
+        println!(
+            "| Launcher::boot from the template's ready snapshot (median of {COLD_BOOTS}) | {:.0} ms | {:.1}x faster |",
+            ms(ready),
+            cold.as_secs_f64() / ready.as_secs_f64()
+        );
 
         for &n in FORKS {
             let started = Instant::now();
@@ -208,7 +228,32 @@ fn main() {
                 vm.shutdown(GRACE).await.unwrap();
             }
         }
-        parent.shutdown(GRACE).await.unwrap();
+        // Hibernate the parent (detached first: a held handle would remove its folder
+        // when dropped), then wake it.
+        let id = parent.id().clone();
+        let _ = parent.detach();
+        let hibernated = launcher.hibernate(&id).await.unwrap();
+        let started = Instant::now();
+        let woken = launcher.wake(&id).await.unwrap();
+        let url = woken.record.agent_url.parse().unwrap();
+        let token = std::fs::read_to_string(launcher.config().run_root.join(id.as_str()).join("token")).unwrap();
+        let options = ConnectOptions {
+            token: Some(token.trim().to_owned()),
+            ..ConnectOptions::default()
+        };
+        Client::connect(&url, &options).await.unwrap().ps().await.unwrap();
+        let wake = started.elapsed();
+        println!(
+            "| hibernate (idle VM): call / image on disk | {:.0} ms / {:.1} MiB | |",
+            ms(hibernated.took),
+            hibernated.bytes_on_disk as f64 / 1048576.0
+        );
+        println!(
+            "| wake to first answer | {:.0} ms | {:.1}x faster |",
+            ms(wake),
+            cold.as_secs_f64() / wake.as_secs_f64()
+        );
+        launcher.stop(&id, GRACE).await.unwrap();
         for checkpoint in launcher.checkpoints().unwrap() {
             launcher.delete_checkpoint(&checkpoint.manifest.id).unwrap();
         }

@@ -114,6 +114,18 @@ pub enum VmCommand {
     Hibernate(VmIdArgs),
     /// Wake a hibernated VM.
     Wake(VmIdArgs),
+    /// Make a running VM's current state a template: VMs started from it restore that
+    /// state (re-promoting a name replaces it).
+    Promote(VmPromoteArgs),
+}
+
+/// `vm promote`
+#[derive(Debug, Args)]
+pub struct VmPromoteArgs {
+    /// The VM's id.
+    pub id: String,
+    /// The template's name.
+    pub name: String,
 }
 
 /// A VM by id.
@@ -191,6 +203,9 @@ pub struct VmBootArgs {
     /// forked) or vsock.
     #[arg(long, value_name = "serial|vsock")]
     pub transport: Option<AgentTransport>,
+    /// Boot the kernel even when the template has a ready snapshot to restore.
+    #[arg(long)]
+    pub cold: bool,
 }
 
 /// `vm run`

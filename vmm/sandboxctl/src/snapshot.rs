@@ -8,7 +8,8 @@ use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointInfo, CheckpointSpec
 use sandbox_vmm::launcher::{Launcher, Vm, VmId};
 
 use crate::args::{
-    VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmIdArgs, VmLsArgs, VmRmCheckpointArgs,
+    VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmIdArgs, VmLsArgs, VmPromoteArgs,
+    VmRmCheckpointArgs,
 };
 use crate::output::{self, print_json_line};
 use crate::run::seconds;
@@ -182,6 +183,26 @@ pub(crate) async fn wake(launcher: &Launcher, args: &VmIdArgs) -> anyhow::Result
         woken.record.id, woken.record.agent_url
     ))?;
     eprintln!("VM {id} woken in {}", humantime_ms(woken.took.as_millis()));
+    Ok(0)
+}
+
+pub(crate) async fn promote(launcher: &Launcher, args: &VmPromoteArgs) -> anyhow::Result<u8> {
+    let id = args
+        .id
+        .parse::<VmId>()
+        .with_context(|| format!("Bad VM id {:?}", args.id))?;
+    let done = launcher
+        .promote(&id, &args.name)
+        .await
+        .with_context(|| format!("Cannot promote VM {id} to template {}", args.name))?;
+    output::print(&format!("{}\n", done.dir.display()))?;
+    eprintln!(
+        "template {} {} from VM {id} (paused {} ms); `sandboxctl vm start -t {}` restores it",
+        args.name,
+        if done.replaced { "replaced" } else { "made" },
+        done.checkpoint.pause.as_millis(),
+        args.name
+    );
     Ok(0)
 }
 

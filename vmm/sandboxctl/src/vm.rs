@@ -65,6 +65,7 @@ pub(crate) async fn run(command: &VmCommand, token: Option<String>) -> anyhow::R
         VmCommand::RmCheckpoint(args) => snapshot::remove(&launcher, args),
         VmCommand::Hibernate(args) => snapshot::hibernate(&launcher, args).await,
         VmCommand::Wake(args) => snapshot::wake(&launcher, args).await,
+        VmCommand::Promote(args) => snapshot::promote(&launcher, args).await,
     }
 }
 
@@ -160,6 +161,7 @@ fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
         ready_timeout: seconds("--boot-timeout", args.boot_timeout)?,
         detached,
         transport: args.transport,
+        cold: args.cold,
         ..BootSpec::new(TemplateRef::parse(&args.template))
     })
 }

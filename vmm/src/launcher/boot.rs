@@ -59,6 +59,9 @@ pub struct BootSpec {
     /// How the agent is reached; `None` takes the launcher's default
     /// ([`LauncherConfig::transport`]). Only serial VMs can be checkpointed.
     pub transport: Option<AgentTransport>,
+    /// Boot the kernel even when the template has a ready snapshot to restore (see
+    /// `snapshot::ready`). A promoted template always restores.
+    pub cold: bool,
 }
 
 impl BootSpec {
@@ -72,6 +75,7 @@ impl BootSpec {
             detached: false,
             persistent_disk: None,
             transport: None,
+            cold: false,
         }
     }
 }
@@ -90,6 +94,8 @@ pub struct Launcher {
     tsc_khz: OnceLock<Option<u32>>,
     /// Serializes accelerator decisions (the quick boot, then the cache).
     accel_lock: tokio::sync::Mutex<()>,
+    /// QEMU's version, asked once (restores check checkpoints against it).
+    pub(crate) qemu_version: OnceLock<Option<String>>,
 }
 
 impl Launcher {
@@ -99,6 +105,7 @@ impl Launcher {
             config,
             tsc_khz: OnceLock::new(),
             accel_lock: tokio::sync::Mutex::new(()),
+            qemu_version: OnceLock::new(),
         }
     }
 
@@ -145,6 +152,20 @@ impl Launcher {
         let accel = self.accel_for(&template.kernel).await?;
 
         let transport = spec.transport.unwrap_or(self.config.transport);
+        if template.snapshot.is_some() && transport != AgentTransport::Serial {
+            return Err(LaunchError::Snapshot(Box::new(
+                super::snapshot::SnapshotError::NotCapable {
+                    id: template.name.clone(),
+                    why: "a promoted template restores a serial-transport VM".into(),
+                },
+            )));
+        }
+        let (restored, ready_key) = self
+            .try_restore(&template, size, accel.accel, transport, &spec)
+            .await?;
+        if let Some(vm) = restored {
+            return Ok(vm);
+        }
         // Every VM's agent requires its own random token: whoever can open the VM's
         // socket still needs the token file, which only the owner can read.
         let token = run_dir::generate_token().map_err(LaunchError::Token)?;
@@ -165,19 +186,24 @@ impl Launcher {
             cmdline,
             disk: template.disk.is_some(),
         };
-        self.start_machine(Start {
-            machine,
-            accel,
-            disk_base: template.disk.clone(),
-            persistent_disk: spec.persistent_disk,
-            incoming: None,
-            token,
-            checkpoint: None,
-            reuse: None,
-            detached: spec.detached,
-            ready_timeout: spec.ready_timeout,
-        })
-        .await
+        let vm = self
+            .start_machine(Start {
+                machine,
+                accel,
+                disk_base: template.disk.clone(),
+                persistent_disk: spec.persistent_disk,
+                incoming: None,
+                token,
+                checkpoint: None,
+                reuse: None,
+                detached: spec.detached,
+                ready_timeout: spec.ready_timeout,
+            })
+            .await?;
+        if let Some(key) = ready_key {
+            self.take_ready_snapshot(&vm, &template, &key).await;
+        }
+        Ok(vm)
     }
 
     /// Every run folder and whether its VM is alive.

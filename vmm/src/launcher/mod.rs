@@ -181,6 +181,9 @@ pub enum LaunchError {
         /// Console and QEMU log tails.
         logs: BootLogs,
     },
+    /// Restoring a template's snapshot failed.
+    #[error("Cannot start from the template's snapshot")]
+    Snapshot(#[source] Box<snapshot::SnapshotError>),
     /// A fresh agent token could not be made.
     #[error("Cannot generate an agent token")]
     Token(#[source] std::io::Error),

@@ -147,6 +147,8 @@ pub struct Template {
     pub agent_version: Option<String>,
     /// The size to boot when the caller names none.
     pub default_size: Size,
+    /// The snapshot its VMs restore (a promoted template), absolute.
+    pub snapshot: Option<PathBuf>,
 }
 
 impl Template {
@@ -194,6 +196,7 @@ impl Template {
             kernel_version: Some(raw.kernel_version),
             agent_version: Some(raw.agent_version),
             default_size: raw.default_size,
+            snapshot: raw.snapshot.map(|rel| dir.join(rel)),
             dir,
         })
     }

@@ -19,7 +19,9 @@
 //!    hostname). All or nothing: if one child fails, every child goes.
 //! 3. **Fork** = checkpoint + branch; its checkpoint is *ephemeral*: removed by the
 //!    launcher once no VM maps it.
-//! 4. **Hibernate** ([`hibernate`]) = a capture into the VM's run folder that leaves
+//! 4. **Start from a snapshot** ([`ready`]): a template's ready snapshot, taken after
+//!    its first boot, or a promoted template's; `Launcher::boot` restores these.
+//! 5. **Hibernate** ([`hibernate`]) = a capture into the VM's run folder that leaves
 //!    the VM stopped, then QEMU ends; **wake** restores the same id in place.
 //!
 //! A child's RAM is private, so checkpointing a child puts its RAM into the stream
@@ -34,6 +36,7 @@
 pub mod capture;
 pub mod hibernate;
 pub mod manifest;
+pub mod ready;
 pub mod restore;
 
 use std::path::PathBuf;
@@ -41,6 +44,7 @@ use std::path::PathBuf;
 pub use capture::{Checkpoint, CheckpointSpec};
 pub use hibernate::{Hibernation, Wake};
 pub use manifest::{CheckpointInfo, Manifest, RamImage};
+pub use ready::Promotion;
 pub use restore::{BranchSpec, Fork};
 
 use super::qmp::QmpError;

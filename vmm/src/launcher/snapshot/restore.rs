@@ -96,14 +96,7 @@ impl Launcher {
         if let Some((index, error)) = failure {
             // Dropping a Vm stops its QEMU and relay and removes its run folder.
             drop(children);
-            return Err(match error {
-                ChildError::Start(error) => SnapshotError::Child {
-                    index: index + 1,
-                    count,
-                    error: Box::new(error),
-                },
-                ChildError::Identity(error) => error,
-            });
+            return Err(error.into_snapshot_error(index + 1, count));
         }
         Ok(children)
     }
@@ -163,6 +156,14 @@ impl Launcher {
                 Err(damaged(format!("{name} is missing")))
             }
         };
+        if let Some(here) = self.qemu_version() {
+            if here != manifest.qemu_version {
+                return Err(damaged(format!(
+                    "it was made by QEMU {} and this is QEMU {here}: QEMU restores only its own version's state",
+                    manifest.qemu_version
+                )));
+            }
+        }
         let state = need(STATE_FILE)?;
         let ram = match manifest.ram {
             RamImage::File => IncomingRam::Map(need(RAM_FILE)?),
@@ -198,8 +199,23 @@ impl Launcher {
         })
     }
 
+    /// This host's QEMU version (`major.minor.micro`, from `--version`, asked once);
+    /// `None` when it cannot be told (the restore then finds out).
+    pub(crate) fn qemu_version(&self) -> Option<String> {
+        self.qemu_version
+            .get_or_init(|| {
+                let output = std::process::Command::new(&self.config.qemu_path)
+                    .arg("--version")
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .ok()?;
+                parse_qemu_version(&String::from_utf8_lossy(&output.stdout))
+            })
+            .clone()
+    }
+
     /// One child: started, then given its own identity and token.
-    async fn start_child(&self, start: Start) -> Result<Vm, ChildError> {
+    pub(crate) async fn start_child(&self, start: Start) -> Result<Vm, ChildError> {
         let mut vm = self.start_machine(start).await.map_err(ChildError::Start)?;
         let token = run_dir::generate_token()
             .map_err(|e| ChildError::Start(crate::launcher::LaunchError::Token(e)))?;
@@ -226,10 +242,34 @@ impl Launcher {
     }
 }
 
+/// `7.2.22` from `QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18)`.
+fn parse_qemu_version(text: &str) -> Option<String> {
+    let rest = text.split("version ").nth(1)?;
+    let version: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    (version.split('.').count() == 3).then_some(version)
+}
+
 /// How one child failed.
-enum ChildError {
+pub(crate) enum ChildError {
     Start(crate::launcher::LaunchError),
     Identity(SnapshotError),
+}
+
+impl ChildError {
+    /// The error of child `index` (from 1) of `count`.
+    pub(crate) fn into_snapshot_error(self, index: usize, count: usize) -> SnapshotError {
+        match self {
+            Self::Start(error) => SnapshotError::Child {
+                index,
+                count,
+                error: Box::new(error),
+            },
+            Self::Identity(error) => error,
+        }
+    }
 }
 
 /// Sends `resumed`: the host's time now and fresh entropy; then, for a restored
@@ -285,4 +325,24 @@ pub(crate) async fn fix_clock_of(vm: &Vm) -> Result<(), ClientError> {
 pub(crate) async fn fix_clock(socket: &Path, token: &str) -> Result<(), ClientError> {
     let client = connect(&AgentUrl::Unix(socket.to_owned()), token).await?;
     resume(&client, false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_versions_are_read_from_version_output() {
+        assert_eq!(
+            parse_qemu_version(
+                "QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18+b3)\nCopyright"
+            ),
+            Some("7.2.22".into())
+        );
+        assert_eq!(
+            parse_qemu_version("QEMU emulator version 10.0.2\n"),
+            Some("10.0.2".into())
+        );
+        assert_eq!(parse_qemu_version("something else"), None);
+    }
 }
