@@ -103,6 +103,14 @@ impl VmHost {
         self.boot(default_template()).await
     }
 
+    /// Boots the default template's kernel, not its ready snapshot (for tests of
+    /// what a boot does).
+    pub async fn boot_default_cold(&self) -> TestVm {
+        let mut spec = BootSpec::new(default_template());
+        spec.cold = true;
+        self.boot_spec(spec).await
+    }
+
     /// Boots `template` and connects a client; panics with the console tail when the
     /// boot fails.
     pub async fn boot(&self, template: TemplateRef) -> TestVm {

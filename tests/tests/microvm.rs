@@ -34,7 +34,7 @@ fn main() -> std::process::ExitCode {
 async fn two_vms() {
     let host = VmHost::get("microvm").expect("run only with the gate open");
     let started = Instant::now();
-    let (a, b) = tokio::join!(host.boot_default(), host.boot_default());
+    let (a, b) = tokio::join!(host.boot_default_cold(), host.boot_default_cold());
     eprintln!(
         "two VMs ready in {:.2?} (boot-to-ready {:.2?} and {:.2?}, {})",
         started.elapsed(),

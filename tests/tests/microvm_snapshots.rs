@@ -37,6 +37,10 @@ fn main() -> std::process::ExitCode {
             run: || block_on(a_checkpoint_is_branched_by_another_process()),
         },
         VmTest {
+            name: "bad_states_get_clear_errors_and_a_full_disk_leaves_nothing",
+            run: || block_on(bad_states()),
+        },
+        VmTest {
             name: "a_failed_fork_leaves_no_vm_daemon_or_file",
             run: || block_on(a_failed_fork_leaves_nothing()),
         },
@@ -370,6 +374,120 @@ async fn a_checkpoint_is_branched_by_another_process() {
     host.assert_empty();
 }
 
+async fn bad_states() {
+    let Some(host) = Host::new("bad") else {
+        return;
+    };
+    let missing: VmId = "000000000000".parse().unwrap();
+    let error = host
+        .launcher
+        .checkpoint(&missing, CheckpointSpec::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, SnapshotError::NoVm { .. }), "{error:?}");
+    let error = host
+        .launcher
+        .branch("no-such-checkpoint", 1, branch_spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, SnapshotError::NoCheckpoint(_)), "{error:?}");
+    let error = host
+        .launcher
+        .branch("x", 0, branch_spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, SnapshotError::Count(0)), "{error:?}");
+
+    // A vsock VM cannot be checkpointed.
+    let mut spec = BootSpec::new(default_template());
+    spec.transport = Some(sandbox_vmm::launcher::AgentTransport::Vsock);
+    spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+    let vsock = host.launcher.boot(spec).await.unwrap();
+    let error = host
+        .launcher
+        .checkpoint(vsock.id(), CheckpointSpec::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, SnapshotError::NotCapable { .. }),
+        "{error:?}"
+    );
+    eprintln!("vsock VM: {}", sandbox_vmm::error_chain(&error));
+    vsock.shutdown(Duration::from_secs(5)).await.unwrap();
+
+    let vm = host.boot(default_template()).await;
+    let bad_name = CheckpointSpec {
+        name: Some("../escape".into()),
+        ephemeral: false,
+    };
+    let error = host
+        .launcher
+        .checkpoint(vm.id(), bad_name)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, SnapshotError::BadName(_)), "{error:?}");
+
+    // A full disk: the checkpoint fails, nothing half-written stays, the VM goes on.
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test mounts a small tmpfs to fill: run it as root (the CI does)"
+    );
+    let small = TempDir::new("snap-full");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(small.path())
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "cannot mount a tmpfs");
+    let mut config = host.launcher.config().clone();
+    config.checkpoint_root = small.path().join("checkpoints");
+    let cramped = Launcher::new(config);
+    let error = cramped
+        .checkpoint(vm.id(), CheckpointSpec::default())
+        .await
+        .unwrap_err();
+    eprintln!("full disk: {}", sandbox_vmm::error_chain(&error));
+    assert!(matches!(error, SnapshotError::Write { .. }), "{error:?}");
+    let left: Vec<_> = std::fs::read_dir(small.path().join("checkpoints"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    let _ = std::process::Command::new("umount")
+        .arg(small.path())
+        .status();
+    assert!(left.is_empty(), "a failed checkpoint left {left:?}");
+    let c = client(&vm).await;
+    assert_eq!(sh(&c, "echo alive").await, "alive\n");
+
+    // A checkpoint whose files are missing, or made by another QEMU.
+    let good = host
+        .launcher
+        .checkpoint(vm.id(), CheckpointSpec::default())
+        .await
+        .unwrap();
+    let manifest_path = good.path.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest_path).unwrap();
+    let other_qemu = text.replace(&good.manifest.qemu_version, "1.2.3");
+    std::fs::write(&manifest_path, other_qemu).unwrap();
+    let error = host
+        .launcher
+        .branch(&good.manifest.id, 1, branch_spec())
+        .await
+        .unwrap_err();
+    eprintln!("other QEMU: {}", sandbox_vmm::error_chain(&error));
+    assert!(matches!(error, SnapshotError::Damaged { .. }), "{error:?}");
+    std::fs::write(&manifest_path, text).unwrap();
+    std::fs::remove_file(good.path.join("state")).unwrap();
+    let error = host
+        .launcher
+        .branch(&good.manifest.id, 1, branch_spec())
+        .await
+        .unwrap_err();
+    assert!(matches!(error, SnapshotError::Damaged { .. }), "{error:?}");
+    host.launcher.delete_checkpoint(&good.manifest.id).unwrap();
+    vm.shutdown(Duration::from_secs(5)).await.unwrap();
+    host.assert_empty();
+}
+
 async fn a_failed_fork_leaves_nothing() {
     let Some(host) = Host::new("failed") else {
         return;
@@ -419,6 +537,7 @@ async fn hibernate_and_wake() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(c);
     let ram_file = std::fs::read_link(vm.run_dir().join("ram")).unwrap();
+    assert!(ram_file.is_file(), "a booted VM's RAM is not a shared file");
     let record = vm.detach().unwrap();
     let id = record.id.clone();
 
@@ -511,7 +630,7 @@ async fn ready_snapshots_and_promote() {
     let first = host.boot(template.clone()).await;
     let cold = started.elapsed();
     assert_eq!(
-        first.record().checkpoint,
+        first.record().restored_from,
         None,
         "the first boot restored something"
     );
@@ -519,7 +638,7 @@ async fn ready_snapshots_and_promote() {
     let second = host.boot(template.clone()).await;
     let warm = started.elapsed();
     eprintln!("cold boot {cold:?}, start from the ready snapshot {warm:?}");
-    let restored_from = second.record().checkpoint.clone();
+    let restored_from = second.record().restored_from.clone();
     assert!(
         restored_from.is_some(),
         "the second boot did not restore the ready snapshot"
@@ -532,7 +651,7 @@ async fn ready_snapshots_and_promote() {
     spec.cold = true;
     spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
     let cold_vm = host.launcher.boot(spec).await.unwrap();
-    assert_eq!(cold_vm.record().checkpoint, None);
+    assert_eq!(cold_vm.record().restored_from, None);
     cold_vm.shutdown(Duration::from_secs(5)).await.unwrap();
 
     // Promote: the second VM's state becomes a template; its VMs restore it.

@@ -121,7 +121,7 @@ fn main() {
             let vm = boot(&launcher, false).await;
             client(&vm).await.ps().await.unwrap();
             ready.push(started.elapsed());
-            assert!(vm.record().checkpoint.is_some(), "the boot did not restore");
+            assert!(vm.record().restored_from.is_some(), "the boot did not restore");
             vm.shutdown(GRACE).await.unwrap();
         }
         let ready = median(ready);

@@ -195,6 +195,7 @@ impl Launcher {
                 incoming: None,
                 token,
                 checkpoint: None,
+                restored_from: None,
                 reuse: None,
                 detached: spec.detached,
                 ready_timeout: spec.ready_timeout,

@@ -194,6 +194,10 @@ pub struct VmRecord {
     /// image. No QEMU runs; the next `--vm ID` or `vm wake` restores it.
     #[serde(default)]
     pub hibernation: Option<String>,
+    /// The snapshot this VM was started from (a checkpoint, a template's ready or
+    /// promoted snapshot), if it was not booted.
+    #[serde(default)]
+    pub restored_from: Option<String>,
 }
 
 fn vsock() -> super::AgentTransport {
@@ -634,6 +638,7 @@ mod tests {
             transport: crate::launcher::AgentTransport::Vsock,
             checkpoint: None,
             hibernation: None,
+            restored_from: None,
         }
     }
 

@@ -103,6 +103,8 @@ pub(crate) struct Start {
     /// The checkpoint whose files the machine maps, recorded so it is not deleted
     /// under the VM.
     pub checkpoint: Option<String>,
+    /// The snapshot it is restored from, for the record.
+    pub restored_from: Option<String>,
     /// Wake this hibernated VM: its own run folder, id and hibernation record (kept
     /// until the caller clears it after a successful wake).
     pub reuse: Option<(VmId, Option<String>)>,
@@ -144,6 +146,7 @@ impl Launcher {
             created_at_unix_ms: run_dir::now_unix_ms(),
             transport,
             checkpoint: start.checkpoint.clone(),
+            restored_from: start.restored_from.clone(),
             hibernation: start.reuse.as_ref().and_then(|(_, h)| h.clone()),
         };
         dir.write_record(&record)?;

@@ -193,6 +193,7 @@ impl Launcher {
             incoming: Some(Incoming { state, ram }),
             token,
             checkpoint: Some(manifest.id.clone()),
+            restored_from: Some(manifest.id.clone()),
             reuse: None,
             detached: spec.detached,
             ready_timeout: spec.ready_timeout,
