@@ -228,10 +228,15 @@ fn main() {
                 vm.shutdown(GRACE).await.unwrap();
             }
         }
-        // Hibernate the parent (detached first: a held handle would remove its folder
-        // when dropped), then wake it.
-        let id = parent.id().clone();
-        let _ = parent.detach();
+        parent.shutdown(GRACE).await.unwrap();
+        // Hibernate a VM (detached: a held handle would remove its folder when
+        // dropped), then wake it.
+        let mut spec = BootSpec::new(TemplateRef::parse(TEMPLATE));
+        spec.ready_timeout = READY_TIMEOUT;
+        spec.detached = true;
+        let sleeper = launcher.boot(spec).await.unwrap();
+        client(&sleeper).await.ps().await.unwrap();
+        let id = sleeper.detach().expect("a detached VM").id;
         let hibernated = launcher.hibernate(&id).await.unwrap();
         let started = Instant::now();
         let woken = launcher.wake(&id).await.unwrap();

@@ -223,12 +223,23 @@ impl Launcher {
         let hostname = format!("sandbox-{}", vm.id());
         let identify = async {
             let client = connect(&vm.url(), vm.token()).await?;
-            resume(&client, true).await?;
+            // Both at once (the agent serves requests concurrently): a guest just
+            // restored is slow, and each round trip through it costs tens of ms.
+            let first = resumed_now(true);
+            let reidentify = ReidentifyRequest {
+                hostname: Some(hostname),
+                token: Some(token.clone()),
+            };
+            let (resumed, reidentified) = tokio::join!(
+                client.resumed(first.wall_clock_ns, first.entropy, true),
+                client.reidentify(reidentify)
+            );
+            resumed?;
+            reidentified?;
+            // Then the clock once more, over a warm path (see `resume`).
+            let again = resumed_now(false);
             client
-                .reidentify(ReidentifyRequest {
-                    hostname: Some(hostname),
-                    token: Some(token.clone()),
-                })
+                .resumed(again.wall_clock_ns, again.entropy, false)
                 .await?;
             Ok::<(), ClientError>(())
         };
