@@ -35,6 +35,9 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 pub struct LinkReader<R> {
     inner: R,
     buf: Vec<u8>,
+    /// Bytes of `buf` already decoded: compacted once per read, not per frame (a
+    /// stream of tiny frames would otherwise cost a memmove of the buffer each).
+    start: usize,
     decoder: LinkDecoder,
 }
 
@@ -45,6 +48,7 @@ impl<R: AsyncRead + Unpin> LinkReader<R> {
         let mut reader = Self {
             inner,
             buf: Vec::new(),
+            start: 0,
             decoder: LinkDecoder::new(),
         };
         reader.hunt();
@@ -55,6 +59,7 @@ impl<R: AsyncRead + Unpin> LinkReader<R> {
     /// away; what it left half-sent is worthless).
     pub fn hunt(&mut self) {
         self.buf.clear();
+        self.start = 0;
         self.decoder.hunt();
     }
 
@@ -64,14 +69,16 @@ impl<R: AsyncRead + Unpin> LinkReader<R> {
     /// Cancel safe: dropping the future loses no bytes.
     pub async fn next(&mut self) -> io::Result<Option<LinkItem>> {
         loop {
-            let (used, item) = self.decoder.decode(&self.buf);
-            self.buf.drain(..used);
+            let (used, item) = self.decoder.decode(&self.buf[self.start..]);
+            self.start += used;
             if let Some(item) = item {
                 return Ok(Some(item));
             }
             if used > 0 {
                 continue;
             }
+            self.buf.drain(..self.start);
+            self.start = 0;
             if self.buf.capacity() > 2 * READ_CHUNK_BYTES && self.buf.len() <= READ_CHUNK_BYTES {
                 self.buf.shrink_to(2 * READ_CHUNK_BYTES);
             }
@@ -342,13 +349,25 @@ impl Channels {
     }
 }
 
-/// Queues incoming bytes if they fit the window this side granted.
+/// What one `Data` frame of `len` bytes costs against a window: at least
+/// [`MIN_FRAME_CHARGE`], so a peer cannot queue unbounded numbers of tiny frames
+/// (each costs memory beyond its payload). Both ends charge the same.
+pub fn frame_charge(len: usize) -> u32 {
+    u32::try_from(len.max(MIN_FRAME_CHARGE)).unwrap_or(u32::MAX)
+}
+
+/// The least a `Data` frame costs against a window (see [`frame_charge`]).
+pub const MIN_FRAME_CHARGE: usize = 64;
+
+/// Queues incoming bytes if they fit the window this side granted. An empty frame is
+/// a violation (a sender ends a direction with `Eof`).
 fn accept_data(slot: &mut Slot, bytes: Vec<u8>) -> bool {
-    let Ok(len) = u32::try_from(bytes.len()) else {
+    if bytes.is_empty() || bytes.len() > super::LINK_DATA_BYTES {
         return false;
-    };
-    let before = slot.unacknowledged.fetch_add(len, Ordering::AcqRel);
-    if before.saturating_add(len) > CHANNEL_WINDOW_BYTES {
+    }
+    let charge = frame_charge(bytes.len());
+    let before = slot.unacknowledged.fetch_add(charge, Ordering::AcqRel);
+    if before.saturating_add(charge) > CHANNEL_WINDOW_BYTES {
         return false;
     }
     if let Some(inbound) = &slot.inbound {
@@ -420,10 +439,7 @@ impl Channel {
                     }
                 };
                 // `n` is at most LINK_DATA_BYTES.
-                let Ok(permits) = credit
-                    .acquire_many(u32::try_from(n).unwrap_or(u32::MAX))
-                    .await
-                else {
+                let Ok(permits) = credit.acquire_many(frame_charge(n)).await else {
                     return;
                 };
                 permits.forget();
@@ -446,7 +462,7 @@ impl Channel {
                     table.remove(id, Some(session));
                     return;
                 }
-                drained = drained.saturating_add(u32::try_from(bytes.len()).unwrap_or(u32::MAX));
+                drained = drained.saturating_add(frame_charge(bytes.len()));
                 if drained >= CREDIT_BATCH_BYTES || inbound.is_empty() && drained > 0 {
                     unacknowledged.fetch_sub(drained, Ordering::AcqRel);
                     let grant = LinkFrame::Credit {
@@ -632,6 +648,27 @@ mod tests {
         rt.block_on(async {
             let (outbox, _rx) = Outbox::new();
             let table = Channels::new(outbox);
+            let _ch = table.open(5).unwrap();
+            let empty = LinkFrame::Data {
+                channel: 5,
+                bytes: Vec::new(),
+            };
+            assert_eq!(table.deliver(empty), Delivery::Violation, "an empty frame");
+            let _ch = table.open(5).unwrap();
+            // Tiny frames cost at least MIN_FRAME_CHARGE each.
+            let tiny_per_window = CHANNEL_WINDOW_BYTES as usize / MIN_FRAME_CHARGE;
+            for _ in 0..tiny_per_window {
+                let one = LinkFrame::Data {
+                    channel: 5,
+                    bytes: vec![1],
+                };
+                assert_eq!(table.deliver(one), Delivery::Delivered);
+            }
+            let one_more = LinkFrame::Data {
+                channel: 5,
+                bytes: vec![1],
+            };
+            assert_eq!(table.deliver(one_more), Delivery::Violation);
             let _ch = table.open(5).unwrap();
             let chunk = vec![0; LINK_DATA_BYTES];
             let per_window = CHANNEL_WINDOW_BYTES as usize / LINK_DATA_BYTES;

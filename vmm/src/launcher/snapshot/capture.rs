@@ -32,6 +32,9 @@ const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 /// checkpoint seconds long: the stream goes to a local file, so no limit.
 const MAX_BANDWIDTH: u64 = 64 << 30;
 
+/// How long the source's agent may take to have its clock set after a checkpoint.
+const CLOCK_FIX_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The device id of the root disk (see `qemu`).
 const DISK_DEVICE: &str = "disk0";
 
@@ -92,16 +95,21 @@ impl Launcher {
         }
         let ckpt_id = VmId::generate().to_string();
         let folder = store.root().join(&ckpt_id);
-        self.capture(id, &folder, &ckpt_id, &spec, AfterCapture::Continue)
+        self.capture(id, &folder, None, &ckpt_id, &spec, AfterCapture::Continue)
             .await
     }
 
     /// Captures VM `id` into `folder` (written as a `.tmp-` sibling, then renamed):
     /// then the VM goes on, or stays paused for the caller to end it (hibernation).
+    ///
+    /// `backing_folder`: where the checkpoint will finally live when the caller moves
+    /// `folder` afterwards (a promoted template's staging folder): the VM's new disk
+    /// overlay is based on the disk there.
     pub(crate) async fn capture(
         &self,
         id: &VmId,
         folder: &Path,
+        backing_folder: Option<&Path>,
         ckpt_id: &str,
         spec: &CheckpointSpec,
         after: AfterCapture,
@@ -152,18 +160,49 @@ impl Launcher {
             .map_err(qemu("raise the migration bandwidth"))?;
 
         let root = folder.parent().unwrap_or(folder).to_owned();
+        // The temporary folder doubles as a lock: a second writer of the same
+        // checkpoint (two first boots racing for a template's ready snapshot) fails
+        // here, and one that comes after the first has finished finds the folder.
         let temp = TempFolder::create(&root.join(format!(".tmp-{ckpt_id}")))?;
+        if folder.exists() {
+            return Err(write_error(
+                folder,
+                io::Error::new(io::ErrorKind::AlreadyExists, "the checkpoint exists"),
+            ));
+        }
+        // Everything that can fail without the VM goes first, so a failure never
+        // leaves it paused.
+        link_or_copy(&machine.kernel, &temp.path().join(KERNEL_FILE))?;
+        if let Some(initramfs) = &machine.initramfs {
+            link_or_copy(initramfs, &temp.path().join(INITRAMFS_FILE))?;
+        }
+        write_private(&temp.path().join(TOKEN_FILE), token.as_bytes())?;
         let disk = match machine.disk {
-            true => Some(self.prepare_disk_switch(&run, folder).await?),
+            true => Some(
+                self.prepare_disk_switch(&run, backing_folder.unwrap_or(folder))
+                    .await?,
+            ),
             false => None,
         };
 
         // The pause: nothing in here may return early without `cont`, unless the VM
         // is to stay stopped.
         let pause_started = Instant::now();
-        qmp.stop().await.map_err(qemu("pause the VM"))?;
+        if let Err(error) = qmp.stop().await {
+            // It may have stopped all the same (a slow answer): resume it.
+            let _ = qmp.cont().await;
+            return Err(qemu("pause the VM")(error));
+        }
         let captured =
             capture_paused(&mut qmp, temp.path(), disk.as_ref(), shared_ram.as_deref()).await;
+        if captured.is_err() {
+            // A migration still running would leave the VM `postmigrate` (paused)
+            // when it ends; and a disk already switched must find its backing again.
+            let _ = qmp.execute("migrate_cancel", serde_json::Value::Null).await;
+            if let Some(disk) = &disk {
+                undo_disk_switch(&mut qmp, disk).await;
+            }
+        }
         let resumed = match (&captured, after) {
             (Ok(_), AfterCapture::StayPaused) => Ok(()),
             _ => qmp.cont().await.map_err(qemu("resume the VM")),
@@ -173,19 +212,6 @@ impl Launcher {
         resumed?;
         tracing::info!(vm = %id, checkpoint = %ckpt_id, pause_ms = pause.as_millis(), "checkpoint captured");
 
-        // The source lost the pause from its wall clock: set it again (best effort:
-        // the checkpoint is good either way).
-        if after == AfterCapture::Continue {
-            if let Err(error) = super::restore::fix_clock(&run.join(AGENT_SOCKET), &token).await {
-                tracing::warn!(vm = %id, %error, "could not correct the source's clock after the checkpoint");
-            }
-        }
-
-        link_or_copy(&machine.kernel, &temp.path().join(KERNEL_FILE))?;
-        if let Some(initramfs) = &machine.initramfs {
-            link_or_copy(initramfs, &temp.path().join(INITRAMFS_FILE))?;
-        }
-        write_private(&temp.path().join(TOKEN_FILE), token.as_bytes())?;
         let manifest = Manifest {
             id: ckpt_id.to_owned(),
             name: spec.name.clone(),
@@ -210,6 +236,27 @@ impl Launcher {
             .map_err(|e| write_error(temp.path(), io::Error::other(e)))?;
         write_private(&temp.path().join(MANIFEST_FILE), &text)?;
         temp.commit(folder)?;
+        if disk.is_some() {
+            // The VM's disk is now an overlay on the checkpoint's: the checkpoint is
+            // in use while the VM lives.
+            let mut record = record;
+            record.checkpoint = Some(ckpt_id.to_owned());
+            if let Err(error) = run_dir::write_record_file(&run, &record) {
+                tracing::warn!(vm = %id, %error, "cannot record the VM's use of its checkpoint");
+            }
+        }
+        // The source lost the pause from its wall clock: set it again (best effort:
+        // the checkpoint is good either way; a guest that does not answer is given up).
+        if after == AfterCapture::Continue {
+            let fixed = tokio::time::timeout(
+                CLOCK_FIX_TIMEOUT,
+                super::restore::fix_clock(&run.join(AGENT_SOCKET), &token),
+            )
+            .await;
+            if !matches!(fixed, Ok(Ok(()))) {
+                tracing::warn!(vm = %id, "could not correct the source's clock after the checkpoint");
+            }
+        }
         Ok(Checkpoint {
             manifest,
             path: folder.to_owned(),
@@ -323,6 +370,35 @@ async fn capture_paused(
     }
     let bytes = fs::metadata(&state).map(|m| m.len()).unwrap_or(0);
     Ok((bytes, backing))
+}
+
+/// After a failed capture that had switched the disk already: the new overlay's
+/// header names a checkpoint that will not exist, so point it at the image it is
+/// really based on (QEMU keeps using the chain it has open either way).
+async fn undo_disk_switch(qmp: &mut Qmp, disk: &DiskSwitch) {
+    let arguments = json!({
+        "device": DISK_DEVICE,
+        "image-node-name": node_name_of(qmp).await,
+        "backing-file": disk.current.to_string_lossy(),
+    });
+    if let Err(error) = qmp.execute("change-backing-file", arguments).await {
+        tracing::warn!(%error, image = %disk.next.display(), "cannot repoint the disk overlay after a failed checkpoint");
+    }
+}
+
+/// The node name of `disk0`'s active image.
+async fn node_name_of(qmp: &mut Qmp) -> String {
+    let Ok(blocks) = qmp.execute("query-block", serde_json::Value::Null).await else {
+        return String::new();
+    };
+    blocks
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|b| b["device"] == DISK_DEVICE)
+        .and_then(|b| b["inserted"]["node-name"].as_str())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// `qemu-img info`: virtual size and backing file of an image in use (`-U`).

@@ -52,6 +52,13 @@ impl Launcher {
         let run = self.config.run_root.join(id.as_str());
         let mut record =
             run_dir::read_record(&run).ok_or_else(|| SnapshotError::NoVm { id: id.to_string() })?;
+        if !record.detached {
+            return Err(SnapshotError::NotCapable {
+                id: id.to_string(),
+                why: "its owner holds it (only a detached VM can be hibernated: detach it first)"
+                    .into(),
+            });
+        }
         if record.hibernation.is_some() {
             return Err(SnapshotError::NotRunning {
                 id: id.to_string(),
@@ -65,6 +72,7 @@ impl Launcher {
             .capture(
                 id,
                 &folder,
+                None,
                 &image_id,
                 &CheckpointSpec::default(),
                 AfterCapture::StayPaused,
@@ -123,13 +131,16 @@ impl Launcher {
         start.checkpoint = record.checkpoint.clone();
         start.token = run_dir::read_token(&run).unwrap_or(start.token);
         start.reuse = Some((id.clone(), Some(name)));
-        let vm = self
-            .start_machine(start)
-            .await
-            .map_err(|error| SnapshotError::Wake {
+        let vm = self.start_machine(start).await.map_err(|error| {
+            // The copy of its RAM made for the restore is not needed any more.
+            if let Ok(ram) = std::fs::read_link(run.join(RAM_LINK)) {
+                let _ = std::fs::remove_file(ram);
+            }
+            SnapshotError::Wake {
                 id: id.to_string(),
                 error: Box::new(error),
-            })?;
+            }
+        })?;
         if let Err(error) = super::restore::fix_clock_of(&vm).await {
             tracing::warn!(vm = %id, %error, "could not set the woken VM's clock");
         }

@@ -196,8 +196,9 @@ impl Store {
         removed
     }
 
-    /// Removes `.tmp-*` folders whose writer is gone (older than a minute: a
-    /// checkpoint being written takes seconds).
+    /// Removes `.tmp-*` and `.promote-*` folders whose writer is gone (older than
+    /// ten minutes: writing a checkpoint takes seconds, a large one whose RAM is in
+    /// the stream under a minute).
     pub fn sweep_temporary(&self) {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return;
@@ -208,8 +209,9 @@ impl Store {
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|modified| modified.elapsed().ok())
-                .is_some_and(|age| age.as_secs() > 60);
-            if entry.file_name().to_string_lossy().starts_with(".tmp-") && stale {
+                .is_some_and(|age| age.as_secs() > 600);
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if (name.starts_with(".tmp-") || name.starts_with(".promote-")) && stale {
                 let _ = fs::remove_dir_all(entry.path());
             }
         }
@@ -255,7 +257,13 @@ impl Store {
         run_dir::list(&self.run_root)
             .unwrap_or_default()
             .into_iter()
-            .filter(|e| e.status == VmStatus::Running)
+            // A hibernated VM still needs what it maps (its disk chain).
+            .filter(|e| {
+                matches!(
+                    e.status,
+                    VmStatus::Running | VmStatus::Busy | VmStatus::Hibernated
+                )
+            })
             .filter_map(|e| {
                 let record = e.record?;
                 Some((record.id.to_string(), record.checkpoint?))

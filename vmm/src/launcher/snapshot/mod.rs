@@ -165,6 +165,14 @@ pub enum SnapshotError {
         #[source]
         error: crate::client::ClientError,
     },
+    /// A child's agent did not take its new identity in time.
+    #[error("Child {id} did not take its new identity within {after:?}")]
+    IdentityTimeout {
+        /// The child VM.
+        id: String,
+        /// The limit.
+        after: std::time::Duration,
+    },
     /// The launcher itself failed (listing run folders, say).
     #[error(transparent)]
     Launch(#[from] LaunchError),

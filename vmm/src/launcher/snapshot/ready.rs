@@ -92,6 +92,7 @@ impl Launcher {
         }
         let key = ready_key(template, size, accel, &self.config.qemu_path);
         let store = self.ready_store();
+        store.sweep_temporary();
         remove_outdated(&store, &template.dir, &key);
         let folder = store.root().join(&key);
         if !folder.is_dir() {
@@ -114,7 +115,7 @@ impl Launcher {
         let folder = store.root().join(key);
         let spec = CheckpointSpec::default();
         match self
-            .capture(vm.id(), &folder, key, &spec, AfterCapture::Continue)
+            .capture(vm.id(), &folder, None, key, &spec, AfterCapture::Continue)
             .await
         {
             Ok(taken) => {
@@ -172,11 +173,19 @@ impl Launcher {
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .ok_or_else(|| SnapshotError::NoVm { id: id.to_string() })?;
+        if machine.disk && self.config.templates_root().join(name).exists() {
+            // Its disk chain may run through the template it would replace (a VM of
+            // that template), and the replaced files go: refuse rather than break it.
+            return Err(SnapshotError::NameTaken(format!(
+                "{name} (a VM with a disk cannot replace a template; promote it under a new name)"
+            )));
+        }
         let source = self
             .template(&TemplateRef::Name(machine.template.clone()))
             .ok();
         let root = self.config.templates_root();
         fs::create_dir_all(&root).map_err(|error| write_error(&root, error))?;
+        Store::new(root.clone(), self.config.run_root.clone()).sweep_temporary();
         let staging = root.join(format!(".promote-{}", VmId::generate()));
         fs::create_dir(&staging).map_err(|error| write_error(&staging, error))?;
         let result = self
@@ -220,10 +229,17 @@ impl Launcher {
     ) -> Result<Checkpoint, SnapshotError> {
         let snapshot = staging.join(PROMOTED_SNAPSHOT_DIR);
         let ckpt_id = VmId::generate().to_string();
+        // The VM's new disk overlay is based on the disk where the template will be.
+        let final_snapshot = self
+            .config
+            .templates_root()
+            .join(name)
+            .join(PROMOTED_SNAPSHOT_DIR);
         let checkpoint = self
             .capture(
                 id,
                 &snapshot,
+                Some(&final_snapshot),
                 &ckpt_id,
                 &CheckpointSpec::default(),
                 AfterCapture::Continue,

@@ -21,6 +21,9 @@ use crate::launcher::DEFAULT_READY_TIMEOUT_SECS;
 /// Bytes of fresh entropy each restored guest gets.
 const ENTROPY_BYTES: usize = 64;
 
+/// How long a restored agent may take to take its new identity, all told.
+const IDENTITY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How long a restored agent may take to accept the identity connection.
 const IDENTITY_CONNECT: Duration = Duration::from_secs(30);
 
@@ -243,7 +246,13 @@ impl Launcher {
                 .await?;
             Ok::<(), ClientError>(())
         };
-        if let Err(error) = identify.await {
+        let Ok(identified) = tokio::time::timeout(IDENTITY_TIMEOUT, identify).await else {
+            return Err(ChildError::Identity(SnapshotError::IdentityTimeout {
+                id: vm.id().to_string(),
+                after: IDENTITY_TIMEOUT,
+            }));
+        };
+        if let Err(error) = identified {
             return Err(ChildError::Identity(SnapshotError::Identity {
                 id: vm.id().to_string(),
                 error,
