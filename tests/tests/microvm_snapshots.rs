@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use sandbox_protocol::{Command, ProcessSpec, ProcessState};
 use sandbox_tests::vm::{block_on, vm_main, VmTest};
 use sandbox_tests::vm::{build_template_with, default_template, READY_TIMEOUT_SECS};
-use sandbox_tests::{binaries, exec_sh, TempDir};
+use sandbox_tests::{binaries, sh, TempDir};
 use sandbox_vmm::client::{Client, ConnectOptions};
 use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointSpec, SnapshotError};
 use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm, VmId};
@@ -124,18 +124,6 @@ async fn client(vm: &Vm) -> Client {
                 sandbox_vmm::error_chain(&e)
             )
         })
-}
-
-/// Runs `script`, asserts exit 0, returns stdout.
-async fn sh(client: &Client, script: &str) -> String {
-    let reply = client.exec(exec_sh(script)).await.unwrap();
-    assert_eq!(
-        reply.exit.unwrap().code,
-        Some(0),
-        "{script}: {}",
-        String::from_utf8_lossy(&reply.stderr)
-    );
-    String::from_utf8(reply.stdout).unwrap()
 }
 
 /// Asserts the guest's wall clock is within [`CLOCK_SKEW_LIMIT`] of the host's

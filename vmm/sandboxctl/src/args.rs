@@ -153,15 +153,8 @@ pub struct VmCheckpointArgs {
 pub struct VmBranchArgs {
     /// The checkpoint's id or name.
     pub checkpoint: String,
-    /// How many VMs.
-    #[arg(short = 'n', long = "count", default_value_t = 1)]
-    pub count: usize,
-    /// Give up if a child's agent does not answer within this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 120.0)]
-    pub boot_timeout: f64,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
+    #[command(flatten)]
+    pub children: ChildrenArgs,
 }
 
 /// `vm fork`
@@ -169,10 +162,17 @@ pub struct VmBranchArgs {
 pub struct VmForkArgs {
     /// The VM's id.
     pub id: String,
-    /// How many copies.
+    #[command(flatten)]
+    pub children: ChildrenArgs,
+}
+
+/// How many VMs a branch or fork starts, and how they are reported.
+#[derive(Debug, Args)]
+pub struct ChildrenArgs {
+    /// How many VMs.
     #[arg(short = 'n', long = "count", default_value_t = 1)]
     pub count: usize,
-    /// Give up if a copy's agent does not answer within this many seconds.
+    /// Give up if a VM's agent does not answer within this many seconds.
     #[arg(long, value_name = "SECS", default_value_t = 120.0)]
     pub boot_timeout: f64,
     /// Print JSON.

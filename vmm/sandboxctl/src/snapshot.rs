@@ -8,7 +8,7 @@ use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointInfo, CheckpointSpec
 use sandbox_vmm::launcher::{Launcher, Vm, VmId};
 
 use crate::args::{
-    VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmIdArgs, VmLsArgs, VmPromoteArgs,
+    ChildrenArgs, VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmIdArgs, VmLsArgs, VmPromoteArgs,
     VmRmCheckpointArgs,
 };
 use crate::output::{self, print_json_line};
@@ -45,18 +45,23 @@ pub(crate) async fn checkpoint(launcher: &Launcher, args: &VmCheckpointArgs) -> 
 }
 
 pub(crate) async fn branch(launcher: &Launcher, args: &VmBranchArgs) -> anyhow::Result<u8> {
-    let spec = BranchSpec {
-        detached: true,
-        ready_timeout: seconds("--boot-timeout", args.boot_timeout)?,
-    };
+    let spec = branch_spec(&args.children)?;
     let started = std::time::Instant::now();
     let children = tokio::select! {
-        children = launcher.branch(&args.checkpoint, args.count, spec) => {
+        children = launcher.branch(&args.checkpoint, args.children.count, spec) => {
             children.with_context(|| format!("Cannot branch checkpoint {}", args.checkpoint))?
         }
         signal = terminating_signal() => bail!("Interrupted by {signal} while starting"),
     };
-    print_children(children, args.json, started.elapsed())
+    print_children(children, args.children.json, started.elapsed())
+}
+
+/// Children are detached: they outlive this command.
+fn branch_spec(args: &ChildrenArgs) -> anyhow::Result<BranchSpec> {
+    Ok(BranchSpec {
+        detached: true,
+        ready_timeout: seconds("--boot-timeout", args.boot_timeout)?,
+    })
 }
 
 pub(crate) async fn fork(launcher: &Launcher, args: &VmForkArgs) -> anyhow::Result<u8> {
@@ -64,12 +69,9 @@ pub(crate) async fn fork(launcher: &Launcher, args: &VmForkArgs) -> anyhow::Resu
         .id
         .parse::<VmId>()
         .with_context(|| format!("Bad VM id {:?}", args.id))?;
-    let spec = BranchSpec {
-        detached: true,
-        ready_timeout: seconds("--boot-timeout", args.boot_timeout)?,
-    };
+    let spec = branch_spec(&args.children)?;
     let fork = tokio::select! {
-        fork = launcher.fork(&id, args.count, spec) => {
+        fork = launcher.fork(&id, args.children.count, spec) => {
             fork.with_context(|| format!("Cannot fork VM {id}"))?
         }
         signal = terminating_signal() => bail!("Interrupted by {signal} while forking"),
@@ -79,7 +81,7 @@ pub(crate) async fn fork(launcher: &Launcher, args: &VmForkArgs) -> anyhow::Resu
         fork.checkpoint.pause.as_millis(),
         fork.checkpoint.manifest.id
     );
-    print_children(fork.children, args.json, fork.total)
+    print_children(fork.children, args.children.json, fork.total)
 }
 
 fn print_children(children: Vec<Vm>, json: bool, took: std::time::Duration) -> anyhow::Result<u8> {

@@ -267,10 +267,7 @@ impl Launcher {
                 };
                 let daemon = VsockDaemon::start(&self.config.vhost_path, &daemon_paths, lifetime)
                     .await
-                    .map_err(|error| LaunchError::StartDaemon {
-                        error,
-                        logs: BootLogs::collect(dir.path()),
-                    })?;
+                    .map_err(|error| daemon_failed(error, dir))?;
                 Ok(AgentAttach {
                     daemon,
                     ready: ReadyWait::Vsock(ready),
@@ -286,10 +283,7 @@ impl Launcher {
                 };
                 let (daemon, line) = relay_daemon::start(&self.config.relay_path, &paths, lifetime)
                     .await
-                    .map_err(|error| LaunchError::StartDaemon {
-                        error,
-                        logs: BootLogs::collect(dir.path()),
-                    })?;
+                    .map_err(|error| daemon_failed(error, dir))?;
                 Ok(AgentAttach {
                     daemon,
                     ready: ReadyWait::Serial(line),
@@ -312,6 +306,20 @@ impl Launcher {
         std::os::unix::fs::symlink(&path, &link).map_err(|error| {
             LaunchError::RunDir(run_dir::RunDirError::WriteRecord { path: link, error })
         })?;
+        // Made here, owner-only: QEMU would create it world-readable (it is the
+        // guest's memory, token included) and would use one someone else made.
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|error| {
+                LaunchError::RunDir(run_dir::RunDirError::WriteRecord {
+                    path: path.clone(),
+                    error,
+                })
+            })?;
         Ok(path)
     }
 
@@ -471,6 +479,14 @@ pub(crate) enum Waited {
     Ready(ReadyResult),
     Exited(std::io::Result<std::process::ExitStatus>),
     TimedOut,
+}
+
+/// A VM's daemon did not start: the error, with the logs so far.
+fn daemon_failed(error: super::vsock_daemon::DaemonError, dir: &RunDir) -> LaunchError {
+    LaunchError::StartDaemon {
+        error,
+        logs: BootLogs::collect(dir.path()),
+    }
 }
 
 /// The host side of the agent's transport, before QEMU starts.
