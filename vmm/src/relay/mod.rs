@@ -174,7 +174,7 @@ async fn relay(
                     LinkItem::Frame(_) => {}
                 }
             }
-            () = tokio::time::sleep(state.retry), if !state.attached => {
+            () = tokio::time::sleep_until(state.next_try), if !state.attached => {
                 state.back_off();
                 tracing::debug!("no Attached yet: attaching again");
                 outbox.start_session(&LinkFrame::Attach { session: state.nonce }, ATTACH_PADDING_BYTES).await;
@@ -220,6 +220,9 @@ struct Attaching {
     nonce: u64,
     attached: bool,
     retry: Duration,
+    /// When to try again: a deadline, so that traffic read meanwhile (a guest's
+    /// leftovers) cannot keep postponing it.
+    next_try: tokio::time::Instant,
 }
 
 impl Attaching {
@@ -228,11 +231,13 @@ impl Attaching {
             nonce: random_nonce(),
             attached: false,
             retry: ATTACH_RETRY_FIRST,
+            next_try: tokio::time::Instant::now() + ATTACH_RETRY_FIRST,
         }
     }
 
     fn back_off(&mut self) {
         self.retry = (self.retry * 2).min(ATTACH_RETRY_MAX);
+        self.next_try = tokio::time::Instant::now() + self.retry;
     }
 }
 
