@@ -174,8 +174,11 @@ impl Launcher {
         let ram_file = match start.incoming.as_ref().map(|i| &i.ram) {
             Some(IncomingRam::Map(image)) => {
                 // RAM is the checkpoint's image, private: no shared RAM file, so the
-                // run folder must not claim one (a checkpoint of this VM then puts
-                // its RAM into the stream).
+                // one made for it goes, and the run folder must not claim one (a
+                // checkpoint of this VM then puts its RAM into the stream).
+                if let Some(unused) = &attach.ram_file {
+                    let _ = std::fs::remove_file(unused);
+                }
                 let _ = std::fs::remove_file(dir.file(run_dir::RAM_LINK));
                 Some((image.as_path(), false))
             }
