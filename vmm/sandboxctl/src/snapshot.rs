@@ -5,7 +5,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointInfo, CheckpointSpec};
-use sandbox_vmm::launcher::{Launcher, Vm, VmId};
+use sandbox_vmm::launcher::{Launcher, Vm};
 
 use crate::args::{
     ChildrenArgs, VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmIdArgs, VmLsArgs, VmPromoteArgs,
@@ -13,13 +13,10 @@ use crate::args::{
 };
 use crate::output::{self, print_json_line};
 use crate::run::seconds;
-use crate::vm::terminating_signal;
+use crate::vm::{parse_vm_id, terminating_signal};
 
 pub(crate) async fn checkpoint(launcher: &Launcher, args: &VmCheckpointArgs) -> anyhow::Result<u8> {
-    let id = args
-        .id
-        .parse::<VmId>()
-        .with_context(|| format!("Bad VM id {:?}", args.id))?;
+    let id = parse_vm_id(&args.id)?;
     let spec = CheckpointSpec {
         name: args.name.clone(),
         ephemeral: false,
@@ -65,10 +62,7 @@ fn branch_spec(args: &ChildrenArgs) -> anyhow::Result<BranchSpec> {
 }
 
 pub(crate) async fn fork(launcher: &Launcher, args: &VmForkArgs) -> anyhow::Result<u8> {
-    let id = args
-        .id
-        .parse::<VmId>()
-        .with_context(|| format!("Bad VM id {:?}", args.id))?;
+    let id = parse_vm_id(&args.id)?;
     let spec = branch_spec(&args.children)?;
     let fork = tokio::select! {
         fork = launcher.fork(&id, args.children.count, spec) => {
@@ -155,10 +149,7 @@ pub(crate) fn remove(launcher: &Launcher, args: &VmRmCheckpointArgs) -> anyhow::
 }
 
 pub(crate) async fn hibernate(launcher: &Launcher, args: &VmIdArgs) -> anyhow::Result<u8> {
-    let id = args
-        .id
-        .parse::<VmId>()
-        .with_context(|| format!("Bad VM id {:?}", args.id))?;
+    let id = parse_vm_id(&args.id)?;
     let done = launcher
         .hibernate(&id)
         .await
@@ -172,10 +163,7 @@ pub(crate) async fn hibernate(launcher: &Launcher, args: &VmIdArgs) -> anyhow::R
 }
 
 pub(crate) async fn wake(launcher: &Launcher, args: &VmIdArgs) -> anyhow::Result<u8> {
-    let id = args
-        .id
-        .parse::<VmId>()
-        .with_context(|| format!("Bad VM id {:?}", args.id))?;
+    let id = parse_vm_id(&args.id)?;
     let woken = launcher
         .wake(&id)
         .await
@@ -189,10 +177,7 @@ pub(crate) async fn wake(launcher: &Launcher, args: &VmIdArgs) -> anyhow::Result
 }
 
 pub(crate) async fn promote(launcher: &Launcher, args: &VmPromoteArgs) -> anyhow::Result<u8> {
-    let id = args
-        .id
-        .parse::<VmId>()
-        .with_context(|| format!("Bad VM id {:?}", args.id))?;
+    let id = parse_vm_id(&args.id)?;
     let done = launcher
         .promote(&id, &args.name)
         .await

@@ -114,6 +114,11 @@ pub(crate) fn explain_failure(id: &str, error: anyhow::Error) -> anyhow::Error {
     }
 }
 
+/// A VM id from the command line.
+pub(crate) fn parse_vm_id(id: &str) -> anyhow::Result<VmId> {
+    id.parse().with_context(|| format!("Bad VM id {id:?}"))
+}
+
 /// Wakes VM `id` first when it is hibernated (`vm hibernate`), so `--vm ID` works on
 /// it as on a running VM.
 pub(crate) async fn wake_if_hibernated(id: &str) -> anyhow::Result<()> {
@@ -125,7 +130,7 @@ pub(crate) async fn wake_if_hibernated(id: &str) -> anyhow::Result<()> {
     if !hibernated {
         return Ok(());
     }
-    let vm_id: VmId = id.parse().with_context(|| format!("Bad VM id {id:?}"))?;
+    let vm_id = parse_vm_id(id)?;
     let wake = launcher
         .wake(&vm_id)
         .await

@@ -396,10 +396,15 @@ const TOKEN_BYTES: usize = 16;
 
 /// A fresh agent token from the kernel's CSPRNG: 128 bits as hex.
 pub fn generate_token() -> io::Result<String> {
-    use std::io::Read;
     let mut bytes = [0u8; TOKEN_BYTES];
-    File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    random_bytes(&mut bytes)?;
     Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
+/// Fills `buf` from the kernel's CSPRNG (tokens, nonces, a restored guest's entropy).
+pub fn random_bytes(buf: &mut [u8]) -> io::Result<()> {
+    use std::io::Read;
+    File::open("/dev/urandom")?.read_exact(buf)
 }
 
 impl RunDirEntry {

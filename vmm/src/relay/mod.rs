@@ -244,12 +244,8 @@ impl Attaching {
 /// A nonce no other host end of this VM will pick: from the kernel's CSPRNG, falling
 /// back to the clock and pid (uniqueness, not secrecy, is what matters).
 fn random_nonce() -> u64 {
-    use std::io::Read;
     let mut bytes = [0u8; 8];
-    if std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .is_ok()
-    {
+    if crate::launcher::run_dir::random_bytes(&mut bytes).is_ok() {
         return u64::from_le_bytes(bytes);
     }
     let nanos = std::time::SystemTime::now()

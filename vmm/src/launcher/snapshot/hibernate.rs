@@ -144,13 +144,12 @@ impl Launcher {
         if let Err(error) = super::restore::fix_clock_of(&vm).await {
             tracing::warn!(vm = %id, %error, "could not set the woken VM's clock");
         }
-        let Ok(record) = vm.detach() else {
+        let Ok(mut record) = vm.detach() else {
             return Err(SnapshotError::NotCapable {
                 id: id.to_string(),
                 why: "the woken VM could not be detached".into(),
             });
         };
-        let mut record = record;
         record.hibernation = None;
         run_dir::write_record_file(&run, &record)?;
         // The big parts of the image are spent; the disk and kernel links stay.

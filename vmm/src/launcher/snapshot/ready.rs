@@ -92,8 +92,6 @@ impl Launcher {
         }
         let key = ready_key(template, size, accel, &self.config.qemu_path);
         let store = self.ready_store();
-        store.sweep_temporary();
-        remove_outdated(&store, &template.dir, &key);
         let folder = store.root().join(&key);
         if !folder.is_dir() {
             return Ok((None, Some(key)));
@@ -112,6 +110,10 @@ impl Launcher {
     /// taken it first: then this one is dropped).
     pub(crate) async fn take_ready_snapshot(&self, vm: &Vm, template: &Template, key: &str) {
         let store = self.ready_store();
+        // Only here, when a new snapshot is taken, not on every restore: outdated
+        // ones (a rebuilt or deleted template) and writers' leftovers go.
+        store.sweep_temporary();
+        remove_outdated(&store, &template.dir, key);
         let folder = store.root().join(key);
         let spec = CheckpointSpec::default();
         match self

@@ -316,9 +316,9 @@ pub(crate) fn resumed_now(new_identity: bool) -> ResumedRequest {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     let mut entropy = vec![0u8; ENTROPY_BYTES];
-    if let Ok(mut urandom) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = urandom.read_exact(&mut entropy);
+    if let Err(error) = run_dir::random_bytes(&mut entropy) {
+        // The guest's kernel still reseeds (RDRAND, its own pool); say so.
+        tracing::warn!(%error, "no host entropy for a restored guest");
     }
     ResumedRequest {
         wall_clock_ns,
