@@ -38,6 +38,8 @@ pub struct Agent {
     pub boot_id: String,
     /// Whether the agent is the guest's init (PID 1).
     pub is_init: bool,
+    /// The bytes held for clients across all connections (see [`crate::budget`]).
+    pub budget: crate::budget::Budget,
     /// The token clients must present in their `Hello`, if any; `reidentify`
     /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
     token: RwLock<Option<String>>,
@@ -59,6 +61,7 @@ impl Agent {
             table: Arc::new(table),
             boot_id: crate::sys::random_hex(16),
             is_init,
+            budget: crate::budget::Budget::default(),
             token: RwLock::new(token),
             started: Instant::now(),
             generation: AtomicU64::new(0),

@@ -42,6 +42,7 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod budget;
 pub mod config;
 pub mod events;
 pub mod files;

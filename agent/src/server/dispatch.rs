@@ -51,10 +51,18 @@ pub async fn handle(
             .await
             .map(|()| Reply::Done)
             .map_err(file),
-        Request::ReadFile(request) => blocking(move || whole::read_file(&request.path))
-            .await
-            .map(Reply::File)
-            .map_err(file),
+        Request::ReadFile(request) => {
+            // Charged before the bytes are read (see `crate::budget`).
+            let path = request.path.clone();
+            let bytes = blocking(move || Ok(whole::bytes_to_read(&path)))
+                .await
+                .unwrap_or(0);
+            events.hold(events.budget().reserve_large(bytes).await);
+            blocking(move || whole::read_file(&request.path))
+                .await
+                .map(Reply::File)
+                .map_err(file)
+        }
         Request::ListDir(request) => blocking(move || tree::list_dir(&request.path))
             .await
             .map(Reply::Dir)
