@@ -3,7 +3,8 @@
 //! in the per-call cap and the client's cancellation.
 //!
 //! Tools, as the README's table lists them: `create_sandbox`, `exec`, `spawn`, `ps`,
-//! `logs`, `kill`, `write_file`, `read_file`, `list_dir`, `release`, `node_info`.
+//! `logs`, `kill`, `write_file`, `read_file`, `list_dir`, `release`, `node_info`; the
+//! snapshot tools are a second router, in [`crate::snapshot::tools`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,12 +56,15 @@ const INSTRUCTIONS: &str = "Sandboxes are disposable Linux microVMs for running 
 code. Call create_sandbox, pass its sandbox_id to exec (shell commands), spawn/logs/kill \
 (background processes), write_file/read_file/list_dir (files), and release it when done. \
 Each sandbox is destroyed at its deadline (default one hour, never renewed) and when this \
-session ends; sandboxes have no network access.";
+session ends; sandboxes have no network access. fork clones a sandbox into children; \
+checkpoint saves its state for branch_checkpoint (checkpoints outlive the session); \
+hibernate frees an idle sandbox's memory (the next call wakes it); promote makes a \
+template of it.";
 
 /// The MCP server.
 #[derive(Debug, Clone)]
 pub struct SandboxServer {
-    node: Arc<Node>,
+    pub(crate) node: Arc<Node>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -70,7 +74,7 @@ impl SandboxServer {
     pub fn new(node: Arc<Node>) -> Self {
         Self {
             node,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::snapshot_router(),
         }
     }
 
@@ -448,7 +452,7 @@ async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolEr
     sandbox
         .client()
         .await
-        .map_err(|error| ToolError::agent(op, sandbox.id.as_str(), &error))
+        .map_err(|error| ToolError::unreachable(op, sandbox.id.as_str(), &error))
 }
 
 fn process_spec(
