@@ -66,8 +66,7 @@ impl ToolError {
         let text = error_chain(error);
         let hint = match error {
             HibernateError::NotCapable(_) => {
-                "exec, spawn and the file tools still work on it; to keep its state, nothing \
-                 but leaving it running does."
+                "It keeps running as it is: exec, spawn and the file tools work on it."
             }
             HibernateError::Destroyed => "Call create_sandbox for a new one.",
             HibernateError::Capture { lost: false, .. } => {

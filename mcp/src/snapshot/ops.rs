@@ -383,3 +383,45 @@ fn created_at(manifest: &Manifest) -> String {
 fn bytes_on_disk(manifest: &Manifest) -> u64 {
     manifest.state_bytes + manifest.ram_bytes + manifest.disk_bytes
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::config::{Args, Config};
+
+    /// A node attached to an agent that is not there (nothing is called on it).
+    async fn attached_node() -> Arc<Node> {
+        let args =
+            Args::try_parse_from(["sandbox-mcp", "--agent", "unix:///nonexistent/a.sock"]).unwrap();
+        let config = Config::from_args(args, |_| None).unwrap();
+        Node::start(config).await
+    }
+
+    #[tokio::test]
+    async fn in_attach_mode_the_snapshot_tools_say_what_they_need() {
+        let node = attached_node().await;
+        let fork = node.fork("attached", 1).await.unwrap_err();
+        assert!(fork
+            .message
+            .starts_with("fork needs a server that launches microVMs"));
+        let list = node.list_checkpoints().unwrap_err();
+        assert!(
+            list.message.contains("exec and the file tools"),
+            "{}",
+            list.message
+        );
+        let branch = node.branch_checkpoint("c").await.unwrap_err();
+        assert!(branch.message.starts_with("branch_checkpoint needs"));
+        let hibernate = node.hibernate("attached").await.unwrap_err();
+        assert!(
+            hibernate.message.contains("attached agent"),
+            "{}",
+            hibernate.message
+        );
+        let unknown = node.hibernate("sbx-nope").await.unwrap_err();
+        assert!(unknown.message.starts_with("Unknown sandbox_id"));
+        node.shutdown().await;
+    }
+}
