@@ -70,12 +70,14 @@ pub struct SandboxServer {
 
 #[tool_router]
 impl SandboxServer {
-    /// A server over `node`.
+    /// A server over `node`. The snapshot tools are offered only when it launches
+    /// microVMs: an attached agent cannot be snapshotted.
     pub fn new(node: Arc<Node>) -> Self {
-        Self {
-            node,
-            tool_router: Self::tool_router() + Self::snapshot_router(),
-        }
+        let tool_router = match node.snapshots() {
+            Some(_) => Self::tool_router() + Self::snapshot_router(),
+            None => Self::tool_router(),
+        };
+        Self { node, tool_router }
     }
 
     #[tool(

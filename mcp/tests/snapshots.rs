@@ -372,6 +372,14 @@ async fn fork_hibernate_and_promote() {
         Vec::<String>::new(),
         "the fork's checkpoint outlived the session"
     );
+    assert!(
+        launcher
+            .templates_root()
+            .join(&name)
+            .join("template.json")
+            .is_file(),
+        "the promoted template went with the session"
+    );
 }
 
 async fn a_checkpoint_outlives_its_server() {

@@ -275,7 +275,8 @@ impl Node {
         })
     }
 
-    /// The snapshot host, or the error a snapshot tool gives in attach mode.
+    /// The snapshot host, or the error a snapshot operation gives in attach mode (where
+    /// the server does not offer the tools).
     fn snapshot_host(&self, tool: &str) -> Result<&SnapshotHost, ToolError> {
         self.snapshots()
             .map(Arc::as_ref)
@@ -400,8 +401,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn in_attach_mode_the_snapshot_tools_say_what_they_need() {
+    async fn in_attach_mode_the_snapshot_tools_are_not_offered_and_say_what_they_need() {
+        use rmcp::ServerHandler;
         let node = attached_node().await;
+        let server = crate::tools::SandboxServer::new(node.clone());
+        assert!(server.get_tool("exec").is_some());
+        assert!(server.get_tool("fork").is_none());
+        assert!(server.get_tool("hibernate").is_none());
         let fork = node.fork("attached", 1).await.unwrap_err();
         assert!(fork
             .message

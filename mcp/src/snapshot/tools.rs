@@ -1,6 +1,7 @@
 //! The snapshot tools: a second tool router on [`SandboxServer`], combined with the
-//! first in [`SandboxServer::new`]. Each tool only checks and forwards its
-//! arguments; the work is in [`super::ops`].
+//! first in [`SandboxServer::new`] when the server launches microVMs (attach mode
+//! does not offer them). Each tool only checks and forwards its arguments; the work
+//! is in [`super::ops`].
 
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
