@@ -24,10 +24,8 @@ use sandbox_vmm::launcher::{Launcher, Size, TemplateRef};
 use crate::config::{AttachConfig, Config, Mode, ATTACHED_ID};
 use crate::error::ToolError;
 use crate::params::{CreateSandboxParams, Net};
-use crate::pool::launcher::LaunchedVm;
-use crate::pool::launcher::LauncherFactory;
-use crate::pool::Lease;
-use crate::pool::{Machine, Pool, VmSpec};
+use crate::pool::launcher::{LaunchedVm, LauncherFactory};
+use crate::pool::{Lease, Machine, Pool, VmSpec};
 use crate::registry::{Lookup, Registry};
 use crate::render::{
     rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo, ReleaseResult,
