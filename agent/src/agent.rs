@@ -38,6 +38,8 @@ pub struct Agent {
     pub boot_id: String,
     /// Whether the agent is the guest's init (PID 1).
     pub is_init: bool,
+    /// The template's defaults and boot sessions.
+    pub image: sandbox_protocol::ImageConfig,
     /// The token clients must present in their `Hello`, if any; `reidentify`
     /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
     token: RwLock<Option<String>>,
@@ -59,11 +61,18 @@ impl Agent {
             table: Arc::new(table),
             boot_id: crate::sys::random_hex(16),
             is_init,
+            image: sandbox_protocol::ImageConfig::default(),
             token: RwLock::new(token),
             started: Instant::now(),
             generation: AtomicU64::new(0),
             shutdown: watch::channel(None).0,
         }
+    }
+
+    /// The same agent with the template's defaults `image`.
+    pub fn with_image(mut self, image: sandbox_protocol::ImageConfig) -> Self {
+        self.image = image;
+        self
     }
 
     /// The capabilities this agent announces.

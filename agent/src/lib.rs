@@ -45,6 +45,7 @@ pub mod agent;
 pub mod config;
 pub mod events;
 pub mod files;
+pub mod image;
 pub mod init;
 pub mod machine;
 pub mod process;
@@ -81,11 +82,19 @@ pub async fn run(
 ) -> Result<Arc<Agent>, RunError> {
     // Before any child starts: each one joins a cgroup of this tree.
     let confinement = process::cgroup::Confinement::set_up(config.is_init);
-    let agent = Arc::new(Agent::with_table(
-        process::table::ProcessTable::with_confinement(config.forget_after, confinement),
-        config.token.clone(),
-        config.is_init,
-    ));
+    let image = config
+        .image_config
+        .as_deref()
+        .map(image::load)
+        .unwrap_or_default();
+    let agent = Arc::new(
+        Agent::with_table(
+            process::table::ProcessTable::with_confinement(config.forget_after, confinement),
+            config.token.clone(),
+            config.is_init,
+        )
+        .with_image(image),
+    );
     let sigchld = reaper::sigchld().map_err(RunError::Sigchld)?;
     let reaper = tokio::spawn(reaper::run(agent.table.clone(), sigchld));
     let sweeper = tokio::spawn(sweep_forever(agent.clone()));

@@ -99,6 +99,9 @@ pub async fn handle(
         }
         Request::PsDetail => Ok(Reply::PsDetail(table.list_detail())),
         Request::Confinement => Ok(Reply::Confinement(table.confinement().report())),
+        Request::Eval(_) | Request::CloseSession(_) | Request::WaitForText(_) => Err(
+            WireError::new(sandbox_protocol::ErrorKind::Unsupported, "not built yet"),
+        ),
     }
 }
 
