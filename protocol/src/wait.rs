@@ -23,8 +23,11 @@ pub const WAIT_LINE_CAP_BYTES: usize = 4096;
 /// Where to look for the text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WaitTarget {
-    /// A regular file in the guest, by absolute path; it may not exist yet.
-    File(String),
+    /// A regular file in the guest, by absolute path; it, and its directory, may not
+    /// exist yet. Raw bytes like every path on the wire (see [`crate::files`]):
+    /// Linux paths need not be UTF-8. (Postcard encodes bytes and a string alike, so
+    /// a UTF-8 path has the bytes it would have had as a `String`.)
+    File(#[serde(with = "serde_bytes")] Vec<u8>),
     /// The output of a tracked process (stdout and stderr, or its terminal), as far
     /// back as its output ring still holds.
     Output(Pid),
@@ -44,6 +47,10 @@ pub struct WaitForTextRequest {
 }
 
 /// Where the text was found.
+///
+/// For a file, the match is the first at or after the offset the agent started
+/// scanning from: offset 0, or the start of the file's new content after it was
+/// replaced, truncated or rewritten while the agent waited.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TextFound {
     /// Byte offset of the match's first byte: in the file, or in the process's
@@ -55,4 +62,28 @@ pub struct TextFound {
     pub line: String,
     /// How long the agent waited, in milliseconds (0 when the text was already there).
     pub waited_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the target encoded as before paths became bytes: a UTF-8 path must keep
+    /// its bytes on the wire.
+    #[derive(Serialize)]
+    enum StringTarget {
+        File(String),
+    }
+
+    #[test]
+    fn a_file_target_is_variant_zero_and_encodes_like_the_string_it_replaced() {
+        let bytes = postcard::to_allocvec(&WaitTarget::File(b"/a".to_vec())).unwrap();
+        assert_eq!(bytes, [0, 2, b'/', b'a']);
+        let before = postcard::to_allocvec(&StringTarget::File("/a".into())).unwrap();
+        assert_eq!(bytes, before);
+        // A path that is not UTF-8 travels as it is.
+        let raw = WaitTarget::File(b"/\xff".to_vec());
+        let bytes = postcard::to_allocvec(&raw).unwrap();
+        assert_eq!(postcard::from_bytes::<WaitTarget>(&bytes).unwrap(), raw);
+    }
 }
