@@ -14,6 +14,8 @@
 //!   cgroups ([`process::cgroup`]), and the exec, spawn, pty, logs and kill handlers.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
+//! - [`wait`]: `wait_for_text`, until a file (inotify) or a process's output (its
+//!   ring) contains a string.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
 //!   identity after a restore or fork), `reidentify` (a fork child's own hostname
 //!   and token) and `shutdown`.
@@ -53,6 +55,7 @@ pub mod ready;
 pub mod ring;
 pub mod server;
 pub mod sys;
+pub mod wait;
 
 use std::future::Future;
 use std::sync::Arc;
