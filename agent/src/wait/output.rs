@@ -240,6 +240,15 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_terminals_line_comes_without_its_carriage_return() {
+        let (table, record) = table_with(12);
+        record.push_output(Stream::Pty, b"$ server\r\nready\r\n$ ");
+        let found = wait(&table, Pid(12), &limits("ready", 100)).await.unwrap();
+        assert_eq!(found.stream, Some(Stream::Pty));
+        assert_eq!((found.offset, found.line.as_str()), (10, "ready"));
+    }
+
+    #[tokio::test]
     async fn bytes_the_ring_dropped_break_a_match() {
         let (table, record) = table_with(11);
         record.push_output(Stream::Stdout, b"half");
