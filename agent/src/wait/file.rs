@@ -91,18 +91,18 @@ impl Watches {
         for _ in 0..UPDATE_ATTEMPTS {
             let (dir, relevant) = nearest_dir(&self.path)?;
             self.relevant = relevant;
-            if self.dir.as_ref().map(|(watched, _)| watched) != Some(&dir) {
-                let wd = match inotify.add_watch(&dir, dir_mask()) {
-                    Ok(wd) => wd,
-                    // It went (or stopped being a directory) meanwhile: look again.
-                    Err(error) if is_missing(&error) => continue,
-                    Err(error) => return Err(watch_error(&dir, error)),
-                };
-                if let Some((_, old)) = self.dir.replace((dir.clone(), wd)) {
-                    if old != wd {
-                        // The kernel may have dropped it already (its directory went).
-                        let _ = inotify.rm_watch(old);
-                    }
+            // Watched again every time: the same inode keeps its descriptor, and a
+            // directory removed and made again under the same name gets a new one.
+            let wd = match inotify.add_watch(&dir, dir_mask()) {
+                Ok(wd) => wd,
+                // It went (or stopped being a directory) meanwhile: look again.
+                Err(error) if is_missing(&error) => continue,
+                Err(error) => return Err(watch_error(&dir, error)),
+            };
+            if let Some((_, old)) = self.dir.replace((dir.clone(), wd)) {
+                if old != wd {
+                    // The kernel may have dropped it already (its directory went).
+                    let _ = inotify.rm_watch(old);
                 }
             }
             // A directory below the watched one that appeared before the watch was set
@@ -306,6 +306,23 @@ mod tests {
             Duration::from_millis(found.waited_ms) < RECHECK,
             "{found:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_directory_removed_and_made_again_is_watched_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("run");
+        std::fs::create_dir(&sub).unwrap();
+        let inotify = Inotify::new().unwrap();
+        let mut watches = Watches::new(sub.join("pid"));
+        watches.update(&inotify).unwrap();
+        let first = watches.dir.as_ref().unwrap().1;
+        std::fs::remove_dir(&sub).unwrap();
+        std::fs::create_dir(&sub).unwrap();
+        watches.update(&inotify).unwrap();
+        let (watched, second) = watches.dir.clone().unwrap();
+        assert_eq!(watched, sub);
+        assert_ne!(first, second, "still on the removed directory");
     }
 
     #[tokio::test]
