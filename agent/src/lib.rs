@@ -14,6 +14,8 @@
 //!   cgroups ([`process::cgroup`]), and the exec, spawn, pty, logs and kill handlers.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
+//! - [`wait`]: `wait_for_text`, until a file (inotify) or a process's output (its
+//!   ring) contains a string.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
 //!   identity after a restore or fork), `reidentify` (a fork child's own hostname
 //!   and token) and `shutdown`.
@@ -46,6 +48,7 @@ pub mod budget;
 pub mod config;
 pub mod events;
 pub mod files;
+pub mod image;
 pub mod init;
 pub mod machine;
 pub mod process;
@@ -53,6 +56,7 @@ pub mod ready;
 pub mod ring;
 pub mod server;
 pub mod sys;
+pub mod wait;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -82,11 +86,19 @@ pub async fn run(
 ) -> Result<Arc<Agent>, RunError> {
     // Before any child starts: each one joins a cgroup of this tree.
     let confinement = process::cgroup::Confinement::set_up(config.is_init);
-    let agent = Arc::new(Agent::with_table(
-        process::table::ProcessTable::with_confinement(config.forget_after, confinement),
-        config.token.clone(),
-        config.is_init,
-    ));
+    let image = config
+        .image_config
+        .as_deref()
+        .map(image::load)
+        .unwrap_or_default();
+    let agent = Arc::new(
+        Agent::with_table(
+            process::table::ProcessTable::with_confinement(config.forget_after, confinement),
+            config.token.clone(),
+            config.is_init,
+        )
+        .with_image(image),
+    );
     let sigchld = reaper::sigchld().map_err(RunError::Sigchld)?;
     let reaper = tokio::spawn(reaper::run(agent.table.clone(), sigchld));
     let sweeper = tokio::spawn(sweep_forever(agent.clone()));

@@ -196,6 +196,8 @@ pub enum ProcessKind {
     Spawn,
     /// Attached to a terminal.
     Pty,
+    /// The interpreter of an `eval` session (see [`crate::eval`]).
+    Session,
 }
 
 impl ProcessKind {
@@ -205,6 +207,7 @@ impl ProcessKind {
             Self::Exec => "exec",
             Self::Spawn => "spawn",
             Self::Pty => "pty",
+            Self::Session => "session",
         }
     }
 }
