@@ -87,14 +87,10 @@ pub async fn run(
         .as_deref()
         .map(image::load)
         .unwrap_or_default();
-    let agent = Arc::new(
-        Agent::with_table(
-            process::table::ProcessTable::with_confinement(config.forget_after, confinement),
-            config.token.clone(),
-            config.is_init,
-        )
-        .with_image(image),
-    );
+    let table = process::table::ProcessTable::with_confinement(config.forget_after, confinement)
+        .with_defaults(process::defaults::ProcessDefaults::from_image(&image));
+    let agent =
+        Arc::new(Agent::with_table(table, config.token.clone(), config.is_init).with_image(image));
     let sigchld = reaper::sigchld().map_err(RunError::Sigchld)?;
     let reaper = tokio::spawn(reaper::run(agent.table.clone(), sigchld));
     let sweeper = tokio::spawn(sweep_forever(agent.clone()));
