@@ -8,6 +8,7 @@ use std::fs::{self, File};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
+use sandbox_protocol::WarmSession;
 use tracing::{info, warn};
 
 use crate::agent::{self, AgentError, AgentSearch};
@@ -15,6 +16,7 @@ use crate::base::{self, Base, BaseError, BaseTools};
 use crate::cpio::{CpioError, CpioWriter};
 use crate::disk::{self, DiskError};
 use crate::guest::{self, GuestError};
+use crate::image_config::{self, ImageConfigError};
 use crate::kernel::{self, KernelError};
 use crate::manifest::{now_rfc3339, ManifestError, TemplateManifest};
 use crate::modules::{AGENT_MODULES, DISK_MODULES};
@@ -90,6 +92,8 @@ pub struct BuildOptions {
     pub disk_free_bytes: u64,
     /// Extra kernel parameters.
     pub extra_cmdline: Vec<String>,
+    /// Interpreter sessions the agent starts at boot.
+    pub warm_sessions: Vec<WarmSession>,
 }
 
 /// A build failed.
@@ -107,6 +111,9 @@ pub enum BuildError {
     /// Adding the agent, folders or modules failed.
     #[error("Guest files")]
     Guest(#[from] GuestError),
+    /// Writing the agent's defaults into the image failed.
+    #[error("Image config")]
+    ImageConfig(#[from] ImageConfigError),
     /// A file operation failed.
     #[error(transparent)]
     Tree(#[from] TreeError),
@@ -182,8 +189,10 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
     info!(agent = %agent.display(), "agent ready");
 
     info!(step = "3/5", base = ?opts.base, "base");
-    base::populate(&opts.base, &opts.base_tools, &staging)?;
+    let from_base = base::populate(&opts.base, &opts.base_tools, &staging)?;
     guest::add_essentials(&staging)?;
+    let image_config = image_config::with_sessions(from_base, &opts.warm_sessions)?;
+    image_config::install(&staging, &image_config)?;
     let base_bytes = tree::tree_bytes(&staging)?;
     let use_disk = match opts.layout {
         Layout::Disk => true,
@@ -264,6 +273,7 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         agent_version: opts.agent_version.clone(),
         default_size: opts.default_size,
         created_at: now_rfc3339(),
+        image_config,
     };
     manifest.save(&out)?;
     replace_dir(&out, &opts.output, &work.0)?;

@@ -2,16 +2,20 @@
 //!
 //! - [`busybox`]: the host's static busybox with its applet links (the default),
 //! - [`dir`]: a folder copied as is,
-//! - [`image`]: an OCI layout or `docker save` tarball, layers applied in order,
+//! - [`image`]: an OCI layout or `docker save` tarball, layers applied in order, and
+//!   its config's `Env`, `WorkingDir` and `User` ([`oci_config`]),
 //! - [`debian`]: a minimal Debian from `mmdebstrap`.
 
 pub mod busybox;
 pub mod debian;
 pub mod dir;
 pub mod image;
+pub mod oci_config;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+
+use sandbox_protocol::ImageConfig;
 
 use crate::cmd::CmdError;
 use crate::tree::TreeError;
@@ -92,14 +96,16 @@ impl Default for BaseTools {
     }
 }
 
-/// Fills `staging` (an empty folder) with `base`.
-pub fn populate(base: &Base, tools: &BaseTools, staging: &Path) -> Result<(), BaseError> {
+/// Fills `staging` (an empty folder) with `base`; returns the defaults the base
+/// asks for (an image's config; none for the other bases).
+pub fn populate(base: &Base, tools: &BaseTools, staging: &Path) -> Result<ImageConfig, BaseError> {
     match base {
-        Base::Busybox => busybox::install(&tools.busybox, staging),
-        Base::Dir(path) => dir::install(path, staging),
-        Base::Image(path) => Ok(image::apply(path, staging)?),
-        Base::Debian(suite) => debian::install(suite.as_deref(), staging),
+        Base::Busybox => busybox::install(&tools.busybox, staging)?,
+        Base::Dir(path) => dir::install(path, staging)?,
+        Base::Image(path) => return Ok(image::apply(path, staging)?),
+        Base::Debian(suite) => debian::install(suite.as_deref(), staging)?,
     }
+    Ok(ImageConfig::default())
 }
 
 #[cfg(test)]
