@@ -12,6 +12,7 @@ use sandbox_protocol::WarmSession;
 use tracing::{info, warn};
 
 use crate::agent::{self, AgentError, AgentSearch};
+use crate::base::debian::DebianOptions;
 use crate::base::{self, Base, BaseError, BaseTools};
 use crate::cpio::{CpioError, CpioWriter};
 use crate::disk::{self, DiskError};
@@ -68,12 +69,17 @@ pub struct BuildOptions {
     pub name: String,
     /// The template folder to create or replace.
     pub output: PathBuf,
-    /// Kernel downloads live in `<cache>/kernel`.
+    /// Kernel downloads live in `<cache>/kernel`, bootstrapped Debian bases in
+    /// `<cache>/debian`.
     pub cache_dir: PathBuf,
     /// The base userland.
     pub base: Base,
     /// Host tools for the base.
     pub base_tools: BaseTools,
+    /// Extra Debian packages (`debian` base only).
+    pub packages: Vec<String>,
+    /// Bootstrap a Debian base again even when a cached one matches.
+    pub refresh_base: bool,
     /// The kernel.
     pub kernel: KernelSource,
     /// The agent binary, or `None` to find or build it.
@@ -189,7 +195,12 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
     info!(agent = %agent.display(), "agent ready");
 
     info!(step = "3/5", base = ?opts.base, "base");
-    let from_base = base::populate(&opts.base, &opts.base_tools, &staging)?;
+    let debian = DebianOptions {
+        packages: opts.packages.clone(),
+        cache_dir: opts.cache_dir.join("debian"),
+        refresh: opts.refresh_base,
+    };
+    let from_base = base::populate(&opts.base, &opts.base_tools, &debian, &staging)?;
     guest::add_essentials(&staging)?;
     let image_config = image_config::with_sessions(from_base, &opts.warm_sessions)?;
     image_config::install(&staging, &image_config)?;

@@ -57,6 +57,14 @@ struct BuildArgs {
     /// Base: busybox, dir:PATH, image:PATH.tar (OCI or docker save), debian[:SUITE].
     #[arg(long, default_value = "busybox")]
     base: Base,
+    /// Debian packages to install on the debian base, comma-separated or repeated
+    /// (e.g. python3,python3-pip); the bootstrap is cached by suite and packages.
+    #[arg(long, value_name = "PACKAGE,...", value_delimiter = ',')]
+    packages: Vec<String>,
+    /// Bootstrap the debian base again instead of unpacking the cached one (to pick
+    /// up Debian's updates).
+    #[arg(long)]
+    refresh_base: bool,
     /// Kernel image (vmlinux or bzImage) instead of Debian's cloud kernel.
     #[arg(long)]
     kernel: Option<PathBuf>,
@@ -191,6 +199,8 @@ fn build_options(args: BuildArgs, home: &SandboxHome) -> anyhow::Result<BuildOpt
         base_tools: BaseTools {
             busybox: args.busybox,
         },
+        packages: args.packages,
+        refresh_base: args.refresh_base,
         kernel,
         agent: args.agent.map(absolute).transpose()?,
         agent_search: AgentSearch {

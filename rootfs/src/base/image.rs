@@ -419,8 +419,9 @@ fn apply_whiteouts(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
 }
 
 /// Pass two: unpacks the layer's files, replacing what lower layers had at the same
-/// paths. Returns how many entries were skipped.
-fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
+/// paths. Returns how many entries were skipped. (Also how a cached Debian base,
+/// one plain tarball, is unpacked: see [`super::debian`].)
+pub(super) fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
     let mut skipped = 0;
     let mut archive = tar::Archive::new(layer);
     archive.set_preserve_permissions(true);
@@ -438,6 +439,14 @@ fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
         let kind = entry.header().entry_type();
         if kind.is_character_special() || kind.is_block_special() {
             skipped += 1;
+            continue;
+        }
+        // The root itself (`./`, as `tar -C DIR .` writes it): the staging folder.
+        if kind.is_dir()
+            && path
+                .components()
+                .all(|c| matches!(c, Component::CurDir | Component::RootDir))
+        {
             continue;
         }
         let Some(rel) = clean_path(&path) else {

@@ -4,7 +4,7 @@
 //! - [`dir`]: a folder copied as is,
 //! - [`image`]: an OCI layout or `docker save` tarball, layers applied in order, and
 //!   its config's `Env`, `WorkingDir` and `User` ([`oci_config`]),
-//! - [`debian`]: a minimal Debian from `mmdebstrap`.
+//! - [`debian`]: a minimal Debian from `mmdebstrap`, with extra packages, cached.
 
 pub mod busybox;
 pub mod debian;
@@ -79,6 +79,24 @@ pub enum BaseError {
         /// The folder.
         path: PathBuf,
     },
+    /// Packages were asked for a base that is not Debian.
+    #[error("--packages needs the debian base (--base debian[:SUITE])")]
+    PackagesNeedDebian,
+    /// A package name is not one Debian allows.
+    #[error("{name:?} is not a Debian package name")]
+    PackageName {
+        /// The name.
+        name: String,
+    },
+    /// A bootstrapped Debian tarball could not be unpacked.
+    #[error("Cannot unpack the Debian base {}", path.display())]
+    Unpack {
+        /// The tarball.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: std::io::Error,
+    },
 }
 
 /// Host tools a base may need.
@@ -96,14 +114,22 @@ impl Default for BaseTools {
     }
 }
 
-/// Fills `staging` (an empty folder) with `base`; returns the defaults the base
-/// asks for (an image's config; none for the other bases).
-pub fn populate(base: &Base, tools: &BaseTools, staging: &Path) -> Result<ImageConfig, BaseError> {
+/// Fills `staging` (an empty folder) with `base` (a Debian base as `debian` says);
+/// returns the defaults the base asks for (an image's config; none for the others).
+pub fn populate(
+    base: &Base,
+    tools: &BaseTools,
+    debian: &debian::DebianOptions,
+    staging: &Path,
+) -> Result<ImageConfig, BaseError> {
+    if !debian.packages.is_empty() && !matches!(base, Base::Debian(_)) {
+        return Err(BaseError::PackagesNeedDebian);
+    }
     match base {
         Base::Busybox => busybox::install(&tools.busybox, staging)?,
         Base::Dir(path) => dir::install(path, staging)?,
         Base::Image(path) => return Ok(image::apply(path, staging)?),
-        Base::Debian(suite) => debian::install(suite.as_deref(), staging)?,
+        Base::Debian(suite) => debian::install(suite.as_deref(), debian, staging)?,
     }
     Ok(ImageConfig::default())
 }
