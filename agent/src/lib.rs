@@ -11,7 +11,9 @@
 //!   ([`server::connection`]) that routes requests to handlers ([`server::dispatch`]).
 //! - [`process`]: the process table, the single reaper, the spawn gate that
 //!   serialises child starts (and the OOM unshield around each), confinement in
-//!   cgroups ([`process::cgroup`]), and the exec, spawn, pty, logs and kill handlers.
+//!   cgroups ([`process::cgroup`]), the template's defaults for every start
+//!   ([`process::defaults`]), and the exec, spawn, pty, logs and kill handlers.
+//! - [`image`]: reads the template's config (`/etc/sandbox/image.json`) at start.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,

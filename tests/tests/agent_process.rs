@@ -208,7 +208,7 @@ async fn losing_the_agent_fails_pending_requests_with_a_clear_error() {
 /// The template's defaults (`--image-config`, the file the builder writes into an
 /// image) apply to what a request leaves out, and the request wins where it says.
 #[tokio::test]
-async fn image_config_defaults_apply_to_execs_and_spawns_and_requests_override_them() {
+async fn image_config_defaults_apply_to_execs_spawns_and_terminals_and_requests_override_them() {
     let scratch = sandbox_tests::TempDir::new("image-config");
     let workdir = scratch.path().join("work dir");
     std::fs::create_dir(&workdir).unwrap();
@@ -245,16 +245,34 @@ async fn image_config_defaults_apply_to_execs_and_spawns_and_requests_override_t
         "exec; stderr: {}",
         String::from_utf8_lossy(&reply.stderr)
     );
+    // A spawn's and a terminal's output, from their rings once they exited.
+    let output_of = |pid| {
+        let client = client.clone();
+        async move {
+            wait_exit(&client, pid).await;
+            let logs = client.logs(pid, None).await.unwrap();
+            let bytes: Vec<u8> = logs
+                .batch
+                .chunks
+                .iter()
+                .flat_map(|c| c.data.clone())
+                .collect();
+            String::from_utf8_lossy(&bytes).replace("\r\n", "\n")
+        }
+    };
     let pid = client.spawn(shell(probe)).await.unwrap();
-    wait_exit(&client, pid).await;
-    let logs = client.logs(pid, None).await.unwrap();
-    let spawned: Vec<u8> = logs
-        .batch
-        .chunks
-        .iter()
-        .flat_map(|c| c.data.clone())
-        .collect();
-    assert_eq!(String::from_utf8_lossy(&spawned), expected, "spawn");
+    assert_eq!(output_of(pid).await, expected, "spawn");
+    let pid = client
+        .pty_open(sandbox_protocol::PtyOpenRequest {
+            spec: shell(probe),
+            size: sandbox_protocol::WindowSize {
+                rows: 24,
+                cols: 200,
+            },
+        })
+        .await
+        .unwrap();
+    assert_eq!(output_of(pid).await, expected, "pty");
 
     // The request's variables, directory and user win.
     let mut request = exec_sh(probe);

@@ -1,8 +1,7 @@
 //! The template's defaults for every process the agent starts: exec, spawn, pty
-//! (and interpreter sessions), taken from the image's config
-//! ([`ImageConfig`](sandbox_protocol::ImageConfig): an OCI image's `Env`,
-//! `WorkingDir` and `User`) and applied where the launch plan is built
-//! ([`super::launch::plan`]):
+//! (and interpreter sessions), taken from the image's config ([`ImageConfig`]: an
+//! OCI image's `Env`, `WorkingDir` and `User`) and applied where the launch plan is
+//! built ([`super::launch::plan`]):
 //!
 //! - environment: the agent's own defaults, then the image's variables, then the
 //!   request's; a later entry wins;

@@ -30,6 +30,12 @@ pub const FALLBACK_SUITE: &str = "stable";
 /// Where a Debian host names its release.
 const OS_RELEASE_PATH: &str = "/etc/os-release";
 
+/// How a bootstrap's tarball is named until it is complete.
+const PARTIAL_PREFIX: &str = ".partial-";
+
+/// A partial tarball this old belongs to a build that was killed.
+const PARTIAL_ABANDONED_SECS: u64 = 3600;
+
 /// mmdebstrap options every Debian base is made with; part of the cache key.
 ///
 /// - `force-unsafe-io`: dpkg skips its fsync per file, which made most of the
@@ -112,7 +118,8 @@ pub fn install(
 fn bootstrap(suite: &str, packages: &[String], tarball: &Path) -> Result<(), BaseError> {
     let dir = tarball.parent().unwrap_or(Path::new("."));
     crate::tree::make_dir(dir, 0o755)?;
-    let partial = dir.join(format!(".partial-{}.tar", std::process::id()));
+    remove_abandoned_partials(dir);
+    let partial = dir.join(format!("{PARTIAL_PREFIX}{}.tar", std::process::id()));
     info!(
         suite,
         packages = packages.join(","),
@@ -134,6 +141,32 @@ fn bootstrap(suite: &str, packages: &[String], tarball: &Path) -> Result<(), Bas
         error,
     })?;
     Ok(())
+}
+
+/// Removes what killed builds left: partial tarballs untouched for
+/// [`PARTIAL_ABANDONED_SECS`] (mmdebstrap writes its tarball in its last seconds,
+/// so a live build's is minutes old at most). Best effort.
+fn remove_abandoned_partials(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let abandoned = entry
+            .metadata()
+            .and_then(|meta| meta.modified())
+            .ok()
+            .and_then(|at| SystemTime::now().duration_since(at).ok())
+            .is_some_and(|age| age.as_secs() > PARTIAL_ABANDONED_SECS);
+        if abandoned
+            && entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(PARTIAL_PREFIX)
+        {
+            info!(path = %entry.path().display(), "removing an abandoned partial bootstrap");
+            let _ = fs::remove_file(entry.path());
+        }
+    }
 }
 
 /// A Debian package name as policy allows it: lowercase letters, digits, `+`, `-`
