@@ -8,7 +8,7 @@ use std::fs::{self, File};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
-use sandbox_protocol::WarmSession;
+use sandbox_protocol::{ImageConfig, WarmSession};
 use tracing::{info, warn};
 
 use crate::agent::{self, AgentError, AgentSearch};
@@ -175,6 +175,14 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         .parent()
         .map(Path::to_owned)
         .unwrap_or_else(|| PathBuf::from("."));
+    let debian = DebianOptions {
+        packages: opts.packages.clone(),
+        cache_dir: opts.cache_dir.join("debian"),
+        refresh: opts.refresh_base,
+    };
+    // Before the slow steps: a mistake here should not cost a kernel download.
+    base::check(&opts.base, &debian)?;
+    image_config::check_sessions(&opts.warm_sessions)?;
     tree::make_dir(&parent, 0o755)?;
     let work = WorkDir(parent.join(format!(".{}.build-{}", opts.name, std::process::id())));
     tree::remove_path(&work.0)?;
@@ -195,14 +203,13 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
     info!(agent = %agent.display(), "agent ready");
 
     info!(step = "3/5", base = ?opts.base, "base");
-    let debian = DebianOptions {
-        packages: opts.packages.clone(),
-        cache_dir: opts.cache_dir.join("debian"),
-        refresh: opts.refresh_base,
-    };
     let from_base = base::populate(&opts.base, &opts.base_tools, &debian, &staging)?;
     guest::add_essentials(&staging)?;
-    let image_config = image_config::with_sessions(from_base, &opts.warm_sessions)?;
+    // An image's config names no sessions: the builder's are the only ones.
+    let image_config = ImageConfig {
+        sessions: opts.warm_sessions.clone(),
+        ..from_base
+    };
     image_config::install(&staging, &image_config)?;
     let base_bytes = tree::tree_bytes(&staging)?;
     let use_disk = match opts.layout {

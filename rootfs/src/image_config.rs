@@ -63,20 +63,16 @@ pub fn parse_warm_session(text: &str) -> Result<WarmSession, String> {
     })
 }
 
-/// `config` with `sessions` to start at boot; refuses a name given twice.
-pub fn with_sessions(
-    mut config: ImageConfig,
-    sessions: &[WarmSession],
-) -> Result<ImageConfig, ImageConfigError> {
-    for session in sessions {
-        if config.sessions.iter().any(|s| s.name == session.name) {
+/// Refuses a session name given twice (checked before the build's slow steps).
+pub fn check_sessions(sessions: &[WarmSession]) -> Result<(), ImageConfigError> {
+    for (i, session) in sessions.iter().enumerate() {
+        if sessions[..i].iter().any(|s| s.name == session.name) {
             return Err(ImageConfigError::DuplicateSession {
                 name: session.name.clone(),
             });
         }
-        config.sessions.push(session.clone());
     }
-    Ok(config)
+    Ok(())
 }
 
 /// Writes `config` into the guest tree at `root` and creates its working directory
@@ -158,9 +154,9 @@ mod tests {
     #[test]
     fn a_session_name_is_warmed_once() {
         let one = parse_warm_session("default:python").unwrap();
-        let config = with_sessions(ImageConfig::default(), std::slice::from_ref(&one)).unwrap();
-        assert_eq!(config.sessions, vec![one.clone()]);
-        let error = with_sessions(ImageConfig::default(), &[one.clone(), one]).unwrap_err();
+        let other = parse_warm_session("other:python").unwrap();
+        check_sessions(&[one.clone(), other]).unwrap();
+        let error = check_sessions(&[one.clone(), one]).unwrap_err();
         assert!(matches!(error, ImageConfigError::DuplicateSession { .. }));
     }
 

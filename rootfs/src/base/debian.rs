@@ -78,9 +78,7 @@ pub fn install(
         .ok()
         .and_then(|text| host_debian_release(&text));
     let suite = suite.or(host.as_deref()).unwrap_or(FALLBACK_SUITE);
-    if let Some(bad) = options.packages.iter().find(|p| !valid_package_name(p)) {
-        return Err(BaseError::PackageName { name: bad.clone() });
-    }
+    check_packages(&options.packages)?;
     let mut packages = options.packages.clone();
     packages.sort();
     packages.dedup();
@@ -166,6 +164,14 @@ fn remove_abandoned_partials(dir: &Path) {
             info!(path = %entry.path().display(), "removing an abandoned partial bootstrap");
             let _ = fs::remove_file(entry.path());
         }
+    }
+}
+
+/// Fails on the first name Debian would not allow.
+pub fn check_packages(packages: &[String]) -> Result<(), BaseError> {
+    match packages.iter().find(|p| !valid_package_name(p)) {
+        Some(bad) => Err(BaseError::PackageName { name: bad.clone() }),
+        None => Ok(()),
     }
 }
 

@@ -114,6 +114,15 @@ impl Default for BaseTools {
     }
 }
 
+/// Checks what can be checked before anything slow runs: packages only for a
+/// Debian base, and names Debian allows.
+pub fn check(base: &Base, debian: &debian::DebianOptions) -> Result<(), BaseError> {
+    if !debian.packages.is_empty() && !matches!(base, Base::Debian(_)) {
+        return Err(BaseError::PackagesNeedDebian);
+    }
+    debian::check_packages(&debian.packages)
+}
+
 /// Fills `staging` (an empty folder) with `base` (a Debian base as `debian` says);
 /// returns the defaults the base asks for (an image's config; none for the others).
 pub fn populate(
@@ -122,9 +131,7 @@ pub fn populate(
     debian: &debian::DebianOptions,
     staging: &Path,
 ) -> Result<ImageConfig, BaseError> {
-    if !debian.packages.is_empty() && !matches!(base, Base::Debian(_)) {
-        return Err(BaseError::PackagesNeedDebian);
-    }
+    check(base, debian)?;
     match base {
         Base::Busybox => busybox::install(&tools.busybox, staging)?,
         Base::Dir(path) => dir::install(path, staging)?,
