@@ -82,9 +82,20 @@ pub fn install(
     let mut packages = options.packages.clone();
     packages.sort();
     packages.dedup();
+    // The suite is the user's word: only plain characters of it reach a file name.
+    let label: String = suite
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     let cached = options
         .cache_dir
-        .join(format!("{suite}-{:016x}.tar", cache_key(suite, &packages)));
+        .join(format!("{label}-{:016x}.tar", cache_key(suite, &packages)));
     match fs::metadata(&cached) {
         Ok(meta) if !options.refresh => {
             let age_days = meta
