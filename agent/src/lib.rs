@@ -11,7 +11,9 @@
 //!   ([`server::connection`]) that routes requests to handlers ([`server::dispatch`]).
 //! - [`process`]: the process table, the single reaper, the spawn gate that
 //!   serialises child starts (and the OOM unshield around each), confinement in
-//!   cgroups ([`process::cgroup`]), and the exec, spawn, pty, logs and kill handlers.
+//!   cgroups ([`process::cgroup`]), the template's defaults for every start
+//!   ([`process::defaults`]), and the exec, spawn, pty, logs and kill handlers.
+//! - [`image`]: reads the template's config (`/etc/sandbox/image.json`) at start.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
 //! - [`wait`]: `wait_for_text`, until a file (inotify) or a process's output (its
@@ -91,14 +93,10 @@ pub async fn run(
         .as_deref()
         .map(image::load)
         .unwrap_or_default();
-    let agent = Arc::new(
-        Agent::with_table(
-            process::table::ProcessTable::with_confinement(config.forget_after, confinement),
-            config.token.clone(),
-            config.is_init,
-        )
-        .with_image(image),
-    );
+    let table = process::table::ProcessTable::with_confinement(config.forget_after, confinement)
+        .with_defaults(process::defaults::ProcessDefaults::from_image(&image));
+    let agent =
+        Arc::new(Agent::with_table(table, config.token.clone(), config.is_init).with_image(image));
     let sigchld = reaper::sigchld().map_err(RunError::Sigchld)?;
     let reaper = tokio::spawn(reaper::run(agent.table.clone(), sigchld));
     let sweeper = tokio::spawn(sweep_forever(agent.clone()));

@@ -16,6 +16,15 @@ use crate::process::{ExitStatus, Pid};
 /// Longest session name, in bytes: 1 to this many ASCII letters, digits, `-`, `_`, `.`.
 pub const MAX_SESSION_NAME_BYTES: usize = 64;
 
+/// Whether `name` may name a session: 1 to [`MAX_SESSION_NAME_BYTES`] ASCII letters,
+/// digits, `-`, `_` and `.`.
+pub fn valid_session_name(name: &str) -> bool {
+    (1..=MAX_SESSION_NAME_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 /// Sessions one agent keeps at once; an `eval` that would start one more fails with
 /// `Busy` (close one first).
 pub const MAX_SESSIONS: usize = 32;
@@ -159,4 +168,20 @@ pub struct WarmSession {
     /// the session stays up.
     #[serde(default)]
     pub setup: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names_are_short_plain_words() {
+        for good in ["default", "py-3.12_a", &"x".repeat(MAX_SESSION_NAME_BYTES)] {
+            assert!(valid_session_name(good), "{good:?}");
+        }
+        let long = "x".repeat(MAX_SESSION_NAME_BYTES + 1);
+        for bad in ["", "a b", "a/b", "é", "a:b", long.as_str()] {
+            assert!(!valid_session_name(bad), "{bad:?}");
+        }
+    }
 }
