@@ -40,6 +40,8 @@ pub struct Agent {
     pub is_init: bool,
     /// The bytes held for clients across all connections (see [`crate::budget`]).
     pub budget: crate::budget::Budget,
+    /// The template's defaults and boot sessions.
+    pub image: sandbox_protocol::ImageConfig,
     /// The token clients must present in their `Hello`, if any; `reidentify`
     /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
     token: RwLock<Option<String>>,
@@ -62,11 +64,18 @@ impl Agent {
             boot_id: crate::sys::random_hex(16),
             is_init,
             budget: crate::budget::Budget::default(),
+            image: sandbox_protocol::ImageConfig::default(),
             token: RwLock::new(token),
             started: Instant::now(),
             generation: AtomicU64::new(0),
             shutdown: watch::channel(None).0,
         }
+    }
+
+    /// The same agent with the template's defaults `image`.
+    pub fn with_image(mut self, image: sandbox_protocol::ImageConfig) -> Self {
+        self.image = image;
+        self
     }
 
     /// The capabilities this agent announces.

@@ -176,6 +176,29 @@ pub struct PathParams {
     pub path: String,
 }
 
+/// `wait_for_text`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitForTextParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Wait on this file (absolute path). It, and its directory, may not exist yet;
+    /// appends, a rename over it and rewrites are all seen. Give path or pid, not
+    /// both.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Wait on this tracked process's output (stdout and stderr), as returned by
+    /// spawn or listed by ps: everything still in its 256 KiB ring counts. Give path
+    /// or pid, not both.
+    #[serde(default)]
+    pub pid: Option<i32>,
+    /// The exact text to find (not a pattern), at most 4096 bytes.
+    pub text: String,
+    /// Seconds to wait: default 30, at most 300; 0 only looks once.
+    #[serde(default, alias = "timeout")]
+    pub timeout_seconds: Option<u64>,
+}
+
 /// Parses an octal mode like `"755"`, `"0755"` or `"0o755"`.
 pub fn parse_mode(mode: &str) -> Option<u32> {
     let digits = mode.trim();
@@ -227,6 +250,21 @@ mod tests {
             );
         }
         assert_eq!(params.net, Net::Egress);
+    }
+
+    #[test]
+    fn wait_for_text_takes_a_path_or_a_pid() {
+        let params: WaitForTextParams =
+            serde_json::from_str(r#"{"sandbox_id":"a","pid":7,"text":"ready","timeout":5}"#)
+                .unwrap();
+        assert_eq!((params.pid, params.timeout_seconds), (Some(7), Some(5)));
+        assert!(params.path.is_none());
+        let err = serde_json::from_str::<WaitForTextParams>(
+            r#"{"sandbox_id":"a","file":"/x","text":"y"}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("file"), "{err}");
     }
 
     #[test]

@@ -359,6 +359,43 @@ impl Render for ListDirResult {
     }
 }
 
+/// `wait_for_text`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct WaitForTextResult {
+    /// The file waited on; null for a process.
+    pub path: Option<String>,
+    /// The process waited on; null for a file.
+    pub pid: Option<i32>,
+    /// Byte offset of the text's first byte in the file, or in the process's output
+    /// (the offsets logs counts in; pass it as logs' cursor to read from there).
+    pub offset: u64,
+    /// For a process: "stdout", "stderr" or "pty", the stream that printed it.
+    pub stream: Option<String>,
+    /// The line holding the text (at most 4 KiB around it; invalid UTF-8 replaced).
+    pub line: String,
+    /// How long the wait took, in milliseconds (0: it was already there).
+    pub waited_ms: u64,
+}
+
+impl Render for WaitForTextResult {
+    fn render(&self) -> String {
+        let place = match (&self.path, self.pid, &self.stream) {
+            (Some(path), _, _) => path.clone(),
+            (None, Some(pid), Some(stream)) => format!("the {stream} of process {pid}"),
+            (None, Some(pid), None) => format!("the output of process {pid}"),
+            (None, None, _) => "the target".to_owned(),
+        };
+        let when = match self.waited_ms {
+            0 => "already there".to_owned(),
+            ms => format!("after {ms} ms"),
+        };
+        format!(
+            "found at offset {} of {place} ({when}):\n{}",
+            self.offset, self.line
+        )
+    }
+}
+
 /// `release`
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ReleaseResult {
@@ -551,6 +588,33 @@ mod tests {
         );
         let plain = serde_json::to_value(ExecResult::default()).unwrap();
         assert!(plain.get("oom_killed").is_none());
+    }
+
+    #[test]
+    fn a_found_text_says_where() {
+        let found = WaitForTextResult {
+            path: None,
+            pid: Some(7),
+            offset: 12,
+            stream: Some("stderr".into()),
+            line: "listening on :80".into(),
+            waited_ms: 0,
+        };
+        assert_eq!(
+            found.render(),
+            "found at offset 12 of the stderr of process 7 (already there):\nlistening on :80"
+        );
+        let in_file = WaitForTextResult {
+            path: Some("/tmp/log".into()),
+            pid: None,
+            stream: None,
+            waited_ms: 250,
+            ..found
+        };
+        assert_eq!(
+            in_file.render(),
+            "found at offset 12 of /tmp/log (after 250 ms):\nlistening on :80"
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! in the per-call cap and the client's cancellation.
 //!
 //! Tools, as the README's table lists them: `create_sandbox`, `exec`, `spawn`, `ps`,
-//! `logs`, `kill`, `write_file`, `read_file`, `list_dir`, `release`, `node_info`; the
-//! snapshot tools are a second router, in [`crate::snapshot::tools`].
+//! `logs`, `kill`, `wait_for_text`, `write_file`, `read_file`, `list_dir`, `release`,
+//! `node_info`; the snapshot tools are a second router, in [`crate::snapshot::tools`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +20,10 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer, ServerHandler};
 use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS};
-use sandbox_protocol::{Command, ExecRequest, FileKind, Pid, ProcessSpec, ProcessState, Stream};
+use sandbox_protocol::wait::{WAIT_DEFAULT_TIMEOUT_MS, WAIT_MAX_TIMEOUT_MS};
+use sandbox_protocol::{
+    Command, ExecRequest, FileKind, Pid, ProcessSpec, ProcessState, Stream, WaitTarget,
+};
 use tokio::time::Instant;
 
 use crate::error::{Op, ToolError};
@@ -28,12 +31,12 @@ use crate::exec::{self, End};
 use crate::node::Node;
 use crate::params::{
     parse_mode, CreateSandboxParams, ExecParams, KillParams, LogsParams, PathParams, SandboxParams,
-    SpawnParams, WriteFileParams,
+    SpawnParams, WaitForTextParams, WriteFileParams,
 };
 use crate::render::{
     failure_with, rfc3339_ms, success, CreateSandboxResult, DirEntryRow, ExecResult, KillResult,
     ListDirResult, LogsResult, NodeInfoResult, ProcessRow, PsResult, ReadFileResult, ReleaseResult,
-    SpawnResult, WriteFileResult,
+    SpawnResult, WaitForTextResult, WriteFileResult,
 };
 use crate::sandbox::Sandbox;
 use crate::util::millis;
@@ -54,7 +57,8 @@ const SIGKILL: i32 = 9;
 /// What the server tells the model at initialization.
 const INSTRUCTIONS: &str = "Sandboxes are disposable Linux microVMs for running untrusted \
 code. Call create_sandbox, pass its sandbox_id to exec (shell commands), spawn/logs/kill \
-(background processes), write_file/read_file/list_dir (files), and release it when done. \
+(background processes), wait_for_text (until a server's output or a file shows a line), \
+write_file/read_file/list_dir (files), and release it when done. \
 Each sandbox is destroyed at its deadline (default one hour, never renewed) and when this \
 session ends; sandboxes have no network access. fork clones a sandbox into children; \
 checkpoint saves its state for branch_checkpoint (checkpoints outlive the session); \
@@ -268,6 +272,62 @@ impl SandboxServer {
         Ok(success(&KillResult {
             pid: params.pid,
             signal: sent,
+        }))
+    }
+
+    #[tool(
+        description = "Wait until a file in a sandbox, or a tracked process's output, contains \
+        a text, and return where: offset, stream (stdout or stderr, for a process), the line \
+        holding it and waited_ms. Give exactly one of path (absolute; the file and even its \
+        directory may not exist yet; appends, a rename over it and rewrites are seen) or pid \
+        (from spawn: wait for \"listening on\" in a server's output instead of polling logs; \
+        all output still in its 256 KiB ring counts). text is exact, not a pattern. Optional \
+        timeout_seconds (default 30, max 300; 0 only looks once). An error result when the \
+        time runs out or the process exits without printing the text.",
+        output_schema = schema_for_output::<WaitForTextResult>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn wait_for_text(
+        &self,
+        Parameters(params): Parameters<WaitForTextParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let target = match (&params.path, params.pid) {
+            (Some(path), None) => {
+                absolute(path)?;
+                WaitTarget::File(path.clone().into_bytes())
+            }
+            (None, Some(pid)) => WaitTarget::Output(Pid(pid)),
+            _ => {
+                return Err(ToolError::new(
+                    "Give exactly one of path (a file to wait on) and pid (a process whose \
+                     output to wait on).",
+                ))
+            }
+        };
+        let max_secs = WAIT_MAX_TIMEOUT_MS / 1000;
+        let timeout_ms = match params.timeout_seconds {
+            None => WAIT_DEFAULT_TIMEOUT_MS,
+            Some(secs) if secs > max_secs => {
+                return Err(ToolError::new(format!(
+                    "timeout_seconds may be at most {max_secs}; got {secs}. Wait again after a \
+                     timeout to keep waiting."
+                )))
+            }
+            Some(secs) => secs * 1000,
+        };
+        let client = client(&sandbox, Op::Wait).await?;
+        let found = client
+            .wait_for_text(target, params.text, Some(Duration::from_millis(timeout_ms)))
+            .await
+            .map_err(|error| ToolError::agent(Op::Wait, sandbox.id.as_str(), &error))?;
+        Ok(success(&WaitForTextResult {
+            path: params.path,
+            pid: params.pid,
+            offset: found.offset,
+            stream: found.stream.map(|stream| stream_name(stream).to_owned()),
+            line: found.line,
+            waited_ms: found.waited_ms,
         }))
     }
 
@@ -486,6 +546,15 @@ fn command_line(argv: &[String]) -> String {
     }
 }
 
+/// A stream as the results name it.
+fn stream_name(stream: Stream) -> &'static str {
+    match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+        Stream::Pty => "pty",
+    }
+}
+
 fn kind_name(kind: FileKind) -> &'static str {
     kind.as_str()
 }
@@ -522,6 +591,7 @@ mod tests {
                 "read_file",
                 "release",
                 "spawn",
+                "wait_for_text",
                 "write_file"
             ]
         );

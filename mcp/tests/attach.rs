@@ -38,6 +38,7 @@ async fn the_tool_list_is_the_documented_one_with_schemas() {
             "read_file",
             "release",
             "spawn",
+            "wait_for_text",
             "write_file"
         ]
     );
@@ -274,6 +275,89 @@ async fn files_round_trip_and_read_file_refuses_what_it_should() {
         )
         .await;
     assert!(bad_mode.contains("octal"), "{bad_mode}");
+    server.disconnect(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_text_finds_a_servers_line_and_a_files_and_fails_usefully() {
+    let agent = TestAgent::start();
+    let server = attached(&agent).await;
+    let spawned = server
+        .ok(
+            "spawn",
+            json!({"sandbox_id": "attached",
+                   "command": "echo booting; echo 'listening on :8080' >&2; exec sleep 60"}),
+        )
+        .await;
+    let pid = spawned["pid"].as_i64().unwrap();
+    let found = server
+        .ok(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "pid": pid, "text": "listening on",
+                   "timeout_seconds": 30}),
+        )
+        .await;
+    assert_eq!(found["pid"], pid);
+    assert!(found["path"].is_null());
+    assert_eq!(found["offset"], 8);
+    assert_eq!(found["stream"], "stderr");
+    assert_eq!(found["line"], "listening on :8080");
+
+    // A file (in a directory) that appears while, or before, the tool waits.
+    let path = agent.dir().join("later/job.log").display().to_string();
+    let (found, ()) = tokio::join!(
+        server.ok(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "path": path, "text": "done"}),
+        ),
+        async {
+            std::fs::create_dir_all(agent.dir().join("later")).unwrap();
+            std::fs::write(&path, "job done\n").unwrap();
+        }
+    );
+    assert_eq!(found["path"], path.as_str());
+    assert!(
+        found["pid"].is_null() && found["stream"].is_null(),
+        "{found}"
+    );
+    assert_eq!(
+        (found["offset"].as_u64(), &found["line"]),
+        (Some(4), &json!("job done"))
+    );
+
+    // Running out of time is an error result that says what was seen and what to do.
+    let timed_out = server
+        .err(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "path": path, "text": "never",
+                   "timeout_seconds": 0}),
+        )
+        .await;
+    assert!(timed_out.contains("Timed out after"), "{timed_out}");
+    assert!(
+        timed_out.contains("call wait_for_text again"),
+        "{timed_out}"
+    );
+    let both = server
+        .err(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "path": path, "pid": pid, "text": "x"}),
+        )
+        .await;
+    assert!(both.contains("exactly one of path"), "{both}");
+    let long = server
+        .err(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "pid": pid, "text": "x", "timeout_seconds": 301}),
+        )
+        .await;
+    assert!(long.contains("at most 300"), "{long}");
+    server
+        .ok(
+            "kill",
+            json!({"sandbox_id": "attached", "pid": pid, "signal": 9}),
+        )
+        .await;
     server.disconnect(Duration::from_secs(10)).await;
 }
 

@@ -175,6 +175,88 @@ fn logs_report_dropped_bytes_on_stderr() {
 }
 
 #[test]
+fn wait_for_prints_where_the_text_is_and_exits_124_at_the_timeout() {
+    let agent = TestAgent::start();
+    let log = agent.dir().join("app.log");
+    std::fs::write(&log, "booting\nready on :80\n").unwrap();
+    let log_arg = log.to_str().unwrap();
+    let stdout = agent
+        .sandboxctl()
+        .args(["wait-for", "--file", log_arg, "ready"])
+        .stdout_ok();
+    assert_eq!(stdout, "offset 8 after 0.0 s: ready on :80\n");
+    let json = agent
+        .sandboxctl()
+        .args(["wait-for", "--json", "--file", log_arg, "on :80"])
+        .stdout_ok();
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["offset"], 14);
+    assert_eq!(value["line"], "ready on :80");
+    assert!(value.get("stream").is_none(), "{value}");
+
+    let pid = agent
+        .sandboxctl()
+        .args([
+            "spawn",
+            "--",
+            "sh",
+            "-c",
+            "echo 'listening on 8080' >&2; exec sleep 60",
+        ])
+        .stdout_ok();
+    let pid = pid.trim();
+    let stdout = agent
+        .sandboxctl()
+        .args(["wait-for", "--pid", pid, "--timeout", "20", "listening"])
+        .stdout_ok();
+    assert!(
+        stdout.starts_with("offset 0 (stderr) after ") && stdout.ends_with(": listening on 8080\n"),
+        "{stdout}"
+    );
+
+    let started = Instant::now();
+    let output = agent
+        .sandboxctl()
+        .args(["wait-for", "--file", log_arg, "--timeout", "0.3", "never"])
+        .assert_code(124);
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(output.stdout.is_empty());
+    let message = stderr(&output);
+    assert!(
+        message.starts_with("sandboxctl: Timed out after 0.3 s waiting for \"never\""),
+        "{message}"
+    );
+
+    // Failures other than the deadline exit 1 with the agent's reason.
+    let output = agent
+        .sandboxctl()
+        .args(["wait-for", "--file", "relative.log", "x"])
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("is not absolute"),
+        "{}",
+        stderr(&output)
+    );
+    let done = agent
+        .sandboxctl()
+        .args(["spawn", "--", "sh", "-c", "echo bye; exit 4"])
+        .stdout_ok();
+    let output = agent
+        .sandboxctl()
+        .args(["wait-for", "--pid", done.trim(), "hello"])
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("exited (code 4) without printing \"hello\""),
+        "{}",
+        stderr(&output)
+    );
+    agent
+        .sandboxctl()
+        .args(["kill", "-s", "KILL", pid])
+        .assert_code(0);
+}
+
+#[test]
 fn kill_takes_names_and_numbers_and_reports_unknown_pids() {
     let agent = TestAgent::start();
     let pid = agent

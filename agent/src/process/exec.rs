@@ -52,7 +52,7 @@ pub async fn exec(
 ) -> Result<ExecReply, ProcessError> {
     let started = Instant::now();
     let deadline = exec_deadline(request.timeout_ms);
-    let plan = launch::plan(&request.spec, false)?;
+    let plan = launch::plan(&request.spec, false, table.defaults())?;
     let capture = (!request.stream)
         .then(|| Capture::new(EXEC_OUTPUT_CAP_BYTES, Some(events.budget().clone())));
     let stdio = ChildStdio::Pipes {
@@ -159,7 +159,7 @@ pub async fn exec(
 
 /// Starts `spec` detached: its output goes only to its ring.
 pub fn spawn(table: &ProcessTable, spec: &ProcessSpec) -> Result<Pid, ProcessError> {
-    let plan = launch::plan(spec, false)?;
+    let plan = launch::plan(spec, false, table.defaults())?;
     let (record, pipes) = launch::start(
         table,
         plan,

@@ -13,8 +13,10 @@
 //! `PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`, `HOME`, `USER`,
 //! `LOGNAME` and `SHELL` from the user's passwd entry (`/root`, `root`, `/bin/sh` when
 //! there is none), `LANG=C.UTF-8`, and `TERM=xterm-256color` for terminals or
-//! `TERM=dumb` for pipes. The request's `env` entries are applied after, in order.
-//! The working directory defaults to `HOME` when it exists, else `/`.
+//! `TERM=dumb` for pipes. The template's variables ([`super::defaults`]) are applied
+//! after, then the request's `env` entries, in order. The working directory defaults
+//! to the template's, else `HOME` when it exists, else `/`; the user to the
+//! template's, else the agent's own.
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -28,6 +30,7 @@ use sandbox_protocol::{Pid, ProcessKind, ProcessSpec, User};
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
+use super::defaults::ProcessDefaults;
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
 use crate::sys::{self, ChildUser, PreExec};
@@ -52,9 +55,21 @@ impl LaunchPlan {
     }
 }
 
-/// Resolves `spec` into a plan. `terminal` selects the pty defaults.
-pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessError> {
-    let passwd = match &spec.user {
+/// Resolves `spec` into a plan, with `defaults` for what it leaves out. `terminal`
+/// selects the pty defaults.
+pub fn plan(
+    spec: &ProcessSpec,
+    terminal: bool,
+    defaults: &ProcessDefaults,
+) -> Result<LaunchPlan, ProcessError> {
+    // The request's user, else the template's (with its group), else the agent's own.
+    let (user, group) = match (&spec.user, &defaults.user) {
+        (Some(user), _) => (Some(user), None),
+        (None, Some(default)) => (Some(&default.user), default.group.as_ref()),
+        (None, None) => (None, None),
+    };
+    let gid = group.map(|group| group.gid()).transpose()?;
+    let passwd = match user {
         None => PasswdUser::from_uid(Uid::current()).ok().flatten(),
         Some(user) => Some(lookup_user(user)?),
     };
@@ -100,8 +115,8 @@ pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessErr
             if terminal { "xterm-256color" } else { "dumb" }.to_owned(),
         ),
     ];
-    for (key, value) in &spec.env {
-        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+    for (key, value) in defaults.env.iter().chain(&spec.env) {
+        if !super::defaults::valid_env(key, value) {
             return Err(ProcessError::Invalid {
                 what: "env",
                 reason: format!(
@@ -132,18 +147,32 @@ pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessErr
             }
             cwd.clone()
         }
-        None if Path::new(&home).is_dir() => home,
-        None => "/".to_owned(),
+        None => match defaults.cwd.as_deref() {
+            Some(dir) if Path::new(dir).is_dir() => dir.to_owned(),
+            default => {
+                if let Some(dir) = default {
+                    tracing::warn!(dir, "the template's working directory is gone; using home");
+                }
+                if Path::new(&home).is_dir() {
+                    home
+                } else {
+                    "/".to_owned()
+                }
+            }
+        },
     };
 
-    let identity = match (&spec.user, passwd) {
+    let identity = match (user, passwd) {
         (None, _) => None,
-        (Some(_), Some(passwd)) => Some(identity_of(&passwd)),
-        (Some(User::Uid(uid)), None) => Some(ChildUser {
-            uid: *uid,
-            gid: *uid,
-            groups: vec![*uid],
-        }),
+        (Some(_), Some(passwd)) => Some(identity_of(&passwd, gid)),
+        (Some(User::Uid(uid)), None) => {
+            let gid = gid.map_or(*uid, Gid::as_raw);
+            Some(ChildUser {
+                uid: *uid,
+                gid,
+                groups: vec![gid],
+            })
+        }
         (Some(User::Name(name)), None) => {
             return Err(ProcessError::UnknownUser { user: name.clone() })
         }
@@ -223,8 +252,10 @@ fn lookup_user(user: &User) -> Result<PasswdUser, ProcessError> {
     }
 }
 
-fn identity_of(passwd: &PasswdUser) -> ChildUser {
-    let gid = passwd.gid;
+/// Who `passwd` runs as: its primary group (or `gid` instead) and the groups that
+/// list it.
+fn identity_of(passwd: &PasswdUser, gid: Option<Gid>) -> ChildUser {
+    let gid = gid.unwrap_or(passwd.gid);
     let groups = CString::new(passwd.name.as_str())
         .ok()
         .and_then(|name| nix::unistd::getgrouplist(&name, gid).ok())
@@ -382,6 +413,7 @@ pub fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::defaults::DefaultUser;
     use sandbox_protocol::Command;
 
     fn env_of(plan: &LaunchPlan, key: &str) -> Option<String> {
@@ -395,7 +427,7 @@ mod tests {
     fn default_environment_is_clean_and_overridable() {
         let mut spec = ProcessSpec::new(Command::Argv(vec!["true".into()]));
         spec.env = vec![("FOO".into(), "1".into()), ("PATH".into(), "/x".into())];
-        let plan = plan(&spec, false).unwrap();
+        let plan = plan(&spec, false, &ProcessDefaults::default()).unwrap();
         assert_eq!(env_of(&plan, "PATH").as_deref(), Some("/x"));
         assert_eq!(env_of(&plan, "FOO").as_deref(), Some("1"));
         assert_eq!(env_of(&plan, "TERM").as_deref(), Some("dumb"));
@@ -422,7 +454,10 @@ mod tests {
             },
         ];
         for spec in bad {
-            assert!(plan(&spec, false).is_err(), "{spec:?}");
+            assert!(
+                plan(&spec, false, &ProcessDefaults::default()).is_err(),
+                "{spec:?}"
+            );
         }
     }
 
@@ -434,8 +469,78 @@ mod tests {
             cwd: None,
             user: None,
         };
-        let plan = plan(&spec, true).unwrap();
+        let plan = plan(&spec, true, &ProcessDefaults::default()).unwrap();
         assert!(plan.arg0.as_deref().is_some_and(|a| a.starts_with('-')));
         assert_eq!(env_of(&plan, "TERM").as_deref(), Some("xterm-256color"));
+    }
+
+    fn image_defaults() -> ProcessDefaults {
+        ProcessDefaults {
+            env: vec![
+                ("PATH".into(), "/opt/image/bin:/usr/bin:/bin".into()),
+                ("IMAGE_ONLY".into(), "image".into()),
+                ("BOTH".into(), "image".into()),
+            ],
+            cwd: Some("/tmp".into()),
+            user: DefaultUser::parse("root:4242"),
+        }
+    }
+
+    #[test]
+    fn image_defaults_come_between_the_agents_and_the_requests() {
+        let mut spec = ProcessSpec::new(Command::Argv(vec!["true".into()]));
+        spec.env = vec![("BOTH".into(), "request".into())];
+        let plan = plan(&spec, false, &image_defaults()).unwrap();
+        // The image's PATH replaces the agent's; the request's BOTH the image's.
+        assert_eq!(
+            env_of(&plan, "PATH").as_deref(),
+            Some("/opt/image/bin:/usr/bin:/bin")
+        );
+        assert_eq!(plan.env.iter().filter(|(k, _)| k == "PATH").count(), 1);
+        assert_eq!(env_of(&plan, "IMAGE_ONLY").as_deref(), Some("image"));
+        assert_eq!(env_of(&plan, "BOTH").as_deref(), Some("request"));
+        assert_eq!(env_of(&plan, "LANG").as_deref(), Some("C.UTF-8"));
+        assert_eq!(plan.cwd, "/tmp");
+        // `root:4242`: root's passwd entry (every system has one), group 4242.
+        let identity = plan.identity.as_ref().unwrap();
+        assert_eq!((identity.uid, identity.gid), (0, 4242));
+        assert!(identity.groups.contains(&4242));
+        assert_eq!(env_of(&plan, "USER").as_deref(), Some("root"));
+    }
+
+    #[test]
+    fn a_request_overrides_the_image_cwd_and_user() {
+        let spec = ProcessSpec {
+            cwd: Some("/".into()),
+            user: Some(User::Uid(4343)),
+            ..ProcessSpec::new(Command::Argv(vec!["true".into()]))
+        };
+        let plan = plan(&spec, false, &image_defaults()).unwrap();
+        assert_eq!(plan.cwd, "/");
+        // The request's user comes with its own group, not the image's.
+        let identity = plan.identity.as_ref().unwrap();
+        assert_eq!((identity.uid, identity.gid), (4343, 4343));
+    }
+
+    #[test]
+    fn a_missing_image_cwd_falls_back_and_a_missing_group_fails() {
+        let gone = ProcessDefaults {
+            cwd: Some("/definitely/not/here".into()),
+            ..ProcessDefaults::default()
+        };
+        let spec = ProcessSpec::new(Command::Argv(vec!["true".into()]));
+        let plan = plan(&spec, false, &gone).unwrap();
+        assert_ne!(plan.cwd, "/definitely/not/here");
+        assert!(Path::new(&plan.cwd).is_dir());
+
+        let no_group = ProcessDefaults {
+            user: DefaultUser::parse("root:no-such-group-xyz"),
+            ..ProcessDefaults::default()
+        };
+        let error = super::plan(&spec, false, &no_group).unwrap_err();
+        assert!(
+            matches!(error, ProcessError::UnknownGroup { .. }),
+            "{error}"
+        );
     }
 }

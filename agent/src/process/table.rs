@@ -18,6 +18,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use super::cgroup::{Confinement, ProcessCgroup};
+use super::defaults::ProcessDefaults;
 use super::gate::{ReapPermit, SpawnGate, SpawnPermit};
 use super::ProcessError;
 use crate::budget::{Budget, Charge, UNCHARGED_BYTES};
@@ -335,6 +336,7 @@ pub struct ProcessTable {
     gate: SpawnGate,
     forget_after: Duration,
     confinement: Confinement,
+    defaults: ProcessDefaults,
 }
 
 impl ProcessTable {
@@ -354,12 +356,24 @@ impl ProcessTable {
             gate: SpawnGate::new(),
             forget_after,
             confinement,
+            defaults: ProcessDefaults::default(),
         }
+    }
+
+    /// The same table, starting processes with the template's `defaults`.
+    pub fn with_defaults(mut self, defaults: ProcessDefaults) -> Self {
+        self.defaults = defaults;
+        self
     }
 
     /// How processes are confined.
     pub fn confinement(&self) -> &Confinement {
         &self.confinement
+    }
+
+    /// What a process gets when its request leaves a setting out.
+    pub fn defaults(&self) -> &ProcessDefaults {
+        &self.defaults
     }
 
     fn records(&self) -> MutexGuard<'_, HashMap<Pid, Arc<ProcessRecord>>> {

@@ -107,6 +107,14 @@ pub async fn handle(
         }
         Request::PsDetail => Ok(Reply::PsDetail(table.list_detail())),
         Request::Confinement => Ok(Reply::Confinement(table.confinement().report())),
+        Request::WaitForText(request) => crate::wait::wait_for_text(table, request)
+            .await
+            .map(Reply::TextFound)
+            .map_err(|error| error.to_wire()),
+        Request::Eval(_) | Request::CloseSession(_) => Err(WireError::new(
+            sandbox_protocol::ErrorKind::Unsupported,
+            "not built yet",
+        )),
     }
 }
 

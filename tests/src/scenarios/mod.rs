@@ -11,7 +11,7 @@
 //! # Layout
 //! One module per area: [`exec`], [`spawn_logs`], [`kill_ps`], [`pty`], [`files`],
 //! [`put_get`], [`protocol`] (raw frames), [`machine`] (what is safe on a shared
-//! agent), [`concurrency`].
+//! agent), [`concurrency`], [`wait`] (`wait_for_text`).
 
 // Scenarios are tests: a failed unwrap is a failed test, with the value in the message.
 #![allow(clippy::unwrap_used)]
@@ -27,6 +27,7 @@ pub mod protocol;
 pub mod pty;
 pub mod put_get;
 pub mod spawn_logs;
+pub mod wait;
 
 /// One scenario: its area and name (the trial is `TRANSPORT::AREA::NAME`) and how to
 /// run it.
@@ -114,6 +115,17 @@ pub fn all() -> Vec<Scenario> {
         machine::reidentify_refuses_bad_input_and_changes_nothing,
         concurrency::two_hundred_concurrent_requests_on_one_connection_all_answer,
         concurrency::a_long_exec_and_a_follow_do_not_block_other_requests,
+        wait::text_already_in_a_file_is_found_at_once,
+        wait::text_appended_later_is_found,
+        wait::text_split_across_two_writes_is_found,
+        wait::a_file_replaced_by_a_rename_is_scanned_anew,
+        wait::a_file_created_later_in_a_new_directory_is_found,
+        wait::a_spawned_process_output_is_found_in_its_stream,
+        wait::output_printed_later_by_a_server_is_waited_for,
+        wait::a_process_that_exits_without_the_text_fails_at_once,
+        wait::the_deadline_is_a_timed_out_error,
+        wait::bad_input_gets_a_typed_error_each,
+        wait::a_cancelled_or_abandoned_wait_leaves_no_descriptor_behind,
     ]
 }
 

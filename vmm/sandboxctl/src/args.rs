@@ -52,6 +52,9 @@ pub enum Command {
     Logs(LogsArgs),
     /// Send a signal to a process's group (0 means SIGKILL).
     Kill(KillArgs),
+    /// Wait until a guest file (--file) or a process's output (--pid) contains TEXT;
+    /// print where. Exits 124 at the timeout.
+    WaitFor(WaitForArgs),
     /// Open an interactive terminal (Ctrl-] detaches; `attach` comes back).
     Shell(ShellArgs),
     /// Re-attach to a terminal: replay what it printed, then follow it.
@@ -439,6 +442,27 @@ pub struct KillArgs {
     pub pid: i32,
 }
 
+/// `wait-for`
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["file", "pid"])))]
+pub struct WaitForArgs {
+    /// A guest file (absolute path); it, and its directory, may not exist yet.
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// A tracked process: its stdout and stderr (or terminal), from the oldest byte
+    /// its ring still holds.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<i32>,
+    /// Give up after this many seconds (default 30, at most 300; 0 looks once).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The exact text to find.
+    pub text: String,
+}
+
 /// `shell`
 #[derive(Debug, Args)]
 pub struct ShellArgs {
@@ -524,6 +548,31 @@ mod tests {
         assert_eq!(parse_env("A="), Ok(("A".into(), String::new())));
         assert!(parse_env("=x").is_err());
         assert!(parse_env("A").is_err());
+    }
+
+    #[test]
+    fn wait_for_needs_exactly_one_target() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(["sandboxctl", "wait-for"].iter().chain(args)).map(|cli| {
+                let Command::WaitFor(wait) = cli.command else {
+                    panic!("not wait-for")
+                };
+                wait
+            })
+        };
+        let wait = parse(&["--file", "/tmp/log", "--timeout", "2.5", "ready"]).unwrap();
+        assert_eq!(wait.file.as_deref(), Some(std::path::Path::new("/tmp/log")));
+        assert_eq!((wait.pid, wait.timeout), (None, Some(2.5)));
+        assert_eq!(wait.text, "ready");
+        let wait = parse(&["--pid", "42", "--json", "--", "--listening"]).unwrap();
+        assert_eq!((wait.pid, wait.json), (Some(42), true));
+        assert_eq!(wait.text, "--listening");
+        assert!(parse(&["ready"]).is_err(), "no target");
+        assert!(
+            parse(&["--file", "/x", "--pid", "1", "ready"]).is_err(),
+            "two targets"
+        );
+        assert!(parse(&["--pid", "1"]).is_err(), "no text");
     }
 
     #[test]

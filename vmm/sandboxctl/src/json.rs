@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use sandbox_protocol::{
     AgentInfo, Confinement, ExitStatus, HelloReply, LogsBatch, OutputChunk, ProcessDetail,
-    ProcessState, Stream,
+    ProcessState, Stream, TextFound,
 };
 
 /// One row of `ps --json`.
@@ -180,6 +180,30 @@ impl<'a> InfoView<'a> {
             processes_running: info.processes_running,
             processes_exited: info.processes_exited,
             confinement: confinement.map(ConfinementView::from),
+        }
+    }
+}
+
+/// `wait-for --json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct FoundView<'a> {
+    /// Byte offset of the match in the file or the process's output.
+    pub offset: u64,
+    /// `stdout`, `stderr` or `pty` for a process; absent for a file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<&'static str>,
+    /// The line holding the match (capped, invalid UTF-8 replaced).
+    pub line: &'a str,
+    pub waited_ms: u64,
+}
+
+impl<'a> From<&'a TextFound> for FoundView<'a> {
+    fn from(found: &'a TextFound) -> Self {
+        Self {
+            offset: found.offset,
+            stream: found.stream.map(stream_name),
+            line: &found.line,
+            waited_ms: found.waited_ms,
         }
     }
 }

@@ -272,6 +272,8 @@ impl Launcher {
             default_size: machine.size,
             created_at: sandbox_rootfs::manifest::now_rfc3339(),
             snapshot: Some(PathBuf::from(PROMOTED_SNAPSHOT_DIR)),
+            // The VM's agent and disk still hold its template's defaults.
+            image_config: source.map(|t| t.image_config.clone()).unwrap_or_default(),
         };
         manifest.save(staging).map_err(|error| {
             write_error(&staging.join(TEMPLATE_FILE), std::io::Error::other(error))
