@@ -14,6 +14,9 @@
 //!   cgroups ([`process::cgroup`]), and the exec, spawn, pty, logs and kill handlers.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
+//! - [`session`]: interpreter sessions (`eval`): Python or sh interpreters whose
+//!   state persists between evaluations, with the drivers that run inside them, and
+//!   the template's boot sessions, started before the agent listens.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
 //!   identity after a restore or fork), `reidentify` (a fork child's own hostname
 //!   and token) and `shutdown`.
@@ -52,6 +55,7 @@ pub mod process;
 pub mod ready;
 pub mod ring;
 pub mod server;
+pub mod session;
 pub mod sys;
 
 use std::future::Future;
@@ -98,6 +102,9 @@ pub async fn run(
     let sigchld = reaper::sigchld().map_err(RunError::Sigchld)?;
     let reaper = tokio::spawn(reaper::run(agent.table.clone(), sigchld));
     let sweeper = tokio::spawn(sweep_forever(agent.clone()));
+    // Before the listeners, so the agent answers (and a template's ready snapshot is
+    // taken) only once they are warm.
+    session::warm::start_boot_sessions(&agent).await;
 
     let listeners = server::bind(&config.listen)?;
     on_listening(&agent);

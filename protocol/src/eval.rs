@@ -16,6 +16,18 @@ use crate::process::{ExitStatus, Pid};
 /// Longest session name, in bytes: 1 to this many ASCII letters, digits, `-`, `_`, `.`.
 pub const MAX_SESSION_NAME_BYTES: usize = 64;
 
+/// The session `eval` uses when a front end is not told another.
+pub const DEFAULT_SESSION: &str = "default";
+
+/// Longest code one `eval` accepts, in bytes (`TooLarge` beyond): a cell, not a data
+/// transfer (files go with `put`).
+pub const MAX_EVAL_CODE_BYTES: usize = 1024 * 1024;
+
+/// How long an interpreter has, after the interrupt at an evaluation's deadline, to
+/// report back before it is killed (and the session with it). So the reply to an
+/// `eval` comes at most this long after its deadline, plus the time to reap.
+pub const EVAL_INTERRUPT_GRACE_MS: u64 = 2000;
+
 /// Sessions one agent keeps at once; an `eval` that would start one more fails with
 /// `Busy` (close one first).
 pub const MAX_SESSIONS: usize = 32;
@@ -54,6 +66,15 @@ impl Language {
             _ => None,
         }
     }
+}
+
+/// Whether `name` can name a session: 1 to [`MAX_SESSION_NAME_BYTES`] ASCII letters,
+/// digits, `-`, `_` and `.` (it shows in `ps` as an argument of the interpreter).
+pub fn is_valid_session_name(name: &str) -> bool {
+    (1..=MAX_SESSION_NAME_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 impl std::fmt::Display for Language {
@@ -159,4 +180,32 @@ pub struct WarmSession {
     /// the session stays up.
     #[serde(default)]
     pub setup: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names_are_short_and_plain() {
+        assert!(is_valid_session_name("default"));
+        assert!(is_valid_session_name("a.b-c_9"));
+        assert!(is_valid_session_name(&"x".repeat(MAX_SESSION_NAME_BYTES)));
+        for bad in ["", " ", "a b", "a/b", "é", "a\0", "a\n"] {
+            assert!(!is_valid_session_name(bad), "{bad:?}");
+        }
+        assert!(!is_valid_session_name(
+            &"x".repeat(MAX_SESSION_NAME_BYTES + 1)
+        ));
+    }
+
+    #[test]
+    fn languages_parse_by_their_names_and_aliases() {
+        for language in [Language::Python, Language::Shell] {
+            assert_eq!(Language::parse(language.as_str()), Some(language));
+        }
+        assert_eq!(Language::parse("python3"), Some(Language::Python));
+        assert_eq!(Language::parse("shell"), Some(Language::Shell));
+        assert_eq!(Language::parse("ruby"), None);
+    }
 }

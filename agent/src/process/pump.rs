@@ -37,7 +37,7 @@ pub enum Source {
 
 impl Source {
     /// The next chunk, or `None` at end of file. Cancel-safe.
-    async fn read_chunk(&self) -> io::Result<Option<Vec<u8>>> {
+    pub(crate) async fn read_chunk(&self) -> io::Result<Option<Vec<u8>>> {
         loop {
             match self {
                 Self::Pipe(pipe) => {

@@ -8,6 +8,7 @@ use crate::files::stream::{blocking, PutReceiver};
 use crate::files::{stream, tree, whole, FileError};
 use crate::machine;
 use crate::process::{exec, kill, logs, pty};
+use crate::session;
 
 /// Runs `request` to its final reply, sending progress through `events`. `input`
 /// carries the data of a `put`.
@@ -99,9 +100,16 @@ pub async fn handle(
         }
         Request::PsDetail => Ok(Reply::PsDetail(table.list_detail())),
         Request::Confinement => Ok(Reply::Confinement(table.confinement().report())),
-        Request::Eval(_) | Request::CloseSession(_) | Request::WaitForText(_) => Err(
-            WireError::new(sandbox_protocol::ErrorKind::Unsupported, "not built yet"),
-        ),
+        Request::Eval(request) => session::requests::eval(agent, request)
+            .await
+            .map(Reply::Eval),
+        Request::CloseSession(request) => session::requests::close(agent, request)
+            .await
+            .map(|()| Reply::Done),
+        Request::WaitForText(_) => Err(WireError::new(
+            sandbox_protocol::ErrorKind::Unsupported,
+            "not built yet",
+        )),
     }
 }
 
