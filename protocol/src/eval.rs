@@ -45,7 +45,9 @@ pub enum Language {
     /// CPython 3 (`python3` in the guest's `PATH`).
     Python,
     /// A POSIX shell (`/bin/sh`): the working directory, variables and functions
-    /// persist between calls.
+    /// persist between calls. `sh` in JSON (the image config) as everywhere else;
+    /// `shell` is accepted too. (Postcard carries the variant index, not the name.)
+    #[serde(rename = "sh", alias = "shell")]
     Shell,
 }
 
@@ -197,6 +199,23 @@ mod tests {
         assert!(!is_valid_session_name(
             &"x".repeat(MAX_SESSION_NAME_BYTES + 1)
         ));
+    }
+
+    #[test]
+    fn json_names_the_languages_as_people_do() {
+        // The image config is JSON written by hand or by the template builder.
+        assert_eq!(serde_json::to_string(&Language::Shell).unwrap(), "\"sh\"");
+        assert_eq!(
+            serde_json::to_string(&Language::Python).unwrap(),
+            "\"python\""
+        );
+        for (json, language) in [
+            ("\"sh\"", Language::Shell),
+            ("\"shell\"", Language::Shell),
+            ("\"python\"", Language::Python),
+        ] {
+            assert_eq!(serde_json::from_str::<Language>(json).unwrap(), language);
+        }
     }
 
     #[test]

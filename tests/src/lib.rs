@@ -111,6 +111,8 @@ pub struct AgentOptions {
     /// snapshot-capable VMs, instead of a plain Unix socket: clients reach the agent
     /// through the relay exactly as they reach a VM's.
     pub link: bool,
+    /// `--image-config`: the template's defaults and boot sessions, as JSON.
+    pub image_config: Option<PathBuf>,
 }
 
 /// A running `sandbox-agent` listening on a throwaway Unix socket.
@@ -161,6 +163,9 @@ impl TestAgent {
         }
         if let Some(secs) = options.forget_after_secs {
             command.arg("--forget-after-secs").arg(secs.to_string());
+        }
+        if let Some(path) = &options.image_config {
+            command.arg("--image-config").arg(path);
         }
         let child = command
             .spawn()
