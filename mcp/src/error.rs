@@ -89,8 +89,20 @@ impl ToolError {
                 }
                 Op::File => "Check the path with list_dir.",
                 Op::Command => "Check the command and cwd (cwd must exist).",
+                Op::Session => {
+                    "Call eval_code again with restart: true for a fresh session (what the \
+                     old one defined is gone), or use language \"sh\" where the sandbox has \
+                     no python3."
+                }
                 Op::Other => "",
             },
+            Some(ErrorKind::WrongType) if op == Op::Session => {
+                "Each session has one language: pick another session name for this one."
+            }
+            Some(ErrorKind::Busy) if op == Op::Session => {
+                "The sandbox runs the most sessions it keeps: kill the pid of one you no \
+                 longer need (ps lists them as kind session)."
+            }
             Some(ErrorKind::TooLarge) => {
                 "read_file returns at most 1 MiB: read parts with exec (head -c, tail -c, \
                  sed -n, grep)."
@@ -129,6 +141,8 @@ pub enum Op {
     Process,
     /// read_file, write_file, list_dir.
     File,
+    /// eval_code.
+    Session,
     /// Anything else.
     Other,
 }
@@ -139,6 +153,7 @@ impl Op {
             Self::Command => "The command",
             Self::Process => "The process request",
             Self::File => "The file request",
+            Self::Session => "The evaluation",
             Self::Other => "The request",
         }
     }
