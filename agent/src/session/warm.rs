@@ -104,3 +104,49 @@ pub async fn reseed_all(sessions: &Sessions) {
         session.reseed().await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_protocol::{ImageConfig, Language};
+
+    use crate::process::table::ProcessTable;
+
+    /// The first draw of Python's `random` after `random.seed(1)`.
+    const FIRST_DRAW_AFTER_SEED_1: &str = "0.13436424411240122";
+
+    async fn draw_after(session: &Session, code: &str) -> Option<String> {
+        let mut never = Cancel::never();
+        let mut io = session.lock_ready(&mut never).await.unwrap().unwrap();
+        let deadline = Duration::from_secs(30);
+        let evaluation = session
+            .evaluate(&mut io, code, deadline, &mut never)
+            .await
+            .unwrap();
+        evaluation.result.and_then(|result| result.value)
+    }
+
+    // Guards the point of reseeding: without it, every VM forked from one snapshot
+    // would draw the same numbers. (The host's python3; no reaper runs here, so the
+    // interpreter is killed and left to this test process.)
+    #[tokio::test]
+    async fn a_reseed_gives_a_python_session_fresh_numbers() {
+        let table = ProcessTable::new(Duration::from_secs(60));
+        let sessions = Sessions::new();
+        let image = ImageConfig::default();
+        let (session, _) = sessions
+            .open(&table, &image, "reseed", Language::Python, false)
+            .unwrap();
+        let seeded = "import random\nrandom.seed(1)\nrandom.random()";
+        assert_eq!(
+            draw_after(&session, seeded).await.as_deref(),
+            Some(FIRST_DRAW_AFTER_SEED_1)
+        );
+        draw_after(&session, "random.seed(1)").await;
+        reseed_all(&sessions).await;
+        let fresh = draw_after(&session, "random.random()").await;
+        assert!(fresh.is_some());
+        assert_ne!(fresh.as_deref(), Some(FIRST_DRAW_AFTER_SEED_1));
+        session.record.kill_all_of_it().unwrap();
+    }
+}

@@ -621,3 +621,42 @@ pub async fn a_dropped_evaluation_is_interrupted_and_the_session_lives_on(target
     assert_eq!(reply.stdout, b"no\n");
     close(client, "dropped").await;
 }
+
+pub async fn resumed_reseeds_the_sessions_generators(target: Target) {
+    let client = target.client();
+    // busybox sh and bash have a `$RANDOM`, seeded by assigning it; dash has none.
+    let probe = "[ \"${RANDOM:-x}\" != \"${RANDOM:-x}\" ] && echo yes || echo no";
+    let has_random = clean(client, shell("reseed", probe)).await.stdout == b"yes\n";
+    let seeded = "RANDOM=1; echo $RANDOM $RANDOM $RANDOM";
+    let first = clean(client, shell("reseed", seeded)).await.stdout;
+    if has_random {
+        assert_eq!(
+            clean(client, shell("reseed", seeded)).await.stdout,
+            first,
+            "seeding repeats"
+        );
+    }
+    clean(client, shell("reseed", "RANDOM=1")).await;
+    // What a restore or a fork sends: here no clock and no entropy of the host's.
+    let resumed = within(30, client.resumed(0, Vec::new(), false)).await;
+    if !target.facts().is_pid1 {
+        let error = resumed.unwrap_err();
+        assert_eq!(
+            error.wire_kind(),
+            Some(ErrorKind::PermissionDenied),
+            "{error}"
+        );
+    } else {
+        resumed.unwrap();
+        let after = clean(client, shell("reseed", "echo $RANDOM $RANDOM $RANDOM"))
+            .await
+            .stdout;
+        if has_random {
+            assert_ne!(
+                after, first,
+                "the session drew the seeded numbers after a reseed"
+            );
+        }
+    }
+    close(client, "reseed").await;
+}

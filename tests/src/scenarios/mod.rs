@@ -129,6 +129,7 @@ pub fn all() -> Vec<Scenario> {
         eval::output_and_values_are_capped,
         eval::evaluations_of_one_session_run_in_turn,
         eval::a_dropped_evaluation_is_interrupted_and_the_session_lives_on,
+        eval::resumed_reseeds_the_sessions_generators,
     ]
 }
 
