@@ -21,8 +21,8 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer, ServerHandler};
 use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS};
 use sandbox_protocol::{
-    Command, EvalReply, EvalRequest, ExecRequest, FileKind, Language, Pid, ProcessSpec,
-    ProcessState, Stream,
+    Command, EvalReply, EvalRequest, ExecRequest, FileKind, Language, Pid, ProcessKind,
+    ProcessSpec, ProcessState, Stream,
 };
 use tokio::time::Instant;
 
@@ -232,7 +232,10 @@ impl SandboxServer {
                 ProcessRow {
                     pid: info.pid.0,
                     kind: info.kind.as_str().to_owned(),
-                    command: command_line(&info.argv),
+                    command: match info.kind {
+                        ProcessKind::Session => session_line(&info.argv),
+                        _ => command_line(&info.argv),
+                    },
                     state: state.to_owned(),
                     exit_code: exit.map(|status| status.shell_code()),
                     signal: exit.and_then(|status| status.signal),
@@ -591,6 +594,17 @@ fn command_line(argv: &[String]) -> String {
     }
 }
 
+/// An `eval_code` session's interpreter as `ps` shows it: its name and program, not
+/// the bootstrap that loads its driver (the session's name is its last argument).
+fn session_line(argv: &[String]) -> String {
+    match (argv.first(), argv.last()) {
+        (Some(program), Some(name)) if argv.len() > 1 => {
+            format!("eval_code session {name} ({program})")
+        }
+        _ => command_line(argv),
+    }
+}
+
 fn kind_name(kind: FileKind) -> &'static str {
     kind.as_str()
 }
@@ -605,6 +619,12 @@ mod tests {
         assert_eq!(command_line(&argv), "sleep 1");
         let argv = ["python3", "-m", "http.server"].map(String::from);
         assert_eq!(command_line(&argv), "python3 -m http.server");
+    }
+
+    #[test]
+    fn sessions_show_their_name_not_their_bootstrap() {
+        let argv = ["python3", "-u", "-c", "import sys;exec(...)", "work"].map(String::from);
+        assert_eq!(session_line(&argv), "eval_code session work (python3)");
     }
 
     #[test]

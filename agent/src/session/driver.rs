@@ -31,8 +31,9 @@ const PYTHON_BOOTSTRAP: &str =
 const SHELL_BOOTSTRAP: &str = r#"exec 9<&0 </dev/null;n=$(printf '\n.');n=${n%.};d=;while IFS= read -r l <&9;do [ "$l" = . ]&&break;d=$d$l$n;done;eval "$d""#;
 
 /// The longest message a Python driver may send: a reply holds at most the value
-/// and the exception's texts at their caps, JSON-escaped.
-pub const CONTROL_FRAME_MAX_BYTES: usize = 1024 * 1024;
+/// and the exception's message and traceback at their caps (64 KiB each), which
+/// JSON escaping can grow up to sixfold (a control character is `\u001b`).
+pub const CONTROL_FRAME_MAX_BYTES: usize = 2 * 1024 * 1024;
 
 /// Longest exception type name kept.
 const TYPE_NAME_CAP_BYTES: usize = 256;
