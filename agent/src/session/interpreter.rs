@@ -319,7 +319,10 @@ impl Session {
             Outcome::Killed => evaluation.died = Some(self.break_off(io).await),
         }
         if evaluation.died.is_some() {
-            tokio::join!(self.stdout.drained(), self.stderr.drained());
+            // What the interpreter wrote before it died is in the pipes; a job it
+            // left behind may write on forever, so the wait is bounded.
+            let drained = async { tokio::join!(self.stdout.drained(), self.stderr.drained()) };
+            let _ = tokio::time::timeout(DRAIN_AFTER_DEATH, drained).await;
         }
         evaluation.stdout = self.stdout.finish();
         evaluation.stderr = self.stderr.finish();
@@ -477,6 +480,10 @@ impl Session {
         }
     }
 }
+
+/// The longest wait for a dead interpreter's last output (each stream also stops
+/// waiting at end of file, or once quiet for 100 ms).
+const DRAIN_AFTER_DEATH: Duration = Duration::from_secs(1);
 
 /// How long a driver whose channel failed has to show that its interpreter ended
 /// (the reaper runs on `SIGCHLD`, a moment after the socket closed).

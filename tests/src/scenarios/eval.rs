@@ -660,3 +660,19 @@ pub async fn resumed_reseeds_the_sessions_generators(target: Target) {
     }
     close(client, "reseed").await;
 }
+
+pub async fn a_death_is_reported_even_while_a_leftover_job_keeps_writing(target: Target) {
+    let client = target.client();
+    // Regression: the reply waited for the pipes to go quiet, which a job the shell
+    // left behind (writing every 50 ms for 30 s) never let them do.
+    let code = "i=0; while [ $i -lt 600 ]; do echo x; sleep 0.05; i=$((i+1)); done &\nexit 3";
+    let started = Instant::now();
+    let reply = eval(client, shell("leftover", code)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(reply.died.and_then(|status| status.code), Some(3));
+    close(client, "leftover").await;
+}

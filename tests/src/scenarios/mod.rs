@@ -130,6 +130,7 @@ pub fn all() -> Vec<Scenario> {
         eval::evaluations_of_one_session_run_in_turn,
         eval::a_dropped_evaluation_is_interrupted_and_the_session_lives_on,
         eval::resumed_reseeds_the_sessions_generators,
+        eval::a_death_is_reported_even_while_a_leftover_job_keeps_writing,
     ]
 }
 
