@@ -252,7 +252,7 @@ impl Session {
             Err(reason) => {
                 io.phase = Phase::Broken;
                 self.kill_and_reap().await;
-                self.stderr.drained().await;
+                let _ = tokio::time::timeout(DRAIN_AFTER_DEATH, self.stderr.drained()).await;
                 let printed = self.stderr.finish().data;
                 let printed = String::from_utf8_lossy(&printed);
                 let printed: String = printed.trim().chars().take(2000).collect();
