@@ -125,3 +125,35 @@ async fn live_sessions_are_capped_and_dead_or_closed_ones_make_room() {
     let reply = eval(&client, "s2", Language::Shell, "echo still").await;
     assert_eq!(reply.stdout, b"still\n");
 }
+
+#[tokio::test]
+async fn an_interpreter_that_does_not_load_the_driver_is_reported_with_what_it_printed() {
+    // A `python3` that is not Python (the template's PATH finds it first).
+    let dir = TempDir::new("fake-python");
+    let fake = dir.path().join("python3");
+    std::fs::write(&fake, "#!/bin/sh\necho 'this is not python' >&2\nexit 2\n").unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let image = dir.path().join("image.json");
+    let path = format!("{}:/usr/bin:/bin", dir.path().display());
+    std::fs::write(
+        &image,
+        serde_json::json!({"env": [["PATH", path]]}).to_string(),
+    )
+    .unwrap();
+    let agent = TestAgent::start_with(AgentOptions {
+        image_config: Some(image),
+        ..AgentOptions::default()
+    });
+    let client = agent.client().await;
+    let error = within(60, client.eval(request("fake", Language::Python, "1")))
+        .await
+        .unwrap_err();
+    assert_eq!(error.wire_kind(), Some(ErrorKind::Internal), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("did not load its driver"), "{message}");
+    assert!(message.contains("exited with code 2"), "{message}");
+    assert!(message.contains("this is not python"), "{message}");
+    // The agent is fine, and sh sessions work in the same environment.
+    let reply = eval(&client, "sh", Language::Shell, "echo ok").await;
+    assert_eq!(reply.stdout, b"ok\n");
+}

@@ -237,7 +237,12 @@ impl Session {
         let outcome = tokio::select! {
             ready = tokio::time::timeout(Duration::from_secs(DRIVER_START_SECS), load) => match ready {
                 Ok(Ok(about)) => Ok(about),
-                Ok(Err(error)) => Err(error.to_string()),
+                // The channel failed most likely because the interpreter ended: say how.
+                Ok(Err(error)) => match ended_or_broke(&mut exit, error).await {
+                    Outcome::Exited(status) => Err(format!("it {}", describe_exit(Some(status)))),
+                    Outcome::Broke(error) => Err(crate::init::ErrorChain(&error).to_string()),
+                    Outcome::Replied(_) | Outcome::Killed => Err("it broke off".to_owned()),
+                },
                 Err(_) => Err(format!("no answer within {DRIVER_START_SECS} s")),
             },
             status = exited(&mut exit) => Err(format!("it {}", describe_exit(Some(status)))),
@@ -490,14 +495,11 @@ const DRAIN_AFTER_DEATH: Duration = Duration::from_secs(1);
 const EXIT_AFTER_CLOSE: Duration = Duration::from_secs(1);
 
 /// A channel that failed because the interpreter ended (code that called `exit()`)
-/// is a death; any other failure breaks the protocol.
+/// is a death; any other failure (a message out of protocol; a socket closed by
+/// code while its interpreter lives on) breaks the protocol.
 async fn ended_or_broke(exit: &mut watch::Receiver<Progress>, error: ControlError) -> Outcome {
-    let closed = match &error {
-        ControlError::Closed => true,
-        ControlError::Io(error) => error.kind() == std::io::ErrorKind::BrokenPipe,
-        _ => false,
-    };
-    if closed {
+    // A socket pair fails (end of file, EPIPE, ECONNRESET) when its other end closed.
+    if matches!(error, ControlError::Closed | ControlError::Io(_)) {
         if let Ok(status) = tokio::time::timeout(EXIT_AFTER_CLOSE, exited(exit)).await {
             return Outcome::Exited(status);
         }
