@@ -191,11 +191,6 @@ impl Session {
         self.evaluations.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Evaluations run so far.
-    pub fn evaluations(&self) -> u64 {
-        self.evaluations.load(Ordering::Relaxed)
-    }
-
     /// The session for one evaluation: waits for the one in progress (or resolves
     /// `None` when `cancelled` first), and loads the driver of a new interpreter.
     pub async fn lock_ready(
@@ -238,10 +233,9 @@ impl Session {
             ready = tokio::time::timeout(Duration::from_secs(DRIVER_START_SECS), load) => match ready {
                 Ok(Ok(about)) => Ok(about),
                 // The channel failed most likely because the interpreter ended: say how.
-                Ok(Err(error)) => match ended_or_broke(&mut exit, error).await {
-                    Outcome::Exited(status) => Err(format!("it {}", describe_exit(Some(status)))),
-                    Outcome::Broke(error) => Err(crate::init::ErrorChain(&error).to_string()),
-                    Outcome::Replied(_) | Outcome::Killed => Err("it broke off".to_owned()),
+                Ok(Err(error)) => match ended(&mut exit, error).await {
+                    Ok(status) => Err(format!("it {}", describe_exit(Some(status)))),
+                    Err(error) => Err(crate::init::ErrorChain(&error).to_string()),
                 },
                 Err(_) => Err(format!("no answer within {DRIVER_START_SECS} s")),
             },
@@ -303,7 +297,9 @@ impl Session {
                     .await
             }
             Err(ControlError::Exited(status)) => Outcome::Exited(status),
-            Err(error) => ended_or_broke(&mut exit, error).await,
+            Err(error) => ended(&mut exit, error)
+                .await
+                .map_or_else(Outcome::Broke, Outcome::Exited),
         };
         match outcome {
             Outcome::Replied(result) => match self.end_output(io, &mut exit).await {
@@ -353,7 +349,7 @@ impl Session {
                 biased;
                 result = driver::read_result(self.language, &mut io.control) => return match result {
                     Ok(result) => Outcome::Replied(result),
-                    Err(error) => ended_or_broke(exit, error).await,
+                    Err(error) => ended(exit, error).await.map_or_else(Outcome::Broke, Outcome::Exited),
                 },
                 status = exited(exit) => return Outcome::Exited(status),
                 () = &mut timer => {
@@ -497,14 +493,17 @@ const EXIT_AFTER_CLOSE: Duration = Duration::from_secs(1);
 /// A channel that failed because the interpreter ended (code that called `exit()`)
 /// is a death; any other failure (a message out of protocol; a socket closed by
 /// code while its interpreter lives on) breaks the protocol.
-async fn ended_or_broke(exit: &mut watch::Receiver<Progress>, error: ControlError) -> Outcome {
+async fn ended(
+    exit: &mut watch::Receiver<Progress>,
+    error: ControlError,
+) -> Result<ExitStatus, ControlError> {
     // A socket pair fails (end of file, EPIPE, ECONNRESET) when its other end closed.
     if matches!(error, ControlError::Closed | ControlError::Io(_)) {
         if let Ok(status) = tokio::time::timeout(EXIT_AFTER_CLOSE, exited(exit)).await {
-            return Outcome::Exited(status);
+            return Ok(status);
         }
     }
-    Outcome::Broke(error)
+    Err(error)
 }
 
 /// Moves `timer` to the end of the interrupt's grace.
