@@ -3,7 +3,8 @@
 //! It runs as PID 1 inside the VM (and as an ordinary process for development),
 //! serves the [`sandbox_protocol`] over vsock or a Unix socket, and keeps one table of
 //! every process it started: exec (run to completion), spawn (detached, output in a
-//! 256 KiB ring), and pty (a terminal that survives disconnects).
+//! 256 KiB ring), pty (a terminal that survives disconnects), and the interpreters of
+//! `eval` sessions (Python or sh, whose state persists between evaluations).
 //!
 //! # Layout
 //! - [`config`]: command-line arguments into a validated [`config::Config`].
