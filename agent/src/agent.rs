@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use crate::init::PowerAction;
 use crate::process::table::ProcessTable;
+use crate::session::Sessions;
 
 /// Capabilities announced in the handshake (plus [`CGROUPS_CAPABILITY`] when the
 /// agent confines in cgroups).
@@ -20,6 +21,7 @@ pub const CAPABILITIES: &[&str] = &[
     "logs_follow",
     "pty",
     sandbox_protocol::limits::STREAM_WINDOW_CAPABILITY,
+    "eval",
 ];
 
 /// Announced when every process runs in its own cgroup: timeouts and kills reach
@@ -42,6 +44,8 @@ pub struct Agent {
     pub budget: crate::budget::Budget,
     /// The template's defaults and boot sessions.
     pub image: sandbox_protocol::ImageConfig,
+    /// The interpreter sessions of `eval`.
+    pub sessions: Arc<Sessions>,
     /// The token clients must present in their `Hello`, if any; `reidentify`
     /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
     token: RwLock<Option<String>>,
@@ -65,6 +69,7 @@ impl Agent {
             is_init,
             budget: crate::budget::Budget::default(),
             image: sandbox_protocol::ImageConfig::default(),
+            sessions: Arc::new(Sessions::new()),
             token: RwLock::new(token),
             started: Instant::now(),
             generation: AtomicU64::new(0),

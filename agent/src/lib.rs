@@ -3,7 +3,8 @@
 //! It runs as PID 1 inside the VM (and as an ordinary process for development),
 //! serves the [`sandbox_protocol`] over vsock or a Unix socket, and keeps one table of
 //! every process it started: exec (run to completion), spawn (detached, output in a
-//! 256 KiB ring), and pty (a terminal that survives disconnects).
+//! 256 KiB ring), pty (a terminal that survives disconnects), and the interpreters of
+//! `eval` sessions (Python or sh, whose state persists between evaluations).
 //!
 //! # Layout
 //! - [`config`]: command-line arguments into a validated [`config::Config`].
@@ -18,6 +19,9 @@
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
 //! - [`wait`]: `wait_for_text`, until a file (inotify) or a process's output (its
 //!   ring) contains a string.
+//! - [`session`]: interpreter sessions (`eval`): Python or sh interpreters whose
+//!   state persists between evaluations, with the drivers that run inside them, and
+//!   the template's boot sessions, started before the agent listens.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
 //!   identity after a restore or fork), `reidentify` (a fork child's own hostname
 //!   and token) and `shutdown`.
@@ -57,6 +61,7 @@ pub mod process;
 pub mod ready;
 pub mod ring;
 pub mod server;
+pub mod session;
 pub mod sys;
 pub mod wait;
 
@@ -100,6 +105,9 @@ pub async fn run(
     let sigchld = reaper::sigchld().map_err(RunError::Sigchld)?;
     let reaper = tokio::spawn(reaper::run(agent.table.clone(), sigchld));
     let sweeper = tokio::spawn(sweep_forever(agent.clone()));
+    // Before the listeners, so the agent answers (and a template's ready snapshot is
+    // taken) only once they are warm.
+    session::warm::start_boot_sessions(&agent).await;
 
     let listeners = server::bind(&config.listen)?;
     on_listening(&agent);

@@ -136,8 +136,20 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
             }
             Op::File => "Check the path with list_dir.",
             Op::Command => "Check the command and cwd (cwd must exist).",
+            Op::Session => {
+                "Call eval_code again with restart: true for a fresh session (what the \
+                 old one defined is gone), or use language \"sh\" where the sandbox has \
+                 no python3."
+            }
             Op::Wait | Op::Other => "",
         },
+        Some(ErrorKind::WrongType) if op == Op::Session => {
+            "Each session has one language: pick another session name for this one."
+        }
+        Some(ErrorKind::Busy) if op == Op::Session => {
+            "The sandbox runs the most sessions it keeps: kill the pid of one you no \
+             longer need (ps lists them as kind session)."
+        }
         Some(ErrorKind::TooLarge) => {
             "read_file returns at most 1 MiB: read parts with exec (head -c, tail -c, \
                  sed -n, grep)."
@@ -169,6 +181,8 @@ pub enum Op {
     File,
     /// wait_for_text.
     Wait,
+    /// eval_code.
+    Session,
     /// Anything else.
     Other,
 }
@@ -180,6 +194,7 @@ impl Op {
             Self::Process => "The process request",
             Self::File => "The file request",
             Self::Wait => "The wait",
+            Self::Session => "The evaluation",
             Self::Other => "The request",
         }
     }

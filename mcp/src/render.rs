@@ -148,6 +148,121 @@ impl Render for ExecResult {
     }
 }
 
+/// An exception a Python cell raised, in `eval_code`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ExceptionInfo {
+    /// Its type, e.g. ZeroDivisionError or json.decoder.JSONDecodeError.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// str() of it.
+    pub message: String,
+    /// The traceback, from the cell's own frames on.
+    pub traceback: String,
+}
+
+/// `eval_code`
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct EvalCodeResult {
+    /// The session.
+    pub session: String,
+    /// Its language: python or sh.
+    pub language: String,
+    /// Its interpreter's pid (ps lists it as kind session; kill ends it).
+    pub pid: i32,
+    /// This call started the session's interpreter (its first use, or a restart):
+    /// nothing defined before is there.
+    pub started: bool,
+    /// Evaluations the session has run, this one included.
+    pub evaluations: u64,
+    /// What the code wrote to stdout, subprocesses included (invalid UTF-8
+    /// replaced), at most its first 1 MiB.
+    pub stdout: String,
+    /// What it wrote to stderr, likewise.
+    pub stderr: String,
+    /// A stream went past 1 MiB; the rest was dropped.
+    pub truncated: bool,
+    /// Python: the repr of the cell's last expression, when it is not None.
+    pub value: Option<String>,
+    /// The repr went past 64 KiB and was cut.
+    pub value_truncated: bool,
+    /// Python: the exception the code raised (KeyboardInterrupt after a timeout).
+    pub exception: Option<ExceptionInfo>,
+    /// sh: the status of the last command ($?).
+    pub status: Option<i32>,
+    /// The timeout passed and the code was interrupted.
+    pub timed_out: bool,
+    /// The interpreter ended during this call (exit(), a crash, or killed after not
+    /// coming back from the interrupt): the session's state is gone.
+    pub died: bool,
+    /// When it died: its exit code (128+N when signal N killed it).
+    pub exit_code: Option<i32>,
+    /// When it died by a signal: which.
+    pub signal: Option<i32>,
+    /// Wall time of the evaluation in milliseconds.
+    pub duration_ms: u64,
+    /// Set when the code raised, timed out or the session died: what happened and
+    /// what to do next.
+    pub error: Option<String>,
+}
+
+impl Render for EvalCodeResult {
+    fn render(&self) -> String {
+        let mut out = format!(
+            "session {} ({}, pid {}, evaluation {}{})",
+            self.session,
+            self.language,
+            self.pid,
+            self.evaluations,
+            if self.started { ", just started" } else { "" }
+        );
+        if let Some(status) = self.status {
+            let _ = write!(
+                out,
+                "
+status: {status}"
+            );
+        }
+        if self.truncated {
+            out.push_str(
+                "
+(output truncated at 1 MiB per stream)",
+            );
+        }
+        for (name, text) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            if !text.is_empty() {
+                let _ = write!(
+                    out,
+                    "
+--- {name} ---
+{text}"
+                );
+                if !text.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+        }
+        if let Some(value) = &self.value {
+            let cut = if self.value_truncated { " (cut)" } else { "" };
+            let _ = write!(
+                out,
+                "
+--- value{cut} ---
+{value}"
+            );
+        }
+        if let Some(exception) = &self.exception {
+            let _ = write!(
+                out,
+                "
+--- exception ---
+{}",
+                exception.traceback
+            );
+        }
+        out
+    }
+}
+
 /// `spawn`
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct SpawnResult {
@@ -169,7 +284,7 @@ impl Render for SpawnResult {
 pub struct ProcessRow {
     /// Process id (also its process group).
     pub pid: i32,
-    /// How it was started: exec, spawn or pty.
+    /// How it was started: exec, spawn, pty, or session (an eval_code interpreter).
     pub kind: String,
     /// What it runs.
     pub command: String,
@@ -615,6 +730,40 @@ mod tests {
             in_file.render(),
             "found at offset 12 of /tmp/log (after 250 ms):\nlistening on :80"
         );
+    }
+
+    #[test]
+    fn eval_rendering_shows_output_value_and_traceback() {
+        let result = EvalCodeResult {
+            session: "default".into(),
+            language: "python".into(),
+            pid: 7,
+            evaluations: 2,
+            stdout: "hi".into(),
+            value: Some("42".into()),
+            ..EvalCodeResult::default()
+        };
+        assert_eq!(
+            result.render(),
+            "session default (python, pid 7, evaluation 2)\n--- stdout ---\nhi\n\n--- value ---\n42"
+        );
+        let raised = EvalCodeResult {
+            started: true,
+            exception: Some(ExceptionInfo {
+                type_name: "ValueError".into(),
+                message: "bad".into(),
+                traceback: "ValueError: bad\n".into(),
+            }),
+            ..result
+        };
+        let text = raised.render();
+        assert!(text.contains("just started"), "{text}");
+        assert!(
+            text.ends_with("--- exception ---\nValueError: bad\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&raised).unwrap();
+        assert_eq!(json["exception"]["type"], "ValueError");
     }
 
     #[test]

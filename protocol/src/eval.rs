@@ -16,14 +16,17 @@ use crate::process::{ExitStatus, Pid};
 /// Longest session name, in bytes: 1 to this many ASCII letters, digits, `-`, `_`, `.`.
 pub const MAX_SESSION_NAME_BYTES: usize = 64;
 
-/// Whether `name` may name a session: 1 to [`MAX_SESSION_NAME_BYTES`] ASCII letters,
-/// digits, `-`, `_` and `.`.
-pub fn valid_session_name(name: &str) -> bool {
-    (1..=MAX_SESSION_NAME_BYTES).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
+/// The session `eval` uses when a front end is not told another.
+pub const DEFAULT_SESSION: &str = "default";
+
+/// Longest code one `eval` accepts, in bytes (`TooLarge` beyond): a cell, not a data
+/// transfer (files go with `put`).
+pub const MAX_EVAL_CODE_BYTES: usize = 1024 * 1024;
+
+/// How long an interpreter has, after the interrupt at an evaluation's deadline, to
+/// report back before it is killed (and the session with it). So the reply to an
+/// `eval` comes at most this long after its deadline, plus the time to reap.
+pub const EVAL_INTERRUPT_GRACE_MS: u64 = 2000;
 
 /// Sessions one agent keeps at once; an `eval` that would start one more fails with
 /// `Busy` (close one first).
@@ -42,7 +45,9 @@ pub enum Language {
     /// CPython 3 (`python3` in the guest's `PATH`).
     Python,
     /// A POSIX shell (`/bin/sh`): the working directory, variables and functions
-    /// persist between calls.
+    /// persist between calls. `sh` in JSON (the image config) as everywhere else;
+    /// `shell` is accepted too. (Postcard carries the variant index, not the name.)
+    #[serde(rename = "sh", alias = "shell")]
     Shell,
 }
 
@@ -63,6 +68,15 @@ impl Language {
             _ => None,
         }
     }
+}
+
+/// Whether `name` can name a session: 1 to [`MAX_SESSION_NAME_BYTES`] ASCII letters,
+/// digits, `-`, `_` and `.` (it shows in `ps` as an argument of the interpreter).
+pub fn is_valid_session_name(name: &str) -> bool {
+    (1..=MAX_SESSION_NAME_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 impl std::fmt::Display for Language {
@@ -175,13 +189,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn session_names_are_short_plain_words() {
-        for good in ["default", "py-3.12_a", &"x".repeat(MAX_SESSION_NAME_BYTES)] {
-            assert!(valid_session_name(good), "{good:?}");
+    fn session_names_are_short_and_plain() {
+        assert!(is_valid_session_name("default"));
+        assert!(is_valid_session_name("a.b-c_9"));
+        assert!(is_valid_session_name(&"x".repeat(MAX_SESSION_NAME_BYTES)));
+        for bad in ["", " ", "a b", "a/b", "é", "a\0", "a\n"] {
+            assert!(!is_valid_session_name(bad), "{bad:?}");
         }
-        let long = "x".repeat(MAX_SESSION_NAME_BYTES + 1);
-        for bad in ["", "a b", "a/b", "é", "a:b", long.as_str()] {
-            assert!(!valid_session_name(bad), "{bad:?}");
+        assert!(!is_valid_session_name(
+            &"x".repeat(MAX_SESSION_NAME_BYTES + 1)
+        ));
+    }
+
+    #[test]
+    fn json_names_the_languages_as_people_do() {
+        // The image config is JSON written by hand or by the template builder.
+        assert_eq!(serde_json::to_string(&Language::Shell).unwrap(), "\"sh\"");
+        assert_eq!(
+            serde_json::to_string(&Language::Python).unwrap(),
+            "\"python\""
+        );
+        for (json, language) in [
+            ("\"sh\"", Language::Shell),
+            ("\"shell\"", Language::Shell),
+            ("\"python\"", Language::Python),
+        ] {
+            assert_eq!(serde_json::from_str::<Language>(json).unwrap(), language);
         }
+    }
+
+    #[test]
+    fn languages_parse_by_their_names_and_aliases() {
+        for language in [Language::Python, Language::Shell] {
+            assert_eq!(Language::parse(language.as_str()), Some(language));
+        }
+        assert_eq!(Language::parse("python3"), Some(Language::Python));
+        assert_eq!(Language::parse("shell"), Some(Language::Shell));
+        assert_eq!(Language::parse("ruby"), None);
     }
 }

@@ -60,7 +60,8 @@ pub mod wait;
 
 pub use error::{ErrorKind, WireError};
 pub use eval::{
-    CloseSessionRequest, EvalException, EvalReply, EvalRequest, Language, SessionInfo, WarmSession,
+    is_valid_session_name, CloseSessionRequest, EvalException, EvalReply, EvalRequest, Language,
+    SessionInfo, WarmSession,
 };
 pub use files::{
     DirEntry, FileKind, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest,

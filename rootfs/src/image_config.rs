@@ -16,7 +16,7 @@
 use std::fs;
 use std::path::Path;
 
-use sandbox_protocol::eval::valid_session_name;
+use sandbox_protocol::eval::is_valid_session_name;
 use sandbox_protocol::image::IMAGE_CONFIG_PATH;
 use sandbox_protocol::{ImageConfig, Language, WarmSession};
 use tracing::{info, warn};
@@ -49,7 +49,7 @@ pub fn parse_warm_session(text: &str) -> Result<WarmSession, String> {
             "{text:?}: expected NAME:LANGUAGE[:SETUP_CODE], e.g. default:python:import json"
         ));
     };
-    if !valid_session_name(name) {
+    if !is_valid_session_name(name) {
         return Err(format!(
             "{name:?} is not a session name: 1 to 64 letters, digits, '-', '_', '.'"
         ));

@@ -107,8 +107,8 @@ pub struct AgentOptions {
     pub token: Option<String>,
     /// `--forget-after-secs`
     pub forget_after_secs: Option<u64>,
-    /// `--image-config`: the template's defaults, as the builder writes them into an
-    /// image (`/etc/sandbox/image.json`).
+    /// `--image-config`: the template's defaults and boot sessions, as the builder
+    /// writes them into an image (`/etc/sandbox/image.json`).
     pub image_config: Option<PathBuf>,
     /// Serve the link (`link+unix://`) behind a `sandbox-relay`, the transport of
     /// snapshot-capable VMs, instead of a plain Unix socket: clients reach the agent

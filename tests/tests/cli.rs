@@ -51,6 +51,86 @@ fn exec_options_reach_the_command() {
 }
 
 #[test]
+fn eval_prints_output_value_and_traceback_and_exits_by_how_it_ended() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .args([
+            "eval",
+            "import sys\nprint('out'); print('err', file=sys.stderr)\nx = 6\nx * 7",
+        ])
+        .assert_code(0);
+    assert_eq!(output.stdout, b"out\n42\n", "output, then the value");
+    assert_eq!(output.stderr, b"err\n");
+    // The code from stdin; an exception's traceback on stderr, exit 1.
+    let output = agent
+        .sandboxctl()
+        .args(["eval", "-"])
+        .stdin("x / 0\n")
+        .assert_code(1);
+    assert!(output.stdout.is_empty());
+    assert!(
+        stderr(&output).ends_with("ZeroDivisionError: division by zero\n"),
+        "{}",
+        stderr(&output)
+    );
+    // A sh session's status is the exit code; JSON says everything.
+    agent
+        .sandboxctl()
+        .args([
+            "eval",
+            "--lang",
+            "sh",
+            "--session",
+            "sh",
+            "cd /tmp; (exit 3)",
+        ])
+        .assert_code(3);
+    let json = agent
+        .sandboxctl()
+        .args(["eval", "--lang", "sh", "--session", "sh", "--json", "pwd"])
+        .stdout_ok();
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["stdout"], "/tmp\n");
+    assert_eq!(json["status"], 0);
+    assert_eq!(json["language"], "sh");
+    assert_eq!(json["evaluations"], 2);
+    // A timeout exits 124 and the session lives on; a death says to restart.
+    let output = agent
+        .sandboxctl()
+        .args(["eval", "--timeout", "0.5", "import time; time.sleep(60)"])
+        .assert_code(124);
+    assert!(
+        stderr(&output).contains("KeyboardInterrupt"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        stderr(&output).contains("session default lives on"),
+        "{}",
+        stderr(&output)
+    );
+    let output = agent.sandboxctl().args(["eval", "exit(4)"]).assert_code(4);
+    assert!(stderr(&output).contains("--restart"), "{}", stderr(&output));
+    let output = agent.sandboxctl().args(["eval", "x"]).assert_code(1);
+    assert!(stderr(&output).contains("not_found"), "{}", stderr(&output));
+    let stdout = agent
+        .sandboxctl()
+        .args(["eval", "--restart", "'fresh'"])
+        .stdout_ok();
+    assert_eq!(stdout, "'fresh'\n");
+    agent
+        .sandboxctl()
+        .args(["close-session", "sh"])
+        .assert_code(0);
+    let output = agent
+        .sandboxctl()
+        .args(["close-session", "sh"])
+        .assert_code(1);
+    assert!(stderr(&output).contains("not_found"), "{}", stderr(&output));
+}
+
+#[test]
 fn exec_timeout_exits_124_with_a_message() {
     let agent = TestAgent::start();
     let started = Instant::now();

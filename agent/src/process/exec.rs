@@ -171,8 +171,9 @@ pub fn spawn(table: &ProcessTable, spec: &ProcessSpec) -> Result<Pid, ProcessErr
     Ok(record.pid)
 }
 
-/// The requested deadline, capped at the maximum; `None` means the maximum.
-fn exec_deadline(timeout_ms: Option<u64>) -> Duration {
+/// The requested deadline, capped at the maximum; `None` means the maximum. (An
+/// `eval`'s deadline follows the same rule.)
+pub fn exec_deadline(timeout_ms: Option<u64>) -> Duration {
     let max = Duration::from_secs(EXEC_DEADLINE_SECS);
     timeout_ms.map_or(max, |ms| Duration::from_millis(ms).min(max))
 }

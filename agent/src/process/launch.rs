@@ -5,7 +5,8 @@
 //! [`super::cgroup`]), its own process group (exec, spawn) or its own session with
 //! the terminal as controlling tty (pty), the default OOM score instead of the
 //! agent's shield (lowered for the start under the spawn gate, see
-//! [`super::gate`]), and the requested user. Everything that reads files (the
+//! [`super::gate`]), and the requested user. An interpreter session's child also
+//! gets `SIGINT` back at its default action (see [`crate::session`]). Everything that reads files (the
 //! passwd entry, supplementary groups) happens before `fork`; the child only makes
 //! async-signal-safe calls (see [`crate::sys`]).
 //!
@@ -276,6 +277,12 @@ pub enum ChildStdio {
         /// Whether the caller will write to stdin.
         stdin: bool,
     },
+    /// Pipes for stdout and stderr; stdin is `stdin`, the child's end of a channel
+    /// the caller keeps the other end of (an interpreter session's control socket).
+    Channel {
+        /// The child's end.
+        stdin: OwnedFd,
+    },
     /// All three on a terminal; the agent keeps `master`.
     Terminal {
         /// The agent's end, already non-blocking.
@@ -326,6 +333,14 @@ pub fn start(
                 .process_group(0);
             (false, None, 2)
         }
+        ChildStdio::Channel { stdin } => {
+            command
+                .stdin(stdin)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            (false, None, 2)
+        }
         ChildStdio::Terminal { master, slave } => {
             let dup = |fd: &OwnedFd| fd.try_clone().map_err(start_error);
             command
@@ -365,6 +380,7 @@ pub fn start(
             join_cgroup: procs.as_ref().map(AsRawFd::as_raw_fd),
             take_terminal: terminal,
             user: plan.identity.clone(),
+            default_interrupt: kind == ProcessKind::Session,
         },
     );
 

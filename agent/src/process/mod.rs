@@ -1,5 +1,6 @@
 //! The process layer: one table of tracked processes, one reaper, and the ways a
-//! process gets started (exec, spawn, pty) and observed (logs, ps, kill).
+//! process gets started (exec, spawn, pty; interpreter sessions through the same
+//! launch, see [`crate::session`]) and observed (logs, ps, kill).
 //!
 //! # Layout
 //! - [`table`]: the process table and each process's record (ring, exit, progress).

@@ -24,7 +24,7 @@ use crate::sys;
 pub const DRAIN_IDLE_AFTER_EXIT: Duration = Duration::from_millis(100);
 
 /// Largest single read.
-const READ_BYTES: usize = 64 * 1024;
+pub(crate) const READ_BYTES: usize = 64 * 1024;
 
 /// Where output comes from.
 #[derive(Debug)]
@@ -37,7 +37,7 @@ pub enum Source {
 
 impl Source {
     /// The next chunk of at most `max` bytes, or `None` at end of file. Cancel-safe.
-    async fn read_chunk(&self, max: usize) -> io::Result<Option<Vec<u8>>> {
+    pub(crate) async fn read_chunk(&self, max: usize) -> io::Result<Option<Vec<u8>>> {
         loop {
             match self {
                 Self::Pipe(pipe) => {

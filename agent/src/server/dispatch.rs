@@ -8,6 +8,7 @@ use crate::files::stream::{blocking, PutReceiver};
 use crate::files::{stream, tree, whole, FileError};
 use crate::machine;
 use crate::process::{exec, kill, logs, pty};
+use crate::session;
 
 /// Runs `request` to its final reply, sending progress through `events`. `input`
 /// carries the data of a `put`.
@@ -111,10 +112,12 @@ pub async fn handle(
             .await
             .map(Reply::TextFound)
             .map_err(|error| error.to_wire()),
-        Request::Eval(_) | Request::CloseSession(_) => Err(WireError::new(
-            sandbox_protocol::ErrorKind::Unsupported,
-            "not built yet",
-        )),
+        Request::Eval(request) => session::requests::eval(agent, request)
+            .await
+            .map(Reply::Eval),
+        Request::CloseSession(request) => session::requests::close(agent, request)
+            .await
+            .map(|()| Reply::Done),
     }
 }
 

@@ -59,6 +59,12 @@ pub enum Command {
     Shell(ShellArgs),
     /// Re-attach to a terminal: replay what it printed, then follow it.
     Attach(AttachArgs),
+    /// Run code in an interpreter session whose variables, imports and working
+    /// directory persist between runs (Python, or sh with --lang sh); prints its
+    /// output, then a trailing expression's value or the exception's traceback.
+    Eval(EvalArgs),
+    /// End an interpreter session: its interpreter and all it started are killed.
+    CloseSession(CloseSessionArgs),
     /// Describe the agent.
     Info(InfoArgs),
     /// Copy a local file into the guest (any size; atomic on completion).
@@ -480,12 +486,48 @@ pub struct AttachArgs {
     pub pid: i32,
 }
 
+/// `eval`
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The session; started on first use.
+    #[arg(long, value_name = "NAME", default_value = sandbox_protocol::eval::DEFAULT_SESSION)]
+    pub session: String,
+    /// The session's language: python or sh.
+    #[arg(long = "lang", value_name = "LANG", default_value = "python", value_parser = parse_language)]
+    pub language: sandbox_protocol::Language,
+    /// Interrupt the code after this many seconds (default and maximum: 300); an
+    /// interpreter that does not come back within 2 s more is killed.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// When the session died: start a fresh one instead of failing.
+    #[arg(long)]
+    pub restart: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The code ("-" reads it from stdin).
+    #[arg(allow_hyphen_values = true)]
+    pub code: String,
+}
+
+/// `close-session`
+#[derive(Debug, Args)]
+pub struct CloseSessionArgs {
+    /// The session.
+    pub name: String,
+}
+
 /// `info`
 #[derive(Debug, Args)]
 pub struct InfoArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_language(arg: &str) -> Result<sandbox_protocol::Language, String> {
+    sandbox_protocol::Language::parse(arg)
+        .ok_or_else(|| format!("unknown language {arg:?}: use python or sh"))
 }
 
 fn parse_env(arg: &str) -> Result<(String, String), String> {
@@ -573,6 +615,35 @@ mod tests {
             "two targets"
         );
         assert!(parse(&["--pid", "1"]).is_err(), "no text");
+    }
+
+    #[test]
+    fn eval_defaults_to_the_default_python_session() {
+        let cli = Cli::try_parse_from(["sandboxctl", "eval", "1+1"]).unwrap();
+        let Command::Eval(eval) = cli.command else {
+            panic!("not eval")
+        };
+        assert_eq!(eval.session, "default");
+        assert_eq!(eval.language, sandbox_protocol::Language::Python);
+        assert_eq!(eval.code, "1+1");
+        let cli = Cli::try_parse_from([
+            "sandboxctl",
+            "eval",
+            "--lang",
+            "sh",
+            "--session",
+            "w",
+            "--restart",
+            "-",
+        ])
+        .unwrap();
+        let Command::Eval(eval) = cli.command else {
+            panic!("not eval")
+        };
+        assert_eq!(eval.language, sandbox_protocol::Language::Shell);
+        assert_eq!((eval.session.as_str(), eval.restart), ("w", true));
+        assert_eq!(eval.code, "-");
+        assert!(Cli::try_parse_from(["sandboxctl", "eval", "--lang", "ruby", "1"]).is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //!   the pending-request table.
 //! - [`stream`]: handles for requests in flight; dropping one sends `Cancel`.
 //! - `files`: the file operations (write, read, list, stat, put/get streams).
+//! - `eval`: interpreter sessions (`eval`, `close_session`).
 //! - `machine`: requests about the whole guest (`info`, `resumed`, `shutdown`).
 //! - `confinement`: how the agent confines processes, `ps_detail`, OOM kills.
 //! - `wait`: `wait_for_text`, until a guest file or a process's output holds a string.
@@ -20,6 +21,7 @@
 mod confinement;
 pub mod connect;
 pub mod error;
+mod eval;
 mod files;
 mod hello;
 pub mod hvsock;
