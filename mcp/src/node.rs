@@ -250,6 +250,7 @@ impl Node {
             vcpus: Some(size.vcpus),
             memory_mib: Some(size.memory_mib),
             warm,
+            origin: origin.as_str().to_owned(),
             claim_ms: millis(claim_duration),
             note: None,
         })
@@ -318,6 +319,7 @@ impl Node {
             vcpus: None,
             memory_mib: None,
             warm: true,
+            origin: "attached".to_owned(),
             claim_ms: millis(started.elapsed()),
             note: Some(
                 "Attach mode: this is the one existing agent the server was started with. It \

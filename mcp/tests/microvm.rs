@@ -121,7 +121,7 @@ async fn microvm_session_from_claim_to_disconnect() {
         let logs = server
             .ok("logs", json!({"sandbox_id": id, "pid": pid}))
             .await;
-        (logs["stdout"] == "up\n").then_some(())
+        (logs["output"][0]["text"] == "up\n").then_some(())
     })
     .await;
     server
