@@ -39,6 +39,7 @@
 //! - [`snapshot`]: the snapshot tools (fork, checkpoint, branch, hibernate, promote)
 //!   and what hibernates and wakes sandboxes.
 //! - [`exec`]: the streamed exec behind the `exec` tool (partial output on cut-off).
+//! - [`eval`]: `eval_code`'s checks and result.
 //! - [`processes`]: `ps`, `logs` and `kill`.
 //! - [`files`]: `read_file` in parts, as text, base64 or an image; `write_file`,
 //!   whole or in parts through [`upload`] (one streamed `put` across the calls).
@@ -49,6 +50,7 @@
 
 pub mod config;
 pub mod error;
+pub mod eval;
 pub mod exec;
 pub mod files;
 pub mod node;

@@ -4,10 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use sandbox_protocol::limits::EXEC_DEADLINE_SECS;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::output::Keep;
+use crate::error::ToolError;
+use crate::output::{size, Keep};
 
 /// Network access for a new sandbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -349,6 +351,42 @@ pub struct WaitForTextParams {
     pub timeout_seconds: Option<u64>,
 }
 
+/// The timeout of an `exec` or `eval_code` that names none: an answer (with the
+/// output so far) before the 60 s after which common MCP clients give up on a call.
+/// Up to [`EXEC_DEADLINE_SECS`] when asked.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 55;
+
+/// A tool's `timeout_seconds`: none is [`DEFAULT_TIMEOUT_SECS`], 0 the maximum, more
+/// than it is refused.
+pub fn timeout_secs(asked: Option<u64>) -> Result<u64, ToolError> {
+    match asked {
+        None => Ok(DEFAULT_TIMEOUT_SECS),
+        Some(0) => Ok(EXEC_DEADLINE_SECS),
+        Some(secs) if secs > EXEC_DEADLINE_SECS => Err(ToolError::new(format!(
+            "timeout_seconds may be at most {EXEC_DEADLINE_SECS}; got {secs}. For longer \
+             jobs, start the command with spawn and poll its output with logs."
+        ))),
+        Some(secs) => Ok(secs),
+    }
+}
+
+/// A tool's `max_bytes`: `default` when not given, at least 1, at most `cap`.
+pub fn max_bytes(asked: Option<u64>, default: usize, cap: usize) -> Result<usize, ToolError> {
+    match asked {
+        None => Ok(default),
+        Some(0) => Err(ToolError::new(format!(
+            "max_bytes must be at least 1; omit it for {default}."
+        ))),
+        Some(bytes) if bytes > cap as u64 => Err(ToolError::new(format!(
+            "max_bytes may be at most {cap} ({}); got {bytes}. For more output, redirect it \
+             to a file in the command (> /tmp/out.log) and page through it with read_file \
+             (offset, max_bytes).",
+            size(cap as u64)
+        ))),
+        Some(bytes) => Ok(usize::try_from(bytes).unwrap_or(cap)),
+    }
+}
+
 /// Parses an octal mode like `"755"`, `"0755"` or `"0o755"`.
 pub fn parse_mode(mode: &str) -> Option<u32> {
     let digits = mode.trim();
@@ -442,5 +480,13 @@ mod tests {
         let params: ExecParams =
             serde_json::from_str(r#"{"sandbox_id":"a","command":"ls","timeout":3}"#).unwrap();
         assert_eq!(params.timeout_seconds, Some(3));
+    }
+
+    #[test]
+    fn timeouts_default_below_client_deadlines() {
+        assert_eq!(timeout_secs(None), Ok(DEFAULT_TIMEOUT_SECS));
+        const { assert!(DEFAULT_TIMEOUT_SECS < 60) };
+        assert_eq!(timeout_secs(Some(0)), Ok(EXEC_DEADLINE_SECS));
+        assert!(timeout_secs(Some(301)).is_err());
     }
 }

@@ -26,9 +26,7 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer, ServerHandler};
 use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS};
 use sandbox_protocol::wait::{WAIT_DEFAULT_TIMEOUT_MS, WAIT_MAX_TIMEOUT_MS};
-use sandbox_protocol::{
-    Command, EvalReply, EvalRequest, ExecRequest, FileKind, Language, ProcessSpec, WaitTarget,
-};
+use sandbox_protocol::{Command, ExecRequest, FileKind, ProcessSpec, WaitTarget};
 use tokio::time::Instant;
 
 use crate::error::{Op, ToolError};
@@ -36,28 +34,24 @@ use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC
 use crate::node::Node;
 use crate::output::{size, stream_name};
 use crate::params::{
-    CreateSandboxParams, EvalCodeParams, ExecParams, KillParams, LogsParams, PathParams, PsParams,
-    ReadFileParams, SandboxParams, SpawnParams, WaitForTextParams, WriteFileParams,
+    max_bytes, timeout_secs, CreateSandboxParams, EvalCodeParams, ExecParams, KillParams,
+    LogsParams, PathParams, PsParams, ReadFileParams, SandboxParams, SpawnParams,
+    WaitForTextParams, WriteFileParams,
 };
 use crate::progress::Progress;
 use crate::render::{
-    failure_with, success, CreateSandboxResult, DirEntryRow, EvalCodeResult, ExceptionInfo,
-    ExecResult, KillResult, ListDirResult, LogsResult, NodeInfoResult, PsResult, ReadFileResult,
-    ReleaseResult, SpawnResult, WaitForTextResult, WriteFileResult,
+    failure_with, success, CreateSandboxResult, DirEntryRow, EvalCodeResult, ExecResult,
+    KillResult, ListDirResult, LogsResult, NodeInfoResult, PsResult, ReadFileResult, ReleaseResult,
+    SpawnResult, WaitForTextResult, WriteFileResult,
 };
 use crate::sandbox::Sandbox;
 use crate::upload::Uploads;
 use crate::util::millis;
-use crate::{files, processes, schema};
+use crate::{eval, files, processes, schema};
 
 /// The cap on one tool call: five minutes, plus the grace an exec that hits it gets
 /// to return what it collected.
 pub const TOOL_CALL_CAP_SECS: u64 = EXEC_DEADLINE_SECS + EXEC_DEADLINE_GRACE_SECS + 2;
-
-/// The timeout of an `exec` or `eval_code` that names none: an answer (with the
-/// output so far) before the 60 s after which common MCP clients give up on a call.
-/// Up to [`EXEC_DEADLINE_SECS`] when asked.
-pub const DEFAULT_TIMEOUT_SECS: u64 = 55;
 
 /// SIGTERM, the default signal of `kill`.
 const DEFAULT_SIGNAL: i32 = 15;
@@ -238,34 +232,13 @@ impl SandboxServer {
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let Some(language) = Language::parse(&params.language) else {
-            return Err(ToolError::new(format!(
-                "language {:?} is not one eval_code runs: use \"python\" or \"sh\".",
-                params.language
-            )));
-        };
-        if !sandbox_protocol::is_valid_session_name(&params.session) {
-            return Err(ToolError::new(format!(
-                "session {:?} is not a session name: use 1 to {} letters, digits, '-', '_' or \
-                 '.', or omit it for \"default\".",
-                params.session,
-                sandbox_protocol::eval::MAX_SESSION_NAME_BYTES
-            )));
-        }
-        let timeout_secs = timeout_secs(params.timeout_seconds)?;
+        let (request, timeout_secs) = eval::request(params)?;
         let client = client(&sandbox, Op::Session).await?;
-        let request = EvalRequest {
-            session: params.session,
-            language,
-            code: params.code,
-            timeout_ms: Some(timeout_secs * 1000),
-            restart: params.restart,
-        };
         let reply = client
             .eval(request)
             .await
             .map_err(|error| ToolError::agent(Op::Session, sandbox.id.as_str(), &error))?;
-        let result = eval_result(reply, timeout_secs);
+        let result = eval::result(reply, timeout_secs);
         Ok(match &result.error {
             Some(message) => failure_with(&result, message),
             None => success(&result),
@@ -656,88 +629,6 @@ impl ServerHandler for SandboxServer {
     }
 }
 
-/// A tool's `timeout_seconds`: none is [`DEFAULT_TIMEOUT_SECS`], 0 the maximum, more
-/// than it is refused.
-fn timeout_secs(asked: Option<u64>) -> Result<u64, ToolError> {
-    match asked {
-        None => Ok(DEFAULT_TIMEOUT_SECS),
-        Some(0) => Ok(EXEC_DEADLINE_SECS),
-        Some(secs) if secs > EXEC_DEADLINE_SECS => Err(ToolError::new(format!(
-            "timeout_seconds may be at most {EXEC_DEADLINE_SECS}; got {secs}. For longer \
-             jobs, start the command with spawn and poll its output with logs."
-        ))),
-        Some(secs) => Ok(secs),
-    }
-}
-
-/// The `eval_code` result, with `error` set when the code raised, timed out or
-/// the session died.
-fn eval_result(reply: EvalReply, timeout_secs: u64) -> EvalCodeResult {
-    let name = reply.session.name.clone();
-    let error = match (&reply.died, reply.timed_out, &reply.exception) {
-        (Some(_), true, _) => Some(format!(
-            "Interrupted after {timeout_secs} s and it did not come back, so session {name:?} \
-             was killed: its state is gone. Call again with restart: true for a fresh session."
-        )),
-        (Some(status), false, _) => Some(format!(
-            "Session {name:?} died during the evaluation (exit code {}): its state is gone. \
-             Call again with restart: true for a fresh session.",
-            status.shell_code()
-        )),
-        (None, true, _) => Some(format!(
-            "Interrupted after {timeout_secs} s; session {name:?} keeps its state. Pass a \
-             larger timeout_seconds (at most 300), or run long jobs with spawn and poll them \
-             with logs."
-        )),
-        (None, false, Some(raised)) => Some(format!(
-            "The code raised {}: {}",
-            raised.type_name, raised.message
-        )),
-        (None, false, None) => None,
-    };
-    EvalCodeResult {
-        session: name,
-        language: reply.session.language.as_str().to_owned(),
-        pid: reply.session.pid.0,
-        started: reply.session.started,
-        evaluations: reply.session.evaluations,
-        stdout: String::from_utf8_lossy(&reply.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&reply.stderr).into_owned(),
-        truncated: reply.stdout_truncated || reply.stderr_truncated,
-        value: reply.value,
-        value_truncated: reply.value_truncated,
-        exception: reply.exception.map(|raised| ExceptionInfo {
-            type_name: raised.type_name,
-            message: raised.message,
-            traceback: raised.traceback,
-        }),
-        status: reply.status,
-        timed_out: reply.timed_out,
-        died: reply.died.is_some(),
-        exit_code: reply.died.map(|status| status.shell_code()),
-        signal: reply.died.and_then(|status| status.signal),
-        duration_ms: reply.duration_ms,
-        error,
-    }
-}
-
-/// A tool's `max_bytes`: `default` when not given, at least 1, at most `cap`.
-fn max_bytes(asked: Option<u64>, default: usize, cap: usize) -> Result<usize, ToolError> {
-    match asked {
-        None => Ok(default),
-        Some(0) => Err(ToolError::new(format!(
-            "max_bytes must be at least 1; omit it for {default}."
-        ))),
-        Some(bytes) if bytes > cap as u64 => Err(ToolError::new(format!(
-            "max_bytes may be at most {cap} ({}); got {bytes}. For more output, redirect it \
-             to a file in the command (> /tmp/out.log) and page through it with read_file \
-             (offset, max_bytes).",
-            size(cap as u64)
-        ))),
-        Some(bytes) => Ok(usize::try_from(bytes).unwrap_or(cap)),
-    }
-}
-
 /// The sandbox's agent connection, or an error saying how to recover.
 async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolError> {
     sandbox
@@ -857,13 +748,5 @@ mod tests {
                 assert!(odd.is_empty(), "{}: {odd:?} in {schema}", tool.name);
             }
         }
-    }
-
-    #[test]
-    fn timeouts_default_below_client_deadlines() {
-        assert_eq!(timeout_secs(None), Ok(DEFAULT_TIMEOUT_SECS));
-        const { assert!(DEFAULT_TIMEOUT_SECS < 60) };
-        assert_eq!(timeout_secs(Some(0)), Ok(EXEC_DEADLINE_SECS));
-        assert!(timeout_secs(Some(301)).is_err());
     }
 }
