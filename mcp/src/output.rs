@@ -140,10 +140,11 @@ impl Capture {
         self.tail.extend(data);
     }
 
-    /// The last complete line so far (at most 200 characters), for progress.
+    /// The last line so far (at most 200 characters), for progress: looked for in
+    /// the last [`LINE_SLACK_BYTES`] only, which progress reads after every chunk.
     pub fn last_line(&self) -> Option<String> {
-        let (front, back) = self.tail.as_slices();
-        let bytes: Vec<u8> = front.iter().chain(back).copied().collect();
+        let from = self.tail.len().saturating_sub(LINE_SLACK_BYTES);
+        let bytes: Vec<u8> = self.tail.range(from..).copied().collect();
         last_line(&bytes)
     }
 
