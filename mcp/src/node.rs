@@ -66,7 +66,7 @@ pub struct NewVm {
     pub size: Size,
     /// Its lifetime.
     pub ttl: Duration,
-    /// Whether it came warm from the pool.
+    /// Whether a ready VM of the warm pool was waiting for the claim.
     pub warm: bool,
     /// How long it took to have.
     pub claim_duration: Duration,
@@ -224,10 +224,11 @@ impl Node {
             template: template.clone(),
             size,
         };
-        let (lease, warm) = pool
+        let (lease, origin) = pool
             .claim(&spec)
             .await
             .map_err(|error| ToolError::claim(&template.to_string(), &error))?;
+        let warm = origin.is_warm();
         let claim_duration = started.elapsed();
         let sandbox = self
             .insert_vm(NewVm {
@@ -249,6 +250,7 @@ impl Node {
             vcpus: Some(size.vcpus),
             memory_mib: Some(size.memory_mib),
             warm,
+            origin: origin.as_str().to_owned(),
             claim_ms: millis(claim_duration),
             note: None,
         })
@@ -317,6 +319,7 @@ impl Node {
             vcpus: None,
             memory_mib: None,
             warm: true,
+            origin: "attached".to_owned(),
             claim_ms: millis(started.elapsed()),
             note: Some(
                 "Attach mode: this is the one existing agent the server was started with. It \
