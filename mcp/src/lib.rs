@@ -52,6 +52,7 @@ pub mod render;
 pub mod sandbox;
 pub mod snapshot;
 pub mod stdio;
+pub mod token;
 pub mod tools;
 pub mod util;
 
