@@ -44,6 +44,7 @@
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod fleet;
 pub mod node;
 pub mod params;
 pub mod pool;

@@ -5,7 +5,7 @@
 //! Tools, as the README's table lists them: `create_sandbox`, `exec`, `eval_code`,
 //! `spawn`, `ps`, `logs`, `kill`, `wait_for_text`, `write_file`, `read_file`, `list_dir`,
 //! `release`, `node_info`; the snapshot tools are a second router, in
-//! [`crate::snapshot::tools`].
+//! [`crate::snapshot::tools`], and the fleet tools a third, in [`crate::fleet::tools`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -58,7 +58,8 @@ const SIGKILL: i32 = 9;
 
 /// What the server tells the model at initialization.
 const INSTRUCTIONS: &str = "Sandboxes are disposable Linux microVMs for running untrusted \
-code. Call create_sandbox, pass its sandbox_id to exec (shell commands), eval_code (Python or \
+code. Call create_sandbox (create_sandboxes for several), pass its sandbox_id to exec (a shell \
+command, or an argv list), eval_code (Python or \
 sh in a session whose state persists between calls, like a notebook), spawn/logs/kill \
 (background processes), wait_for_text (until a server's output or a file shows a line), \
 write_file/read_file/list_dir (files), and release it when done. \
@@ -66,7 +67,8 @@ Each sandbox is destroyed at its deadline (default one hour, never renewed) and 
 session ends; sandboxes have no network access. fork clones a sandbox into children; \
 checkpoint saves its state for branch_checkpoint (checkpoints outlive the session); \
 hibernate frees an idle sandbox's memory (the next call wakes it); promote makes a \
-template of it.";
+template of it. list_sandboxes, get_sandbox, ping_sandbox and list_templates describe what \
+there is.";
 
 /// The MCP server.
 #[derive(Debug, Clone)]
@@ -77,13 +79,18 @@ pub struct SandboxServer {
 
 #[tool_router]
 impl SandboxServer {
-    /// A server over `node`. The snapshot tools are offered only when it launches
-    /// microVMs: an attached agent cannot be snapshotted.
+    /// A server over `node`. The snapshot tools, and the fleet tools that claim or
+    /// list templates, are offered only when it launches microVMs: an attached agent
+    /// cannot be snapshotted and is the only sandbox.
     pub fn new(node: Arc<Node>) -> Self {
-        let tool_router = match node.snapshots() {
-            Some(_) => Self::tool_router() + Self::snapshot_router(),
-            None => Self::tool_router(),
-        };
+        let mut tool_router = Self::tool_router() + Self::fleet_router();
+        if node.snapshots().is_some() {
+            tool_router += Self::snapshot_router();
+        } else {
+            for name in crate::fleet::tools::LAUNCH_ONLY {
+                tool_router.remove_route(name);
+            }
+        }
         Self { node, tool_router }
     }
 
@@ -104,8 +111,9 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Run a shell command (/bin/sh -c) in a sandbox to completion and return \
-        stdout, stderr, exit_code and truncated. Optional: cwd, env, stdin, timeout_seconds \
+        description = "Run a command in a sandbox to completion and return stdout, stderr, \
+        exit_code and truncated: command is a shell line (/bin/sh -c), or argv a program and \
+        its arguments run without a shell. Optional: cwd, env, stdin, timeout_seconds \
         (default and max 300). Each stream keeps its first 1 MiB (truncated is set past \
         that). A non-zero exit_code is a normal result. A run cut off by its timeout or a \
         lost connection is an error result that still carries the output collected so far. \
@@ -119,9 +127,10 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         let timeout_secs = timeout_secs(params.timeout_seconds)?;
+        let command = command_of(params.command, params.argv)?;
         let client = client(&sandbox, Op::Command).await?;
         let request = ExecRequest {
-            spec: process_spec(params.command, params.cwd, params.env),
+            spec: process_spec(command, params.cwd, params.env),
             stdin: params.stdin.unwrap_or_default().into_bytes(),
             timeout_ms: None,
             stream: true,
@@ -205,7 +214,7 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         let client = client(&sandbox, Op::Command).await?;
-        let spec = process_spec(params.command, params.cwd, params.env);
+        let spec = process_spec(Command::Shell(params.command), params.cwd, params.env);
         let pid = client
             .spawn(spec)
             .await
@@ -629,12 +638,29 @@ async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolEr
         .map_err(|error| ToolError::unreachable(op, sandbox.id.as_str(), &error))
 }
 
+/// `exec`'s command: a shell line or an argv, exactly one of them.
+fn command_of(line: Option<String>, argv: Option<Vec<String>>) -> Result<Command, ToolError> {
+    match (line, argv) {
+        (Some(line), None) => Ok(Command::Shell(line)),
+        (None, Some(argv)) if argv.first().is_some_and(|program| !program.is_empty()) => {
+            Ok(Command::Argv(argv))
+        }
+        (None, Some(_)) => Err(ToolError::new(
+            "argv must start with a program name, like [\"ls\", \"-l\", \"/tmp\"].",
+        )),
+        _ => Err(ToolError::new(
+            "Give exactly one of command (a shell line, like \"ls -l /tmp | head\") and argv \
+             (a program and its arguments, run without a shell, like [\"ls\", \"-l\", \"/tmp\"]).",
+        )),
+    }
+}
+
 fn process_spec(
-    command: String,
+    command: Command,
     cwd: Option<String>,
     env: Option<BTreeMap<String, String>>,
 ) -> ProcessSpec {
-    let mut spec = ProcessSpec::new(Command::Shell(command));
+    let mut spec = ProcessSpec::new(command);
     spec.cwd = cwd.filter(|cwd| !cwd.is_empty());
     spec.env = env.unwrap_or_default().into_iter().collect();
     spec
@@ -692,6 +718,24 @@ mod tests {
         assert_eq!(command_line(&argv), "sleep 1");
         let argv = ["python3", "-m", "http.server"].map(String::from);
         assert_eq!(command_line(&argv), "python3 -m http.server");
+    }
+
+    #[test]
+    fn exec_takes_a_shell_line_or_an_argv_but_not_both() {
+        assert_eq!(
+            command_of(Some("ls | wc".into()), None).unwrap(),
+            Command::Shell("ls | wc".into())
+        );
+        let argv = vec!["echo".to_owned(), "a b".to_owned()];
+        assert_eq!(
+            command_of(None, Some(argv.clone())).unwrap(),
+            Command::Argv(argv.clone())
+        );
+        let both = command_of(Some("ls".into()), Some(argv)).unwrap_err();
+        assert!(both.message.contains("exactly one"), "{}", both.message);
+        assert!(command_of(None, None).is_err());
+        assert!(command_of(None, Some(Vec::new())).is_err());
+        assert!(command_of(None, Some(vec![String::new()])).is_err());
     }
 
     #[test]

@@ -435,6 +435,12 @@ mod tests {
         assert!(server.get_tool("exec").is_some());
         assert!(server.get_tool("fork").is_none());
         assert!(server.get_tool("hibernate").is_none());
+        // The fleet tools that describe work on the attached agent; those that claim
+        // or list templates are not offered.
+        assert!(server.get_tool("list_sandboxes").is_some());
+        assert!(server.get_tool("ping_sandbox").is_some());
+        assert!(server.get_tool("create_sandboxes").is_none());
+        assert!(server.get_tool("list_templates").is_none());
         let fork = node.fork("attached", 1).await.unwrap_err();
         assert!(fork
             .message
