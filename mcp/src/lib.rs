@@ -51,6 +51,7 @@ pub mod pool;
 pub mod registry;
 pub mod render;
 pub mod sandbox;
+pub mod sandstorm;
 pub mod snapshot;
 pub mod stdio;
 pub mod token;
@@ -83,8 +84,9 @@ pub enum ServeError {
 /// (and an `exec` runs up to 5 minutes); here the service is cancelled and the VMs
 /// destroyed at once, which also ends those calls.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let profile = config.profile;
     let node = node::Node::start(config).await;
-    let server = tools::SandboxServer::new(node.clone());
+    let server = tools::SandboxServer::new(node.clone(), profile);
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let (mut front, transport) = stdio::Front::start(stdin, stdout);
     tokio::pin!(shutdown);

@@ -6,6 +6,7 @@
 //! `spawn`, `ps`, `logs`, `kill`, `wait_for_text`, `write_file`, `read_file`, `list_dir`,
 //! `release`, `node_info`; the snapshot tools are a second router, in
 //! [`crate::snapshot::tools`], and the fleet tools a third, in [`crate::fleet::tools`].
+//! Under `--profile sandstorm` the server offers only [`crate::sandstorm`]'s router.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use sandbox_protocol::{
 };
 use tokio::time::Instant;
 
+use crate::config::Profile;
 use crate::error::{Op, ToolError};
 use crate::exec::{self, End};
 use crate::node::Node;
@@ -75,23 +77,35 @@ there is.";
 pub struct SandboxServer {
     pub(crate) node: Arc<Node>,
     tool_router: ToolRouter<Self>,
+    instructions: &'static str,
 }
 
 #[tool_router]
 impl SandboxServer {
-    /// A server over `node`. The snapshot tools, and the fleet tools that claim or
-    /// list templates, are offered only when it launches microVMs: an attached agent
-    /// cannot be snapshotted and is the only sandbox.
-    pub fn new(node: Arc<Node>) -> Self {
-        let mut tool_router = Self::tool_router() + Self::fleet_router();
-        if node.snapshots().is_some() {
-            tool_router += Self::snapshot_router();
-        } else {
-            for name in crate::fleet::tools::LAUNCH_ONLY {
-                tool_router.remove_route(name);
+    /// A server over `node` offering `profile`'s tools. In the default profile the
+    /// snapshot tools, and the fleet tools that claim or list templates, are offered
+    /// only when it launches microVMs: an attached agent cannot be snapshotted and is
+    /// the only sandbox. The sandstorm profile offers only its own tools.
+    pub fn new(node: Arc<Node>, profile: Profile) -> Self {
+        let (tool_router, instructions) = match profile {
+            Profile::Default => {
+                let mut router = Self::tool_router() + Self::fleet_router();
+                if node.snapshots().is_some() {
+                    router += Self::snapshot_router();
+                } else {
+                    for name in crate::fleet::tools::LAUNCH_ONLY {
+                        router.remove_route(name);
+                    }
+                }
+                (router, INSTRUCTIONS)
             }
+            Profile::Sandstorm => (Self::sandstorm_router(), crate::sandstorm::INSTRUCTIONS),
+        };
+        Self {
+            node,
+            tool_router,
+            instructions,
         }
-        Self { node, tool_router }
     }
 
     #[tool(
@@ -515,7 +529,7 @@ impl ServerHandler for SandboxServer {
                 env!("CARGO_PKG_NAME"),
                 env!("CARGO_PKG_VERSION"),
             ))
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(self.instructions)
     }
 
     async fn list_tools(
