@@ -205,10 +205,12 @@ fn free_tag(host: &SnapshotHost, tag: &str) -> Result<(), ToolError> {
 /// oldest first.
 pub fn snapshots(node: &Node) -> Result<Vec<SnapshotInfo>, ToolError> {
     let host = snapshot_host(node)?;
+    let warm = host.pool().status().warm;
     let mut rows: Vec<SnapshotInfo> = node
         .template_entries()
         .into_iter()
         .map(|entry| SnapshotInfo {
+            warm: if entry.default { warm } else { 0 },
             tag: entry.name.clone(),
             kind: "template".to_owned(),
             created_at_unix: entry.modified.map(unix_secs),
@@ -246,6 +248,7 @@ fn snapshot_row(info: &CheckpointInfo) -> SnapshotInfo {
         memory_mib: Some(manifest.machine.size.memory_mib),
         source_sandbox_id: Some(sandbox_id_of(&manifest.source_vm).to_string()),
         default: false,
+        warm: 0,
         error: None,
     }
 }

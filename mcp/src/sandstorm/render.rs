@@ -103,8 +103,11 @@ pub struct SnapshotInfo {
     pub memory_mib: Option<u32>,
     /// For a snapshot: the sandbox it was captured from (it may be gone).
     pub source_sandbox_id: Option<String>,
-    /// For a template: whether spawn_sandboxes of it is served from the warm pool.
+    /// For a template: whether it is the server's default, which is kept warm.
     pub default: bool,
+    /// Sandboxes of it booted and waiting in the warm pool: spawning that many takes
+    /// milliseconds.
+    pub warm: usize,
     /// Why it cannot be used, if it cannot.
     pub error: Option<String>,
 }

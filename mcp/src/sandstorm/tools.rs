@@ -26,8 +26,8 @@ impl SandboxServer {
     #[tool(
         name = "list_snapshots",
         description = "List what sandboxes can be spawned from: templates (built or promoted \
-        on this host; default true marks the one kept warm, which spawns in milliseconds) \
-        and snapshots (running sandboxes captured by branch_sandbox, kept after the \
+        on this host; default marks the one kept warm, and warm how many of it spawn in \
+        milliseconds now) and snapshots (running sandboxes captured by branch_sandbox, kept after the \
         session), each with its tag for spawn_sandboxes, kind, creation time, template, \
         vCPUs and memory.",
         output_schema = schema_for_output::<Listing<SnapshotInfo>>(),
