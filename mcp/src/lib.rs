@@ -4,7 +4,8 @@
 //!
 //! # How data flows
 //! The client speaks JSON-RPC on stdin/stdout, one message per line; logs go to
-//! stderr only. The [`stdio`] front reads stdin first: it answers what `rmcp` would
+//! stderr only. `--profile` picks the tool set: this project's (the default), or
+//! sandstorm-mcp's ([`sandstorm`]); both run on everything below. The [`stdio`] front reads stdin first: it answers what `rmcp` would
 //! drop without a word (a line over [`stdio::MAX_LINE_BYTES`], invalid JSON, JSON
 //! that is no JSON-RPC message) with JSON-RPC errors, hands every valid line to
 //! `rmcp` through an in-memory pipe, and is the one writer of stdout. `rmcp` routes
@@ -35,9 +36,15 @@
 //! - [`sandbox`]: one sandbox: its agent connection and its VM (running or
 //!   hibernated).
 //! - [`util`]: a lock that survives poisoning, `join_all`, milliseconds.
-//! - [`tools`]: the MCP server and its tools; the per-call cap.
+//! - [`tools`]: the MCP server and its tools; the per-call cap; which routers a
+//!   profile offers.
 //! - [`snapshot`]: the snapshot tools (fork, checkpoint, branch, hibernate, promote)
 //!   and what hibernates and wakes sandboxes.
+//! - [`fleet`]: many sandboxes in one claim (`create_sandboxes`, over
+//!   `pool::Pool::claim_many`), listing, describing and pinging them, the templates.
+//! - [`sandstorm`]: `--profile sandstorm`, seed 001's tools and per-sandbox tokens on
+//!   the same engine (the fleet's batches, the snapshot operations).
+//! - [`token`]: the per-sandbox token.
 //! - [`exec`]: the streamed exec behind the `exec` tool (partial output on cut-off).
 //! - [`params`], [`render`], [`error`]: tool inputs, outputs and failures.
 
