@@ -111,6 +111,13 @@ pub async fn spawn(
 /// Finds what `tag` names: a template first (a snapshot cannot take a template's
 /// name, see [`branch`]), then a checkpoint.
 fn resolve(node: &Node, host: &SnapshotHost, tag: &str) -> Result<Source, ToolError> {
+    // The server's default, also when --template named it by path.
+    if node
+        .default_template()
+        .is_some_and(|default| default.to_string() == tag)
+    {
+        return Ok(Source::Template(host.pool().default_size()));
+    }
     if check_name(tag).is_ok() {
         if let Ok(template) = host.launcher().template(&TemplateRef::Name(tag.to_owned())) {
             return Ok(Source::Template(template.default_size));
