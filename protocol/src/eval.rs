@@ -24,9 +24,11 @@ pub const DEFAULT_SESSION: &str = "default";
 pub const MAX_EVAL_CODE_BYTES: usize = 1024 * 1024;
 
 /// How long an interpreter has, after the interrupt at an evaluation's deadline, to
-/// report back before it is killed (and the session with it). So the reply to an
-/// `eval` comes at most this long after its deadline, plus the time to reap.
-pub const EVAL_INTERRUPT_GRACE_MS: u64 = 2000;
+/// report back before it is killed (and the session with it): the exec deadline's
+/// grace, since a loaded emulated guest can take seconds to run a shell's trap. So
+/// the reply to an `eval` comes at most this long after its deadline, plus the time
+/// to reap.
+pub const EVAL_INTERRUPT_GRACE_MS: u64 = 5000;
 
 /// Sessions one agent keeps at once; an `eval` that would start one more fails with
 /// `Busy` (close one first).
