@@ -11,6 +11,7 @@
 //! | `--sandbox-home DIR` | `SANDBOX_HOME` | `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` |
 //! | `--boot-timeout SECS` | `SANDBOX_BOOT_TIMEOUT` | `60` |
 //! | `--max-fork-count N` | `SANDBOX_MAX_FORK_COUNT` | `16` |
+//! | `--profile NAME` | `SANDBOX_MCP_PROFILE` | `default` |
 //!
 //! The launcher's own variables (`SANDBOX_RUN_DIR`, `SANDBOX_ACCEL`, `SANDBOX_QEMU`,
 //! `SANDBOX_QEMU_IMG`, `SANDBOX_VHOST_VSOCK`) are read through the environment lookup
@@ -36,6 +37,17 @@ pub const DEFAULT_MAX_FORK_COUNT: usize = 16;
 
 /// The id the attached agent gets in attach mode.
 pub const ATTACHED_ID: &str = "attached";
+
+/// The tool set the server offers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    /// This project's tools (`create_sandbox`, `exec`, `fork`, ...).
+    #[default]
+    Default,
+    /// sandstorm-mcp's tools, names and arguments (`spawn_sandboxes`,
+    /// `exec_command`, ... with per-sandbox `sandbox_token`s), on the same engine.
+    Sandstorm,
+}
 
 /// MCP server over stdio that exposes microVM sandboxes as tools.
 #[derive(Debug, Parser)]
@@ -94,6 +106,16 @@ pub struct Args {
         value_name = "N"
     )]
     pub max_fork_count: usize,
+    /// The tool set: "default", or "sandstorm" for sandstorm-mcp's tool names,
+    /// arguments and per-sandbox tokens (needs launch mode).
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_PROFILE",
+        value_enum,
+        default_value_t = Profile::Default,
+        value_name = "NAME"
+    )]
+    pub profile: Profile,
 }
 
 /// What the server runs on, validated.
@@ -101,6 +123,8 @@ pub struct Args {
 pub struct Config {
     /// Where sandboxes come from.
     pub mode: Mode,
+    /// The tool set.
+    pub profile: Profile,
 }
 
 /// Where sandboxes come from.
@@ -172,6 +196,12 @@ pub enum ConfigError {
     /// `--max-fork-count` is out of range.
     #[error("--max-fork-count must be between 1 and {MAX_BRANCH}, not {0}")]
     MaxForkCount(usize),
+    /// `--profile sandstorm` with `--agent`.
+    #[error(
+        "--profile sandstorm spawns and branches sandboxes, which an attached agent \
+         (--agent) cannot do: leave out one of them"
+    )]
+    SandstormAttached,
 }
 
 impl Config {
@@ -183,11 +213,15 @@ impl Config {
     ) -> Result<Self, ConfigError> {
         if let Some(url) = &args.agent {
             let url = url.parse().map_err(ConfigError::AgentUrl)?;
+            if args.profile == Profile::Sandstorm {
+                return Err(ConfigError::SandstormAttached);
+            }
             return Ok(Self {
                 mode: Mode::Attach(AttachConfig {
                     url,
                     token: args.token.filter(|t| !t.is_empty()),
                 }),
+                profile: args.profile,
             });
         }
         if !(1..=MAX_SANDBOXES_LIMIT).contains(&args.max_sandboxes) {
@@ -230,6 +264,7 @@ impl Config {
                 boot_timeout: Duration::from_secs(args.boot_timeout_secs),
                 max_fork_count: args.max_fork_count,
             }),
+            profile: args.profile,
         })
     }
 }
@@ -251,13 +286,14 @@ mod tests {
     #[test]
     fn defaults_launch_the_default_template_with_a_pool_of_one() {
         let config = Config::from_args(parse(&["--sandbox-home", "/s"]), env).unwrap();
-        let Mode::Launch(launch) = config.mode else {
+        let Mode::Launch(launch) = &config.mode else {
             panic!("expected launch mode");
         };
         assert_eq!(launch.template, TemplateRef::Name("default".into()));
         assert_eq!(launch.pool, 1);
         assert_eq!(launch.max_sandboxes, 4);
         assert_eq!(launch.max_fork_count, 16);
+        assert_eq!(config.profile, Profile::Default);
         assert_eq!(launch.launcher.home.root(), PathBuf::from("/s"));
         assert_eq!(launch.launcher.run_root, PathBuf::from("/s/run"));
     }
@@ -287,5 +323,17 @@ mod tests {
         assert!(bad(&["--template", " "]).contains("--template"));
         assert!(bad(&["--max-fork-count", "0"]).contains("--max-fork-count"));
         assert!(bad(&["--max-fork-count", "65"]).contains("--max-fork-count"));
+        assert!(bad(&["--profile", "sandstorm", "--agent", "unix:///a"]).contains("--agent"));
+    }
+
+    #[test]
+    fn the_sandstorm_profile_is_chosen_by_flag_or_variable() {
+        let config = Config::from_args(
+            parse(&["--profile", "sandstorm", "--sandbox-home", "/s"]),
+            env,
+        )
+        .unwrap();
+        assert_eq!(config.profile, Profile::Sandstorm);
+        assert!(Args::try_parse_from(["sandbox-mcp", "--profile", "forkd"]).is_err());
     }
 }

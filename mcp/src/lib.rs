@@ -4,7 +4,8 @@
 //!
 //! # How data flows
 //! The client speaks JSON-RPC on stdin/stdout, one message per line; logs go to
-//! stderr only. The [`stdio`] front reads stdin first: it answers what `rmcp` would
+//! stderr only. `--profile` picks the tool set: this project's (the default), or
+//! sandstorm-mcp's ([`sandstorm`]); both run on everything below. The [`stdio`] front reads stdin first: it answers what `rmcp` would
 //! drop without a word (a line over [`stdio::MAX_LINE_BYTES`], invalid JSON, JSON
 //! that is no JSON-RPC message) with JSON-RPC errors, hands every valid line to
 //! `rmcp` through an in-memory pipe, and is the one writer of stdout. `rmcp` routes
@@ -35,9 +36,15 @@
 //! - [`sandbox`]: one sandbox: its agent connection and its VM (running or
 //!   hibernated).
 //! - [`util`]: a lock that survives poisoning, `join_all`, milliseconds.
-//! - [`tools`]: the MCP server and its tools; the per-call cap.
+//! - [`tools`]: the MCP server and its tools; the per-call cap; which routers a
+//!   profile offers.
 //! - [`snapshot`]: the snapshot tools (fork, checkpoint, branch, hibernate, promote)
 //!   and what hibernates and wakes sandboxes.
+//! - [`fleet`]: many sandboxes in one claim (`create_sandboxes`, over
+//!   `pool::Pool::claim_many`), listing, describing and pinging them, the templates.
+//! - [`sandstorm`]: `--profile sandstorm`, seed 001's tools and per-sandbox tokens on
+//!   the same engine (the fleet's batches, the snapshot operations).
+//! - [`token`]: the per-sandbox token.
 //! - [`exec`]: the streamed exec behind the `exec` tool (partial output on cut-off).
 //! - [`eval`]: `eval_code`'s checks and result.
 //! - [`processes`]: `ps`, `logs` and `kill`.
@@ -53,6 +60,7 @@ pub mod error;
 pub mod eval;
 pub mod exec;
 pub mod files;
+pub mod fleet;
 pub mod node;
 pub mod output;
 pub mod params;
@@ -62,9 +70,11 @@ pub mod progress;
 pub mod registry;
 pub mod render;
 pub mod sandbox;
+pub mod sandstorm;
 pub mod schema;
 pub mod snapshot;
 pub mod stdio;
+pub mod token;
 pub mod tools;
 pub mod upload;
 pub mod util;
@@ -95,8 +105,9 @@ pub enum ServeError {
 /// (and an `exec` runs up to 5 minutes); here the service is cancelled and the VMs
 /// destroyed at once, which also ends those calls.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+    let profile = config.profile;
     let node = node::Node::start(config).await;
-    let server = tools::SandboxServer::new(node.clone());
+    let server = tools::SandboxServer::new(node.clone(), profile);
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let (mut front, transport) = stdio::Front::start(stdin, stdout);
     tokio::pin!(shutdown);

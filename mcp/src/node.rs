@@ -31,8 +31,9 @@ use crate::render::{
     rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo, ReleaseResult,
     TemplateInfo,
 };
-use crate::sandbox::{Backing, Deadline, Sandbox, SandboxId};
+use crate::sandbox::{Backing, Claim, Deadline, Origin, Sandbox, SandboxId};
 use crate::snapshot::SnapshotHost;
+use crate::token::SandboxToken;
 use crate::util::millis;
 
 /// The TTL `ttl_seconds: 0` means.
@@ -70,6 +71,8 @@ pub struct NewVm {
     pub warm: bool,
     /// How long it took to have.
     pub claim_duration: Duration,
+    /// Where it came from.
+    pub origin: Origin,
 }
 
 impl Node {
@@ -154,6 +157,14 @@ impl Node {
         }
     }
 
+    /// The pool VMs come from; `None` in attach mode.
+    pub fn pool(&self) -> Option<&Arc<Pool<LauncherFactory>>> {
+        match &self.source {
+            Source::Attach(_) => None,
+            Source::Launch(pool, _) => Some(pool),
+        }
+    }
+
     /// The template `create_sandbox` uses when none is given; `None` in attach mode.
     pub fn default_template(&self) -> Option<&TemplateRef> {
         match &self.source {
@@ -167,23 +178,7 @@ impl Node {
         &self,
         params: CreateSandboxParams,
     ) -> Result<CreateSandboxResult, ToolError> {
-        if params.net == Net::Egress {
-            return Err(ToolError::new(
-                "net \"egress\" is not available yet: sandboxes have no network access. Call \
-                 create_sandbox without net (or with net \"none\"); to get files in, use \
-                 write_file.",
-            ));
-        }
-        let ttl_secs = match params.ttl_seconds {
-            0 => DEFAULT_TTL_SECS,
-            secs if secs > MAX_TTL_SECS => {
-                return Err(ToolError::new(format!(
-                    "ttl_seconds may be at most {MAX_TTL_SECS} (24 hours); got {secs}. Pass a \
-                     smaller value, or 0 for one hour."
-                )))
-            }
-            secs => secs,
-        };
+        let ttl_secs = claim_ttl_secs(params.net, params.ttl_seconds)?;
         match &self.source {
             Source::Attach(_) => self.claim_attached().await,
             Source::Launch(pool, _) => self.claim_vm(pool, params, ttl_secs).await,
@@ -197,33 +192,17 @@ impl Node {
         ttl_secs: u64,
     ) -> Result<CreateSandboxResult, ToolError> {
         let started = Instant::now();
-        let template = match params.template.as_deref().map(str::trim) {
-            None | Some("") => pool.default_template().clone(),
-            Some(name) => TemplateRef::parse(name),
-        };
         let size = match params.size {
-            Some(name) => Size::preset(name.as_str()).ok_or_else(|| {
+            Some(name) => Some(Size::preset(name.as_str()).ok_or_else(|| {
                 ToolError::new(format!(
                     "Size {} is not one the launcher knows; use small, medium, large, xlarge or 2xlarge.",
                     name.as_str()
                 ))
-            })?,
-            None if template == *pool.default_template() => pool.default_size(),
-            None => match pool.factory().launcher().template(&template) {
-                Ok(loaded) => loaded.default_size,
-                Err(error) => {
-                    return Err(ToolError::new(format!(
-                        "Template {template} cannot be used: {}. Templates available: {}.",
-                        sandbox_vmm::error_chain(&error),
-                        self.template_names().join(", ")
-                    )))
-                }
-            },
+            })?),
+            None => None,
         };
-        let spec = VmSpec {
-            template: template.clone(),
-            size,
-        };
+        let spec = self.resolve_spec(pool, params.template.as_deref(), size)?;
+        let VmSpec { template, size } = spec.clone();
         let (lease, origin) = pool
             .claim(&spec)
             .await
@@ -238,6 +217,7 @@ impl Node {
                 ttl: Duration::from_secs(ttl_secs),
                 warm,
                 claim_duration,
+                origin: Origin::Template,
             })
             .await?;
         let deadline = sandbox.deadline.map(|deadline| deadline.wall);
@@ -256,7 +236,37 @@ impl Node {
         })
     }
 
-    /// Makes `vm` a sandbox of this session, `sbx-<VM id>`, expiring `ttl` from now.
+    /// What a claim of `template` (the default when `None` or blank) at `size` (the
+    /// template's default when `None`) boots, or why that template cannot be used.
+    pub fn resolve_spec(
+        &self,
+        pool: &Pool<LauncherFactory>,
+        template: Option<&str>,
+        size: Option<Size>,
+    ) -> Result<VmSpec, ToolError> {
+        let template = match template.map(str::trim) {
+            None | Some("") => pool.default_template().clone(),
+            Some(name) => TemplateRef::parse(name),
+        };
+        let size = match size {
+            Some(size) => size,
+            None if template == *pool.default_template() => pool.default_size(),
+            None => match pool.factory().launcher().template(&template) {
+                Ok(loaded) => loaded.default_size,
+                Err(error) => {
+                    return Err(ToolError::new(format!(
+                        "Template {template} cannot be used: {}. Templates available: {}.",
+                        sandbox_vmm::error_chain(&error),
+                        self.template_names().join(", ")
+                    )))
+                }
+            },
+        };
+        Ok(VmSpec { template, size })
+    }
+
+    /// Makes `vm` a sandbox of this session, `sbx-<VM id>`, expiring `ttl` from now,
+    /// with a fresh token.
     pub async fn insert_vm(&self, vm: NewVm) -> Result<Arc<Sandbox>, ToolError> {
         let NewVm {
             lease,
@@ -265,7 +275,10 @@ impl Node {
             ttl,
             warm,
             claim_duration,
+            origin,
         } = vm;
+        // On failure the lease is dropped here, which kills the VM.
+        let token = new_token()?;
         let deadline = Deadline::after(ttl);
         let id = SandboxId::new(format!("sbx-{}", lease.vm().id()));
         // The sandbox keeps its own handle on the connection the VM came with.
@@ -281,16 +294,16 @@ impl Node {
             Source::Launch(_, snapshots) => Backing::hibernating(lease, snapshots.clone()),
             Source::Attach(_) => Backing::vm(lease),
         };
-        let sandbox = Sandbox::new(
-            id,
+        let claim = Claim {
             template,
-            Some(size),
-            Some(deadline),
+            size: Some(size),
+            deadline: Some(deadline),
             warm,
-            claim_duration,
-            agent,
-            backing,
-        );
+            duration: claim_duration,
+            origin,
+            token,
+        };
+        let sandbox = Sandbox::new(id, claim, agent, backing);
         let sandbox = self
             .registry
             .insert(sandbox)
@@ -341,13 +354,18 @@ impl Node {
             token: attach.token.clone(),
             ..ConnectOptions::default()
         };
+        let claim = Claim {
+            template: ATTACHED_ID.to_owned(),
+            size: None,
+            deadline: None,
+            warm: true,
+            duration: claim_duration,
+            origin: Origin::Attached,
+            token: new_token()?,
+        };
         let sandbox = Sandbox::new(
             SandboxId::new(ATTACHED_ID),
-            ATTACHED_ID.to_owned(),
-            None,
-            None,
-            true,
-            claim_duration,
+            claim,
             (attach.url.clone(), options, client),
             Backing::Attached,
         );
@@ -461,7 +479,7 @@ impl Node {
     }
 
     /// Names of the folders under the templates root that hold a template.
-    fn template_names(&self) -> Vec<String> {
+    pub fn template_names(&self) -> Vec<String> {
         let Source::Launch(pool, _) = &self.source else {
             return Vec::new();
         };
@@ -486,5 +504,34 @@ impl Node {
             // After the sandboxes: their forks' checkpoints are unused only now.
             snapshots.shutdown();
         }
+    }
+}
+
+/// A sandbox's token, or why none could be made.
+fn new_token() -> Result<SandboxToken, ToolError> {
+    SandboxToken::generate().map_err(|error| {
+        ToolError::new(format!(
+            "Cannot make the sandbox's token: no random bytes from the kernel ({error}). \
+             Nothing was kept; try again."
+        ))
+    })
+}
+
+/// The lifetime of a claim asking for `net` and `ttl_seconds` (0 for the default),
+/// or why it cannot be had.
+pub fn claim_ttl_secs(net: Net, ttl_seconds: u64) -> Result<u64, ToolError> {
+    if net == Net::Egress {
+        return Err(ToolError::new(
+            "net \"egress\" is not available yet: sandboxes have no network access. Claim \
+             without net (or with net \"none\"); to get files in, use write_file.",
+        ));
+    }
+    match ttl_seconds {
+        0 => Ok(DEFAULT_TTL_SECS),
+        secs if secs > MAX_TTL_SECS => Err(ToolError::new(format!(
+            "ttl_seconds may be at most {MAX_TTL_SECS} (24 hours); got {secs}. Pass a smaller \
+             value, or 0 for one hour."
+        ))),
+        secs => Ok(secs),
     }
 }

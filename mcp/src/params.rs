@@ -83,7 +83,14 @@ pub struct ExecParams {
     /// The sandbox, as returned by create_sandbox.
     pub sandbox_id: String,
     /// Shell command line, run with `/bin/sh -c` (pipes, &&, redirections work).
-    pub command: String,
+    /// Give command or argv, not both.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// The program and its arguments, run directly with no shell (nothing is
+    /// expanded or split), like ["python3", "-c", "print(1)"]; the program is looked
+    /// up in PATH. Give command or argv, not both.
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
     /// Working directory (absolute); defaults to the user's home, else /.
     #[serde(default)]
     pub cwd: Option<String>,
@@ -480,6 +487,9 @@ mod tests {
         let params: ExecParams =
             serde_json::from_str(r#"{"sandbox_id":"a","command":"ls","timeout":3}"#).unwrap();
         assert_eq!(params.timeout_seconds, Some(3));
+        let params: ExecParams =
+            serde_json::from_str(r#"{"sandbox_id":"a","argv":["ls","-l"]}"#).unwrap();
+        assert_eq!((params.command, params.argv.unwrap().len()), (None, 2));
     }
 
     #[test]

@@ -219,17 +219,13 @@ mod tests {
     use super::*;
     use crate::pool::fake::{default_spec, get, started_pool, until, FakeVm};
     use crate::pool::{Lease, Pool};
-    use crate::sandbox::{Backing, Deadline};
+    use crate::sandbox::{Backing, Claim, Deadline};
 
     /// A sandbox over `lease` that expires `ttl` from now; its agent is never called.
     fn sandbox(id: &str, lease: Lease<FakeVm>, ttl: Duration) -> Sandbox<FakeVm> {
         Sandbox::new(
             SandboxId::new(id),
-            "default".to_owned(),
-            None,
-            Some(Deadline::after(ttl)),
-            false,
-            Duration::ZERO,
+            Claim::for_test(Some(Deadline::after(ttl))),
             (
                 "unix:///nonexistent".parse().unwrap(),
                 ConnectOptions::default(),

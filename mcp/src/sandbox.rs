@@ -30,6 +30,7 @@ use tokio::time::Instant;
 
 use crate::pool::launcher::LaunchedVm;
 use crate::pool::{Lease, Machine};
+use crate::token::SandboxToken;
 use crate::util::millis;
 
 /// A sandbox id as the tools see it.
@@ -216,6 +217,84 @@ impl<V: Machine> Backing<V> {
     }
 }
 
+/// Where a sandbox came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Booted or restored from its template, or claimed warm.
+    Template,
+    /// A child of a fork of this sandbox.
+    Fork(SandboxId),
+    /// Started from a checkpoint.
+    Checkpoint {
+        /// Its id.
+        id: String,
+        /// Its name, if it has one.
+        name: Option<String>,
+    },
+    /// The attached agent.
+    Attached,
+}
+
+/// What a sandbox is doing, as a listing sees it without waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Its VM runs (or it is the attached agent).
+    Running,
+    /// Its VM's state is on disk; the next call that needs the guest wakes it.
+    Hibernated,
+    /// Being woken, captured (fork, checkpoint, promote) or hibernated right now.
+    Busy,
+    /// Destroyed, and about to leave the registry.
+    Destroyed,
+}
+
+impl Status {
+    /// The name listings use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Hibernated => "hibernated",
+            Self::Busy => "busy",
+            Self::Destroyed => "destroyed",
+        }
+    }
+}
+
+/// What a sandbox was claimed as: everything but its agent and its VM.
+#[derive(Debug)]
+pub struct Claim {
+    /// The template it runs (`"attached"` in attach mode).
+    pub template: String,
+    /// vCPUs and memory (unknown when attached).
+    pub size: Option<Size>,
+    /// When it is destroyed; `None` for an attached agent.
+    pub deadline: Option<Deadline>,
+    /// Whether it came from the warm pool.
+    pub warm: bool,
+    /// How long the claim took.
+    pub duration: Duration,
+    /// Where it came from.
+    pub origin: Origin,
+    /// Its token.
+    pub token: SandboxToken,
+}
+
+#[cfg(test)]
+impl Claim {
+    /// A claim of the `default` template for unit tests, expiring at `deadline`.
+    pub(crate) fn for_test(deadline: Option<Deadline>) -> Self {
+        Self {
+            template: "default".to_owned(),
+            size: None,
+            deadline,
+            warm: false,
+            duration: Duration::ZERO,
+            origin: Origin::Template,
+            token: SandboxToken::generate().expect("no random bytes"),
+        }
+    }
+}
+
 /// A claimed sandbox.
 #[derive(Debug)]
 pub struct Sandbox<V = LaunchedVm> {
@@ -233,6 +312,11 @@ pub struct Sandbox<V = LaunchedVm> {
     pub warm: bool,
     /// How long the claim took.
     pub claim_duration: Duration,
+    /// Where it came from.
+    pub origin: Origin,
+    /// Its token: handed out once by the tools that make sandboxes under
+    /// `--profile sandstorm`, and required back by those that reach the guest.
+    pub token: SandboxToken,
     agent: Agent,
     backing: Backing<V>,
 }
@@ -240,26 +324,23 @@ pub struct Sandbox<V = LaunchedVm> {
 impl<V: Machine> Sandbox<V> {
     /// A sandbox over `backing`, reached at `url` (`client` is an open connection to
     /// reuse, if any).
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: SandboxId,
-        template: String,
-        size: Option<Size>,
-        deadline: Option<Deadline>,
-        warm: bool,
-        claim_duration: Duration,
+        claim: Claim,
         agent: (AgentUrl, ConnectOptions, Option<Client>),
         backing: Backing<V>,
     ) -> Self {
         let (url, options, client) = agent;
         Self {
             id,
-            template,
-            size,
+            template: claim.template,
+            size: claim.size,
             claimed_at: SystemTime::now(),
-            deadline,
-            warm,
-            claim_duration,
+            deadline: claim.deadline,
+            warm: claim.warm,
+            claim_duration: claim.duration,
+            origin: claim.origin,
+            token: claim.token,
             agent: Agent {
                 url,
                 options,
@@ -350,6 +431,21 @@ impl<V: Machine> Sandbox<V> {
                 Ok(Slept::Already(image))
             }
             VmState::Destroyed => Err(HibernateError::Destroyed),
+        }
+    }
+
+    /// What it is doing now, without waiting for a wake or capture in progress.
+    pub fn status(&self) -> Status {
+        let Backing::Vm(vm) = &self.backing else {
+            return Status::Running;
+        };
+        match vm.state.try_lock() {
+            Err(_) => Status::Busy,
+            Ok(state) => match &*state {
+                VmState::Running(_) => Status::Running,
+                VmState::Hibernated(_) => Status::Hibernated,
+                VmState::Destroyed => Status::Destroyed,
+            },
         }
     }
 
@@ -477,11 +573,7 @@ mod tests {
         let (lease, _) = pool.claim(&default_spec()).await.unwrap();
         let sandbox = Sandbox::new(
             SandboxId::new("sbx-1"),
-            "default".to_owned(),
-            None,
-            None,
-            false,
-            Duration::ZERO,
+            Claim::for_test(None),
             (
                 "unix:///nonexistent".parse().unwrap(),
                 ConnectOptions::default(),
@@ -549,11 +641,7 @@ mod tests {
         let (lease, _) = pool.claim(&default_spec()).await.unwrap();
         let sandbox = Sandbox::new(
             SandboxId::new("sbx-2"),
-            "default".to_owned(),
-            None,
-            None,
-            false,
-            Duration::ZERO,
+            Claim::for_test(None),
             (
                 "unix:///nonexistent".parse().unwrap(),
                 ConnectOptions::default(),

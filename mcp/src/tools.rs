@@ -7,8 +7,10 @@
 //! Tools, as the README's table lists them: `create_sandbox`, `exec`, `eval_code`,
 //! `spawn`, `ps`, `logs`, `kill`, `wait_for_text`, `write_file`, `read_file`, `list_dir`,
 //! `release`, `node_info`; the snapshot tools are a second router, in
-//! [`crate::snapshot::tools`]. Every tool's schemas are made standard JSON Schema
-//! ([`crate::schema`]) once the routers are combined.
+//! [`crate::snapshot::tools`], and the fleet tools a third, in [`crate::fleet::tools`].
+//! Under `--profile sandstorm` the server offers only [`crate::sandstorm`]'s router.
+//! Every tool's schemas are made standard JSON Schema ([`crate::schema`]) once the
+//! routers are combined.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,6 +31,7 @@ use sandbox_protocol::wait::{WAIT_DEFAULT_TIMEOUT_MS, WAIT_MAX_TIMEOUT_MS};
 use sandbox_protocol::{Command, ExecRequest, FileKind, ProcessSpec, WaitTarget};
 use tokio::time::Instant;
 
+use crate::config::Profile;
 use crate::error::{Op, ToolError};
 use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC_STDIN_MAX_BYTES};
 use crate::node::Node;
@@ -64,7 +67,8 @@ const SIGKILL: i32 = 9;
 
 /// What the server tells the model at initialization.
 const INSTRUCTIONS: &str = "Sandboxes are disposable Linux microVMs for running untrusted \
-code. Call create_sandbox, pass its sandbox_id to exec (shell commands), eval_code (Python or \
+code. Call create_sandbox (create_sandboxes for several), pass its sandbox_id to exec (a shell \
+command, or an argv list), eval_code (Python or \
 sh in a session whose state persists between calls, like a notebook), spawn/logs/kill \
 (background processes), wait_for_text (until a server's output or a file shows a line), \
 write_file/read_file/list_dir (files, any size, text or base64), and release it when done. \
@@ -74,7 +78,8 @@ Each sandbox is destroyed at its deadline (default one hour, never renewed) and 
 session ends; sandboxes have no network access. fork clones a sandbox into children; \
 checkpoint saves its state for branch_checkpoint (checkpoints outlive the session); \
 hibernate frees an idle sandbox's memory (the next call wakes it); promote makes a \
-template of it.";
+template of it. list_sandboxes, get_sandbox, ping_sandbox and list_templates describe what \
+there is.";
 
 /// The MCP server.
 #[derive(Debug, Clone)]
@@ -82,32 +87,47 @@ pub struct SandboxServer {
     pub(crate) node: Arc<Node>,
     tool_router: ToolRouter<Self>,
     uploads: Arc<Uploads>,
+    instructions: &'static str,
 }
 
 #[tool_router]
 impl SandboxServer {
-    /// A server over `node`. The snapshot tools are offered only when it launches
-    /// microVMs: an attached agent cannot be snapshotted.
-    pub fn new(node: Arc<Node>) -> Self {
-        let tool_router = Self::router(node.snapshots().is_some());
+    /// A server over `node` offering `profile`'s tools. In the default profile the
+    /// snapshot tools, and the fleet tools that claim or list templates, are offered
+    /// only when it launches microVMs: an attached agent cannot be snapshotted and is
+    /// the only sandbox. The sandstorm profile offers only its own tools. Every
+    /// tool's schemas are made standard JSON Schema.
+    pub fn new(node: Arc<Node>, profile: Profile) -> Self {
+        let (tool_router, instructions) = Self::router(profile, node.snapshots().is_some());
         Self {
             node,
             tool_router,
+            instructions,
             uploads: Arc::new(Uploads::default()),
         }
     }
 
-    /// Every tool the server offers (with the snapshot tools or not), with standard
-    /// schemas.
-    fn router(snapshots: bool) -> ToolRouter<Self> {
-        let mut router = match snapshots {
-            true => Self::tool_router() + Self::snapshot_router(),
-            false => Self::tool_router(),
+    /// `profile`'s tools (with the snapshot tools or not) with standard schemas, and
+    /// the instructions that go with them.
+    fn router(profile: Profile, snapshots: bool) -> (ToolRouter<Self>, &'static str) {
+        let (mut tool_router, instructions) = match profile {
+            Profile::Default => {
+                let mut router = Self::tool_router() + Self::fleet_router();
+                if snapshots {
+                    router += Self::snapshot_router();
+                } else {
+                    for name in crate::fleet::tools::LAUNCH_ONLY {
+                        router.remove_route(name);
+                    }
+                }
+                (router, INSTRUCTIONS)
+            }
+            Profile::Sandstorm => (Self::sandstorm_router(), crate::sandstorm::INSTRUCTIONS),
         };
-        for route in router.map.values_mut() {
+        for route in tool_router.map.values_mut() {
             schema::standardize_tool(&mut route.attr);
         }
-        router
+        (tool_router, instructions)
     }
 
     #[tool(
@@ -139,8 +159,9 @@ impl SandboxServer {
 
     #[tool(
         title = "Run a command",
-        description = "Run a shell command (/bin/sh -c) in a sandbox to completion and return \
-        stdout, stderr, exit_code and truncated. Optional: cwd, env, stdin (at most 3 MiB), \
+        description = "Run a command in a sandbox to completion and return stdout, stderr, \
+        exit_code and truncated: command is a shell line (/bin/sh -c), or argv a program and \
+        its arguments run without a shell. Optional: cwd, env, stdin (at most 3 MiB), \
         timeout_seconds (default 55, so the answer beats common 60 s client deadlines; up \
         to 300 when asked), max_bytes (of each stream returned: default 16384, at most \
         1048576) and keep (\"auto\" default: the tail of a failed command's output, where \
@@ -180,9 +201,10 @@ impl SandboxServer {
                 size(EXEC_STDIN_MAX_BYTES as u64)
             )));
         }
+        let command = command_of(params.command, params.argv)?;
         let client = client(&sandbox, Op::Command).await?;
         let request = ExecRequest {
-            spec: process_spec(params.command, params.cwd, params.env),
+            spec: process_spec(command, params.cwd, params.env),
             stdin,
             timeout_ms: None,
             stream: true,
@@ -266,7 +288,7 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         let client = client(&sandbox, Op::Command).await?;
-        let spec = process_spec(params.command, params.cwd, params.env);
+        let spec = process_spec(Command::Shell(params.command), params.cwd, params.env);
         let pid = client
             .spawn(spec)
             .await
@@ -572,7 +594,7 @@ impl ServerHandler for SandboxServer {
                 env!("CARGO_PKG_NAME"),
                 env!("CARGO_PKG_VERSION"),
             ))
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(self.instructions)
     }
 
     async fn list_tools(
@@ -637,12 +659,29 @@ async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolEr
         .map_err(|error| ToolError::unreachable(op, sandbox.id.as_str(), &error))
 }
 
+/// `exec`'s command: a shell line or an argv, exactly one of them.
+fn command_of(line: Option<String>, argv: Option<Vec<String>>) -> Result<Command, ToolError> {
+    match (line, argv) {
+        (Some(line), None) => Ok(Command::Shell(line)),
+        (None, Some(argv)) if argv.first().is_some_and(|program| !program.is_empty()) => {
+            Ok(Command::Argv(argv))
+        }
+        (None, Some(_)) => Err(ToolError::new(
+            "argv must start with a program name, like [\"ls\", \"-l\", \"/tmp\"].",
+        )),
+        _ => Err(ToolError::new(
+            "Give exactly one of command (a shell line, like \"ls -l /tmp | head\") and argv \
+             (a program and its arguments, run without a shell, like [\"ls\", \"-l\", \"/tmp\"]).",
+        )),
+    }
+}
+
 fn process_spec(
-    command: String,
+    command: Command,
     cwd: Option<String>,
     env: Option<BTreeMap<String, String>>,
 ) -> ProcessSpec {
-    let mut spec = ProcessSpec::new(Command::Shell(command));
+    let mut spec = ProcessSpec::new(command);
     spec.cwd = cwd.filter(|cwd| !cwd.is_empty());
     spec.env = env.unwrap_or_default().into_iter().collect();
     spec
@@ -665,6 +704,24 @@ fn kind_name(kind: FileKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_takes_a_shell_line_or_an_argv_but_not_both() {
+        assert_eq!(
+            command_of(Some("ls | wc".into()), None).unwrap(),
+            Command::Shell("ls | wc".into())
+        );
+        let argv = vec!["echo".to_owned(), "a b".to_owned()];
+        assert_eq!(
+            command_of(None, Some(argv.clone())).unwrap(),
+            Command::Argv(argv.clone())
+        );
+        let both = command_of(Some("ls".into()), Some(argv)).unwrap_err();
+        assert!(both.message.contains("exactly one"), "{}", both.message);
+        assert!(command_of(None, None).is_err());
+        assert!(command_of(None, Some(Vec::new())).is_err());
+        assert!(command_of(None, Some(vec![String::new()])).is_err());
+    }
 
     #[test]
     fn the_tool_table_is_exactly_the_documented_one() {
@@ -707,7 +764,7 @@ mod tests {
 
     #[test]
     fn every_tool_has_a_title_and_all_four_hints() {
-        for tool in SandboxServer::router(true).list_all() {
+        for tool in SandboxServer::router(Profile::Default, true).0.list_all() {
             assert!(tool.title.is_some(), "{} has no title", tool.name);
             let hints = tool
                 .annotations
@@ -735,7 +792,7 @@ mod tests {
             .filter(|format| !schema::is_standard(format))
             .collect();
         assert!(!raw.is_empty());
-        for tool in SandboxServer::router(true).list_all() {
+        for tool in SandboxServer::router(Profile::Default, true).0.list_all() {
             let input = serde_json::Value::Object((*tool.input_schema).clone());
             let output = tool
                 .output_schema

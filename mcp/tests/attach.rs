@@ -31,10 +31,13 @@ async fn the_tool_list_is_the_documented_one_with_schemas() {
             "create_sandbox",
             "eval_code",
             "exec",
+            "get_sandbox",
             "kill",
             "list_dir",
+            "list_sandboxes",
             "logs",
             "node_info",
+            "ping_sandbox",
             "ps",
             "read_file",
             "release",
@@ -45,9 +48,28 @@ async fn the_tool_list_is_the_documented_one_with_schemas() {
     );
     let exec = tools.iter().find(|t| t.name == "exec").unwrap();
     let schema = serde_json::to_value(&*exec.input_schema).unwrap();
-    assert_eq!(schema["required"], json!(["sandbox_id", "command"]));
+    assert_eq!(schema["required"], json!(["sandbox_id"]));
+    assert!(schema["properties"]["command"].is_object());
+    assert!(schema["properties"]["argv"].is_object());
     assert!(schema["properties"]["timeout_seconds"].is_object());
     assert!(exec.output_schema.is_some());
+
+    // The fleet tools that describe work on the attached agent too.
+    let listed = server.ok("list_sandboxes", json!({})).await;
+    assert_eq!(listed["sandboxes"][0]["sandbox_id"], "attached", "{listed}");
+    assert!(listed["sandboxes"][0]["deadline"].is_null(), "{listed}");
+    let ping = server
+        .ok("ping_sandbox", json!({"sandbox_id": "attached"}))
+        .await;
+    assert_eq!(ping["state"], "running", "{ping}");
+    assert!(ping["round_trip_ms"].is_u64(), "{ping}");
+    let argv = server
+        .ok(
+            "exec",
+            json!({"sandbox_id": "attached", "argv": ["printf", "%s", "a b $HOME"]}),
+        )
+        .await;
+    assert_eq!(argv["stdout"], "a b $HOME", "{argv}");
     server.disconnect(Duration::from_secs(10)).await;
 }
 

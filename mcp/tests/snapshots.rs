@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use sandbox_vmm::launcher::LauncherConfig;
 use serde_json::{json, Value};
-use support::{assert_nothing_left, eventually, processes_mentioning, McpServer};
+use support::{assert_nothing_left, eventually, processes_mentioning, Folders, McpServer};
 
 /// How long the first warm VM may take (TCG on a busy 2-core host is slow).
 const WARM_WITHIN: Duration = Duration::from_secs(180);
@@ -47,63 +47,6 @@ fn main() -> std::process::ExitCode {
             run: || block_on(a_checkpoint_outlives_its_server()),
         },
     ])
-}
-
-/// A test's folders: run folders and checkpoints, private to it.
-struct Folders {
-    run: PathBuf,
-    checkpoints: PathBuf,
-    log: PathBuf,
-}
-
-impl Folders {
-    /// `None` when the microVM tests are skipped.
-    fn new(tag: &str) -> Option<Self> {
-        if !sandbox_tests::vm::require(&format!("mcp::snapshots::{tag}")) {
-            return None;
-        }
-        let run = support::run_dir(tag);
-        let checkpoints = support::run_dir(&format!("{tag}-ckpt"));
-        let log = PathBuf::from(format!("{}.log", run.display()));
-        Some(Self {
-            run,
-            checkpoints,
-            log,
-        })
-    }
-
-    async fn server(&self, args: &[&str]) -> McpServer {
-        let run = self.run.display().to_string();
-        let checkpoints = self.checkpoints.display().to_string();
-        McpServer::start(
-            args,
-            &[
-                ("SANDBOX_RUN_DIR", &run),
-                ("SANDBOX_CHECKPOINT_DIR", &checkpoints),
-            ],
-            &self.log,
-        )
-        .await
-    }
-
-    /// The checkpoints left in the test's folder.
-    fn checkpoints_left(&self) -> Vec<String> {
-        std::fs::read_dir(&self.checkpoints)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect()
-    }
-}
-
-impl Drop for Folders {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.run);
-            let _ = std::fs::remove_dir_all(&self.checkpoints);
-            let _ = std::fs::remove_file(&self.log);
-        }
-    }
 }
 
 /// A template folder removed when the test ends, however it ends.
@@ -154,7 +97,7 @@ async fn running_pids(server: &McpServer, sandbox: &str) -> Vec<i64> {
 }
 
 async fn fork_hibernate_and_promote() {
-    let Some(folders) = Folders::new("snap") else {
+    let Some(folders) = Folders::new("snapshots", "snap") else {
         return;
     };
     let server = folders
@@ -383,7 +326,7 @@ async fn fork_hibernate_and_promote() {
 }
 
 async fn a_checkpoint_outlives_its_server() {
-    let Some(folders) = Folders::new("ckpt") else {
+    let Some(folders) = Folders::new("snapshots", "ckpt") else {
         return;
     };
     let boot_timeout = WARM_WITHIN.as_secs().to_string();

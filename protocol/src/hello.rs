@@ -33,6 +33,18 @@ impl Hello {
     }
 }
 
+/// Whether a presented secret equals the expected one, in time that does not depend
+/// on where they first differ, so timing reveals no prefix of a token (only whether
+/// the lengths match, and tokens have a fixed length).
+pub fn tokens_equal(given: &[u8], expected: &[u8]) -> bool {
+    given.len() == expected.len()
+        && given
+            .iter()
+            .zip(expected)
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
 /// The agent's answer to a valid [`Hello`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HelloReply {
@@ -44,4 +56,17 @@ pub struct HelloReply {
     pub boot_id: String,
     /// Optional features this agent serves (for example `"pty"`).
     pub capabilities: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison_is_exact() {
+        assert!(tokens_equal(b"abc", b"abc"));
+        assert!(!tokens_equal(b"abc", b"abd"));
+        assert!(!tokens_equal(b"abc", b"ab"));
+        assert!(!tokens_equal(b"", b"a"));
+    }
 }

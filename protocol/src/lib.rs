@@ -67,7 +67,7 @@ pub use files::{
     DirEntry, FileKind, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest,
     RenameRequest, WriteFileRequest,
 };
-pub use hello::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
+pub use hello::{tokens_equal, Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
 pub use image::ImageConfig;
 pub use machine::{
     AgentInfo, Confinement, ConfinementMode, ReidentifyRequest, ResumedRequest, ShutdownRequest,

@@ -26,9 +26,11 @@
 //! # Layout
 //! - this file: the seam traits, [`Lease`], [`ClaimError`], [`PoolStatus`].
 //! - [`warm`]: [`Pool`]: claims, eviction, status, shutdown.
+//! - [`batch`]: many VMs of one kind in one claim, all or none.
 //! - [`refill`]: the refiller task.
 //! - [`launcher`]: the real factory.
 
+mod batch;
 pub mod launcher;
 mod refill;
 mod warm;

@@ -23,7 +23,7 @@ use crate::util::{join_all, lock};
 /// Boots VMs, keeps the warm pool, enforces the capacity.
 #[derive(Debug)]
 pub struct Pool<F: VmFactory> {
-    shared: Arc<Shared<F>>,
+    pub(super) shared: Arc<Shared<F>>,
     /// The refiller task; aborted at shutdown, and when the pool is dropped.
     refiller: Mutex<Option<JoinHandle<()>>>,
 }

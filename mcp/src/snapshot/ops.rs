@@ -25,7 +25,7 @@ use crate::node::{NewVm, Node, DEFAULT_TTL_SECS};
 use crate::pool::launcher::LaunchedVm;
 use crate::pool::Lease;
 use crate::render::rfc3339;
-use crate::sandbox::{Sandbox, SandboxId, Slept};
+use crate::sandbox::{Origin, Sandbox, SandboxId, Slept};
 use crate::util::millis;
 
 impl Node {
@@ -63,7 +63,13 @@ impl Node {
         };
         host.remember_fork(&fork.checkpoint.manifest.id);
         let children = self
-            .adopt(fork.children, slots, &parent.template, started)
+            .adopt(
+                fork.children,
+                slots,
+                &parent.template,
+                Origin::Fork(parent.id.clone()),
+                started,
+            )
             .await?;
         tracing::info!(
             sandbox = %parent.id,
@@ -143,13 +149,8 @@ impl Node {
             .slots(1)
             .await
             .map_err(|error| ToolError::no_room("branch_checkpoint", 1, &error))?;
-        let vms = host
-            .launcher()
-            .branch(&manifest.id, 1, host.branch_spec())
-            .await
-            .map_err(|error| ToolError::snapshot("branch_checkpoint", &error))?;
         let children = self
-            .adopt(vms, slots, &manifest.machine.template, started)
+            .branch_into(&manifest, slots, "branch_checkpoint")
             .await?;
         let child = children
             .first()
@@ -168,6 +169,30 @@ impl Node {
             memory_mib: size.memory_mib,
             branch_ms: millis(started.elapsed()),
         })
+    }
+
+    /// One new sandbox from checkpoint `manifest` in each of `slots` (capacity the
+    /// caller took, so it can say in its own words when there is none), all or none;
+    /// `what` names the operation in errors.
+    pub async fn branch_into(
+        &self,
+        manifest: &Manifest,
+        slots: Vec<OwnedSemaphorePermit>,
+        what: &str,
+    ) -> Result<Vec<Arc<Sandbox>>, ToolError> {
+        let host = self.snapshot_host(what)?;
+        let started = Instant::now();
+        let vms = host
+            .launcher()
+            .branch(&manifest.id, slots.len(), host.branch_spec())
+            .await
+            .map_err(|error| ToolError::snapshot(what, &error))?;
+        let origin = Origin::Checkpoint {
+            id: manifest.id.clone(),
+            name: manifest.name.clone(),
+        };
+        self.adopt(vms, slots, &manifest.machine.template, origin, started)
+            .await
     }
 
     /// `list_checkpoints`
@@ -313,6 +338,7 @@ impl Node {
         vms: Vec<Vm>,
         slots: Vec<OwnedSemaphorePermit>,
         template: &str,
+        origin: Origin,
         started: Instant,
     ) -> Result<Vec<Arc<Sandbox>>, ToolError> {
         let mut leases = Vec::with_capacity(vms.len());
@@ -337,6 +363,7 @@ impl Node {
                     ttl: Duration::from_secs(DEFAULT_TTL_SECS),
                     warm: false,
                     claim_duration,
+                    origin: origin.clone(),
                 })
                 .await?;
             children.push(child);
@@ -364,7 +391,7 @@ impl Node {
 }
 
 /// The sandbox id a VM has in a session (see [`Node::insert_vm`]).
-fn sandbox_id_of(vm_id: &str) -> SandboxId {
+pub(crate) fn sandbox_id_of(vm_id: &str) -> SandboxId {
     SandboxId::new(format!("sbx-{vm_id}"))
 }
 
@@ -404,10 +431,17 @@ mod tests {
     async fn in_attach_mode_the_snapshot_tools_are_not_offered_and_say_what_they_need() {
         use rmcp::ServerHandler;
         let node = attached_node().await;
-        let server = crate::tools::SandboxServer::new(node.clone());
+        let server =
+            crate::tools::SandboxServer::new(node.clone(), crate::config::Profile::Default);
         assert!(server.get_tool("exec").is_some());
         assert!(server.get_tool("fork").is_none());
         assert!(server.get_tool("hibernate").is_none());
+        // The fleet tools that describe work on the attached agent; those that claim
+        // or list templates are not offered.
+        assert!(server.get_tool("list_sandboxes").is_some());
+        assert!(server.get_tool("ping_sandbox").is_some());
+        assert!(server.get_tool("create_sandboxes").is_none());
+        assert!(server.get_tool("list_templates").is_none());
         let fork = node.fork("attached", 1).await.unwrap_err();
         assert!(fork
             .message

@@ -33,6 +33,7 @@ const SERVER_ENV: &[&str] = &[
     "SANDBOX_TOKEN",
     "SANDBOX_BOOT_TIMEOUT",
     "SANDBOX_MAX_FORK_COUNT",
+    "SANDBOX_MCP_PROFILE",
 ];
 
 /// The test client's handler: records the progress notifications it receives.
@@ -437,6 +438,68 @@ pub fn require_microvms() -> LauncherConfig {
         panic!("{what} (benchmarks cannot be skipped)");
     }
     LauncherConfig::from_env().expect("cannot find the sandbox home")
+}
+
+/// A test's folders: run folders and checkpoints, private to it.
+pub struct Folders {
+    /// `SANDBOX_RUN_DIR`: the servers' VMs' run folders.
+    pub run: PathBuf,
+    /// `SANDBOX_CHECKPOINT_DIR`: the checkpoints they take.
+    pub checkpoints: PathBuf,
+    /// The servers' log.
+    pub log: PathBuf,
+}
+
+impl Folders {
+    /// The folders of test `tag` of test target `suite`; `None` when the microVM
+    /// tests are skipped.
+    pub fn new(suite: &str, tag: &str) -> Option<Self> {
+        if !sandbox_tests::vm::require(&format!("mcp::{suite}::{tag}")) {
+            return None;
+        }
+        let run = run_dir(tag);
+        let checkpoints = run_dir(&format!("{tag}-ckpt"));
+        let log = PathBuf::from(format!("{}.log", run.display()));
+        Some(Self {
+            run,
+            checkpoints,
+            log,
+        })
+    }
+
+    /// Starts `sandbox-mcp ARGS` on these folders.
+    pub async fn server(&self, args: &[&str]) -> McpServer {
+        let run = self.run.display().to_string();
+        let checkpoints = self.checkpoints.display().to_string();
+        McpServer::start(
+            args,
+            &[
+                ("SANDBOX_RUN_DIR", &run),
+                ("SANDBOX_CHECKPOINT_DIR", &checkpoints),
+            ],
+            &self.log,
+        )
+        .await
+    }
+
+    /// The checkpoints left in the test's folder.
+    pub fn checkpoints_left(&self) -> Vec<String> {
+        std::fs::read_dir(&self.checkpoints)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+impl Drop for Folders {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.run);
+            let _ = std::fs::remove_dir_all(&self.checkpoints);
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
 }
 
 /// A fresh, short private run folder for a server's VMs (their sockets must fit in

@@ -1,0 +1,188 @@
+//! The fleet operations, as methods of [`Node`]: a batch of claims, a ping, the
+//! templates. Both profiles call them; neither's wording is here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use sandbox_protocol::AgentInfo;
+use sandbox_vmm::launcher::template::TEMPLATE_FILE;
+use sandbox_vmm::launcher::{Size, TemplateRef};
+
+use super::BatchError;
+use crate::node::{NewVm, Node};
+use crate::pool::{Lease, VmSpec};
+use crate::sandbox::{Origin, Sandbox, Status, Unreachable};
+use crate::util::{join_all, millis};
+
+/// Sandboxes made by one batch, in the order they were claimed (warm ones first).
+#[derive(Debug)]
+pub struct Batch {
+    /// The sandboxes.
+    pub sandboxes: Vec<Arc<Sandbox>>,
+    /// What each runs.
+    pub spec: VmSpec,
+    /// From the call until every VM answered.
+    pub took: Duration,
+}
+
+/// What a ping found.
+#[derive(Debug)]
+pub struct Ping {
+    /// The sandbox's state when pinged.
+    pub status: Status,
+    /// The agent's own report; `None` for a hibernated sandbox, which a ping does
+    /// not wake.
+    pub info: Option<AgentInfo>,
+    /// The request's round trip.
+    pub round_trip: Option<Duration>,
+}
+
+/// A template this host holds.
+#[derive(Debug, Clone)]
+pub struct TemplateEntry {
+    /// Its name, for `template` (or `snapshot_tag`).
+    pub name: String,
+    /// Whether it is the server's default (the one kept warm).
+    pub default: bool,
+    /// The size its VMs get unless told otherwise; `None` when it cannot be loaded.
+    pub size: Option<Size>,
+    /// Made by `promote` (its VMs restore a captured state).
+    pub promoted: bool,
+    /// Interpreter sessions its agent starts at boot, as `NAME:LANGUAGE`.
+    pub sessions: Vec<String>,
+    /// When its `template.json` was last written.
+    pub modified: Option<SystemTime>,
+    /// Why it cannot be loaded, if it cannot.
+    pub error: Option<String>,
+}
+
+impl Node {
+    /// `count` sandboxes of `template` (the default when `None`) at `size` (its
+    /// default when `None`), each living `ttl`: all of them, or none.
+    pub async fn claim_batch(
+        &self,
+        template: Option<&str>,
+        size: Option<Size>,
+        ttl: Duration,
+        count: u64,
+    ) -> Result<Batch, BatchError> {
+        let Some(pool) = self.pool() else {
+            return Err(BatchError::Attached);
+        };
+        let max = pool.max();
+        let wanted = usize::try_from(count)
+            .ok()
+            .filter(|wanted| (1..=max).contains(wanted))
+            .ok_or(BatchError::Count { count, max })?;
+        let spec = self
+            .resolve_spec(pool, template, size)
+            .map_err(BatchError::Spec)?;
+        let started = Instant::now();
+        let leases = pool.claim_many(&spec, wanted).await?;
+        let took = started.elapsed();
+        let mut sandboxes = Vec::with_capacity(wanted);
+        let mut leases = leases.into_iter();
+        while let Some((lease, warm)) = leases.next() {
+            let new = NewVm {
+                lease,
+                template: spec.template.to_string(),
+                size: spec.size,
+                ttl,
+                warm,
+                claim_duration: took,
+                origin: Origin::Template,
+            };
+            match self.insert_vm(new).await {
+                Ok(sandbox) => sandboxes.push(sandbox),
+                Err(error) => {
+                    join_all(leases.map(|(lease, _)| Lease::destroy(lease))).await;
+                    for sandbox in sandboxes {
+                        let _ = self.registry().release(sandbox.id.as_str()).await;
+                    }
+                    return Err(BatchError::Insert(error));
+                }
+            }
+        }
+        tracing::info!(count = wanted, template = %spec.template, batch_ms = millis(took), "batch claimed");
+        Ok(Batch {
+            sandboxes,
+            spec,
+            took,
+        })
+    }
+
+    /// Asks the sandbox's agent how it is, timing the round trip. A hibernated
+    /// sandbox is reported as such, not woken: a health check should not cost a
+    /// restore.
+    pub async fn ping(&self, sandbox: &Sandbox) -> Result<Ping, Unreachable> {
+        let status = sandbox.status();
+        if status == Status::Hibernated {
+            return Ok(Ping {
+                status,
+                info: None,
+                round_trip: None,
+            });
+        }
+        let client = sandbox.client().await?;
+        let started = Instant::now();
+        let info = client.info().await?;
+        Ok(Ping {
+            status: Status::Running,
+            info: Some(info),
+            round_trip: Some(started.elapsed()),
+        })
+    }
+
+    /// The templates under the templates root (and the default, when it is a path),
+    /// by name; empty in attach mode.
+    pub fn template_entries(&self) -> Vec<TemplateEntry> {
+        let Some(pool) = self.pool() else {
+            return Vec::new();
+        };
+        let default = pool.default_template();
+        let mut references: Vec<TemplateRef> = self
+            .template_names()
+            .into_iter()
+            .map(TemplateRef::Name)
+            .collect();
+        if !references.contains(default) {
+            references.push(default.clone());
+        }
+        let launcher = pool.factory().launcher();
+        references
+            .into_iter()
+            .map(|reference| {
+                let is_default = reference == *default;
+                match launcher.template(&reference) {
+                    Ok(template) => TemplateEntry {
+                        name: reference.to_string(),
+                        default: is_default,
+                        size: Some(template.default_size),
+                        promoted: template.snapshot.is_some(),
+                        sessions: template
+                            .image_config
+                            .sessions
+                            .iter()
+                            .map(|session| {
+                                format!("{}:{}", session.name, session.language.as_str())
+                            })
+                            .collect(),
+                        modified: std::fs::metadata(template.dir.join(TEMPLATE_FILE))
+                            .and_then(|meta| meta.modified())
+                            .ok(),
+                        error: None,
+                    },
+                    Err(error) => TemplateEntry {
+                        name: reference.to_string(),
+                        default: is_default,
+                        size: None,
+                        promoted: false,
+                        sessions: Vec::new(),
+                        modified: None,
+                        error: Some(sandbox_vmm::error_chain(&error)),
+                    },
+                }
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,227 @@
+//! The fleet tools of the default profile: a third tool router on
+//! [`SandboxServer`], combined with the others in [`SandboxServer::new`]. Each tool
+//! checks and forwards its arguments; the work is in [`super::ops`].
+
+use std::time::Duration;
+
+use rmcp::handler::server::tool::schema_for_output;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{tool, tool_router};
+use sandbox_vmm::launcher::Size;
+
+use super::params::CreateSandboxesParams;
+use super::render::{
+    CreateSandboxesResult, ListSandboxesResult, ListTemplatesResult, PingResult, SandboxRow,
+    TemplateRow,
+};
+use super::BatchError;
+use crate::error::{Op, ToolError};
+use crate::node::claim_ttl_secs;
+use crate::params::SandboxParams;
+use crate::pool::ClaimError;
+use crate::render::success;
+use crate::tools::SandboxServer;
+
+/// Tools of this router that need a server that launches microVMs.
+pub(crate) const LAUNCH_ONLY: [&str; 2] = ["create_sandboxes", "list_templates"];
+
+#[tool_router(router = fleet_router, vis = "pub(crate)")]
+impl SandboxServer {
+    #[tool(
+        title = "Create several sandboxes",
+        description = "Claim count fresh sandboxes of one template in one call and return \
+        each one's sandbox_id and deadline, as create_sandbox does for one. All or \
+        nothing: room for all of them is checked first (nothing is evicted or kept when \
+        they do not fit), warm VMs are used first and the rest start side by side, and \
+        when one fails to start none is kept. Optional: template (list_templates), size, \
+        net, ttl_seconds, applied to each. Each sandbox is independent (its own files and \
+        processes) and destroyed at its deadline or with the session; release each when \
+        done. To copy one running sandbox's state into several, use fork.",
+        output_schema = schema_for_output::<CreateSandboxesResult>(),
+        annotations(
+            title = "Create several sandboxes",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn create_sandboxes(
+        &self,
+        Parameters(params): Parameters<CreateSandboxesParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let ttl_secs = claim_ttl_secs(params.net, params.ttl_seconds)?;
+        let size = match params.size {
+            Some(name) => Some(Size::preset(name.as_str()).ok_or_else(|| {
+                ToolError::new(format!(
+                    "Size {} is not one the launcher knows; use small, medium, large, \
+                     xlarge or 2xlarge.",
+                    name.as_str()
+                ))
+            })?),
+            None => None,
+        };
+        let template = params.template.as_deref();
+        let batch = self
+            .node
+            .claim_batch(template, size, Duration::from_secs(ttl_secs), params.count)
+            .await
+            .map_err(|error| batch_error(&error, template, params.count))?;
+        Ok(success(&CreateSandboxesResult::new(&batch, ttl_secs)))
+    }
+
+    #[tool(
+        title = "List sandboxes",
+        description = "List this session's sandboxes by sandbox_id: state (running, \
+        hibernated, busy), template, where each came from (a fork's parent, a \
+        checkpoint), size, claim time, deadline and seconds left; and how many more can \
+        be claimed. Asks no guest anything, so hibernated sandboxes stay asleep.",
+        output_schema = schema_for_output::<ListSandboxesResult>(),
+        annotations(
+            title = "List sandboxes",
+            read_only_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_sandboxes(&self) -> Result<CallToolResult, ToolError> {
+        let sandboxes = self
+            .node
+            .registry()
+            .list()
+            .iter()
+            .map(|sandbox| SandboxRow::new(sandbox))
+            .collect();
+        let claimable = self.node.info().capacity.claimable;
+        Ok(success(&ListSandboxesResult {
+            sandboxes,
+            claimable,
+        }))
+    }
+
+    #[tool(
+        title = "Describe a sandbox",
+        description = "Describe one sandbox of this session: state (running, hibernated, \
+        busy), template, where it came from (a fork's parent, a checkpoint), size, claim \
+        time, deadline and seconds left. Asks the guest nothing (ping_sandbox does); an \
+        unknown or released sandbox_id is an error that lists the live ones.",
+        output_schema = schema_for_output::<SandboxRow>(),
+        annotations(
+            title = "Describe a sandbox",
+            read_only_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn get_sandbox(
+        &self,
+        Parameters(params): Parameters<SandboxParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        Ok(success(&SandboxRow::new(&sandbox)))
+    }
+
+    #[tool(
+        title = "Ping a sandbox",
+        description = "Check that a sandbox's agent answers, and how the guest is: round \
+        trip in milliseconds, agent version, uptime, load, free memory and running \
+        processes. A hibernated sandbox is reported as hibernated without waking it. An \
+        agent that does not answer is an error result saying what to do.",
+        output_schema = schema_for_output::<PingResult>(),
+        annotations(
+            title = "Ping a sandbox",
+            read_only_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn ping_sandbox(
+        &self,
+        Parameters(params): Parameters<SandboxParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let ping = self
+            .node
+            .ping(&sandbox)
+            .await
+            .map_err(|error| ToolError::unreachable(Op::Other, &params.sandbox_id, &error))?;
+        Ok(success(&PingResult::new(sandbox.id.as_str(), &ping)))
+    }
+
+    #[tool(
+        title = "List templates",
+        description = "List the templates this host holds, which create_sandbox and \
+        create_sandboxes accept: name, whether it is the server's default (kept warm, so \
+        claims take milliseconds), default size, whether promote made it, the interpreter \
+        sessions its sandboxes start with (eval_code in those starts instantly), and why \
+        one is unusable if it is. Checkpoints are listed by list_checkpoints.",
+        output_schema = schema_for_output::<ListTemplatesResult>(),
+        annotations(
+            title = "List templates",
+            read_only_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn list_templates(&self) -> Result<CallToolResult, ToolError> {
+        let templates = self
+            .node
+            .template_entries()
+            .iter()
+            .map(TemplateRow::from)
+            .collect();
+        Ok(success(&ListTemplatesResult { templates }))
+    }
+}
+
+/// A failed batch in this profile's words.
+fn batch_error(error: &BatchError, template: Option<&str>, count: u64) -> ToolError {
+    match error {
+        BatchError::Attached => ToolError::needs_launch_mode("create_sandboxes"),
+        BatchError::Count { count, max } => ToolError::new(format!(
+            "count must be between 1 and {max} (this server's sandbox limit); got {count}. \
+             node_info shows how many more can be claimed now."
+        )),
+        BatchError::Spec(error) | BatchError::Insert(error) => error.clone(),
+        BatchError::Claim(claim @ ClaimError::Short { .. }) => ToolError::no_room(
+            "create_sandboxes",
+            usize::try_from(count).unwrap_or(usize::MAX),
+            claim,
+        ),
+        BatchError::Claim(claim) => ToolError::claim(template.unwrap_or("(default)"), claim),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fleet_tool_has_a_title_annotations_a_schema_and_a_usable_description() {
+        let tools = SandboxServer::fleet_router().list_all();
+        let names: Vec<String> = tools.iter().map(|tool| tool.name.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "create_sandboxes",
+                "get_sandbox",
+                "list_sandboxes",
+                "list_templates",
+                "ping_sandbox"
+            ]
+        );
+        for name in LAUNCH_ONLY {
+            assert!(names.iter().any(|n| n == name), "{name}");
+        }
+        for tool in tools {
+            assert!(tool.title.is_some(), "{} has no title", tool.name);
+            assert!(tool.output_schema.is_some(), "{} has no schema", tool.name);
+            let annotations = tool.annotations.as_ref().expect("annotations");
+            assert_eq!(annotations.open_world_hint, Some(false), "{}", tool.name);
+            assert!(annotations.read_only_hint.is_some(), "{}", tool.name);
+            assert!(
+                tool.description.as_ref().is_some_and(|d| d.len() > 150),
+                "{} needs a description that states its limits",
+                tool.name
+            );
+        }
+    }
+}

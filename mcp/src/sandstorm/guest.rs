@@ -1,0 +1,270 @@
+//! The sandstorm tools that reach the guest (each after its token was checked):
+//! `exec_command` over the streamed exec ([`crate::exec`]), `eval_code` in the
+//! sandbox's default Python session, `wait_for_text` on a file, `ping_sandbox`.
+
+use std::time::Duration;
+
+use rmcp::model::CallToolResult;
+use sandbox_protocol::limits::EXEC_DEADLINE_SECS;
+use sandbox_protocol::wait::WAIT_MAX_TIMEOUT_MS;
+use sandbox_protocol::{
+    Command, ErrorKind, EvalReply, EvalRequest, ExecRequest, Language, ProcessSpec, WaitTarget,
+};
+use sandbox_vmm::client::Client;
+
+use super::errors;
+use super::render::{
+    object, object_error, EvalCodeResult, ExecCommandResult, PingInfo, WaitForTextResult,
+};
+use super::{EVAL_TIMEOUT_SECS, EXCERPT_BYTES};
+use crate::error::ToolError;
+use crate::exec::{self, End};
+use crate::node::Node;
+use crate::sandbox::Sandbox;
+use crate::util::millis;
+
+/// `exec_command`: `args` run without a shell; a non-zero exit is a normal result,
+/// a run cut off (its timeout, a lost agent) an error result that keeps the output.
+pub async fn exec_command(
+    sandbox: &Sandbox,
+    args: Vec<String>,
+    timeout_secs: f64,
+) -> Result<CallToolResult, ToolError> {
+    if args.first().is_none_or(String::is_empty) {
+        return Err(ToolError::new(
+            "args must start with a program, like [\"python3\", \"-c\", \"print(2+2)\"].",
+        ));
+    }
+    let timeout = seconds("timeout_secs", timeout_secs, EXEC_DEADLINE_SECS, false)?;
+    let program = args[0].clone();
+    let client = client(sandbox, "exec_command").await?;
+    let request = ExecRequest {
+        spec: ProcessSpec::new(Command::Argv(args)),
+        stdin: Vec::new(),
+        timeout_ms: None,
+        stream: true,
+    };
+    // Seed 001's shape: the first 1 MiB of each stream, `truncated` past it.
+    let shape = exec::Shape {
+        max_bytes: sandbox_protocol::limits::EXEC_OUTPUT_CAP_BYTES,
+        keep: crate::output::Keep::Head,
+    };
+    let collected = exec::run(
+        &client,
+        request,
+        timeout,
+        shape,
+        &crate::progress::Progress::default(),
+    )
+    .await;
+    let stdout = collected
+        .stdout
+        .keep(crate::output::Part::Head, shape.max_bytes);
+    let stderr = collected
+        .stderr
+        .keep(crate::output::Part::Head, shape.max_bytes);
+    let mut result = ExecCommandResult {
+        stdout: stdout.text,
+        stderr: stderr.text,
+        exit_code: None,
+        signal: None,
+        truncated: stdout.omitted > 0 || stderr.omitted > 0,
+        timed_out: false,
+        duration_ms: millis(collected.elapsed),
+    };
+    let cut = match &collected.end {
+        End::Finished(reply) => {
+            result.exit_code = reply.exit.map(|exit| exit.shell_code());
+            result.signal = reply.exit.and_then(|exit| exit.signal);
+            result.timed_out = reply.timed_out;
+            reply.timed_out.then(|| {
+                format!(
+                    "Timed out after {} s and killed with all it started; stdout and stderr \
+                     hold what it printed until then. Call again with a larger timeout_secs \
+                     (at most {EXEC_DEADLINE_SECS}).",
+                    timeout.as_secs_f64()
+                )
+            })
+        }
+        End::Failed(error) if !collected.started => {
+            let id = sandbox.id.as_str();
+            let error = errors::agent("exec_command", id, error);
+            tracing::info!(sandbox = id, program, "exec_command did not start");
+            return Err(error);
+        }
+        End::Failed(error) => Some(format!(
+            "The run was cut off: {}; stdout and stderr hold what arrived before. If \
+             ping_sandbox fails, kill_sandbox this sandbox and spawn a new one.",
+            sandbox_vmm::error_chain(error)
+        )),
+        End::NoReply => {
+            result.timed_out = true;
+            Some(
+                "The agent did not answer past the timeout; the run was cancelled (killed with \
+                 all it started). stdout and stderr hold what arrived before."
+                    .to_owned(),
+            )
+        }
+    };
+    Ok(match cut {
+        Some(message) => object_error(&result, &message),
+        None => object(&result),
+    })
+}
+
+/// `eval_code`: Python in the sandbox's `default` session (a template's warm
+/// session when it has one), restarted if it died. An exception is a normal result
+/// with `error` set, as in sandstorm.
+pub async fn eval_code(sandbox: &Sandbox, code: String) -> Result<CallToolResult, ToolError> {
+    let client = client(sandbox, "eval_code").await?;
+    let request = EvalRequest {
+        session: sandbox_protocol::eval::DEFAULT_SESSION.to_owned(),
+        language: Language::Python,
+        code,
+        timeout_ms: Some(EVAL_TIMEOUT_SECS * 1000),
+        restart: true,
+    };
+    let reply = client
+        .eval(request)
+        .await
+        .map_err(|error| errors::agent("eval_code", sandbox.id.as_str(), &error))?;
+    Ok(object(&eval_result(reply)))
+}
+
+fn eval_result(reply: EvalReply) -> EvalCodeResult {
+    let error = match (&reply.died, reply.timed_out, &reply.exception) {
+        (_, true, _) => Some(format!(
+            "Interrupted after {EVAL_TIMEOUT_SECS} s (KeyboardInterrupt){}.",
+            if reply.died.is_some() {
+                "; the interpreter did not recover, so the next call starts a fresh one"
+            } else {
+                ""
+            }
+        )),
+        (Some(status), false, _) => Some(format!(
+            "The interpreter exited during the evaluation (status {}); the next call starts \
+             a fresh one, without the old state.",
+            status.shell_code()
+        )),
+        (None, false, Some(raised)) => Some(if raised.traceback.is_empty() {
+            format!("{}: {}", raised.type_name, raised.message)
+        } else {
+            raised.traceback.clone()
+        }),
+        (None, false, None) => None,
+    };
+    EvalCodeResult {
+        result: reply.value,
+        exit_code: i32::from(error.is_some()),
+        error,
+        stdout: String::from_utf8_lossy(&reply.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&reply.stderr).into_owned(),
+        duration_ms: reply.duration_ms,
+    }
+}
+
+/// `wait_for_text`: the agent watches the file (no polling); not finding the marker
+/// in time is a normal result with `found: false` and the file's tail.
+pub async fn wait_for_text(
+    sandbox: &Sandbox,
+    path: &str,
+    marker: String,
+    timeout_secs: f64,
+) -> Result<CallToolResult, ToolError> {
+    if !path.starts_with('/') {
+        return Err(ToolError::new(format!(
+            "path {path:?} is relative; pass an absolute path such as /tmp/{path}"
+        )));
+    }
+    let timeout = seconds(
+        "timeout_secs",
+        timeout_secs,
+        WAIT_MAX_TIMEOUT_MS / 1000,
+        true,
+    )?;
+    let client = client(sandbox, "wait_for_text").await?;
+    let target = WaitTarget::File(path.as_bytes().to_vec());
+    match client.wait_for_text(target, marker, Some(timeout)).await {
+        Ok(found) => Ok(object(&WaitForTextResult {
+            found: true,
+            elapsed_ms: found.waited_ms,
+            last_excerpt: found.line,
+        })),
+        Err(error) if error.wire_kind() == Some(ErrorKind::TimedOut) => {
+            Ok(object(&WaitForTextResult {
+                found: false,
+                elapsed_ms: millis(timeout),
+                last_excerpt: tail(&client, path).await,
+            }))
+        }
+        Err(error) => Err(errors::agent("wait_for_text", sandbox.id.as_str(), &error)),
+    }
+}
+
+/// The last [`EXCERPT_BYTES`] of the file at `path`; empty when it cannot be read.
+async fn tail(client: &Client, path: &str) -> String {
+    let data = client.read_file(path).await.unwrap_or_default();
+    let start = data.len().saturating_sub(EXCERPT_BYTES);
+    String::from_utf8_lossy(&data[start..]).into_owned()
+}
+
+/// `ping_sandbox`
+pub async fn ping_sandbox(node: &Node, sandbox: &Sandbox) -> Result<CallToolResult, ToolError> {
+    let ping = node
+        .ping(sandbox)
+        .await
+        .map_err(|error| errors::unreachable("ping_sandbox", sandbox.id.as_str(), &error))?;
+    let info = ping.info.as_ref();
+    Ok(object(&PingInfo {
+        id: sandbox.id.to_string(),
+        ok: info.is_some(),
+        round_trip_ms: ping.round_trip.map(millis),
+        agent_version: info.map(|info| info.agent_version.clone()),
+        uptime_ms: info.map(|info| info.uptime_ms),
+        load_1m: info.map(|info| info.load[0]),
+        mem_total_bytes: info.map(|info| info.mem_total_bytes),
+        mem_available_bytes: info.map(|info| info.mem_available_bytes),
+        processes_running: info.map(|info| info.processes_running),
+    }))
+}
+
+async fn client(sandbox: &Sandbox, tool: &str) -> Result<Client, ToolError> {
+    sandbox
+        .client()
+        .await
+        .map_err(|error| errors::unreachable(tool, sandbox.id.as_str(), &error))
+}
+
+/// A timeout in (fractional) seconds, at most `max_secs`; zero only when `zero_ok`.
+fn seconds(name: &str, secs: f64, max_secs: u64, zero_ok: bool) -> Result<Duration, ToolError> {
+    let low_ok = if zero_ok { secs >= 0.0 } else { secs > 0.0 };
+    match Duration::try_from_secs_f64(secs) {
+        Ok(duration) if low_ok && duration <= Duration::from_secs(max_secs) => Ok(duration),
+        _ => Err(ToolError::new(format!(
+            "{name} must be {} and at most {max_secs}; got {secs}.",
+            if zero_ok { "0 or more" } else { "more than 0" }
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_are_checked_against_their_range() {
+        assert_eq!(
+            seconds("t", 1.5, 300, false).unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert!(seconds("t", 0.0, 300, false).is_err());
+        assert_eq!(seconds("t", 0.0, 300, true).unwrap(), Duration::ZERO);
+        assert!(seconds("t", 301.0, 300, false).is_err());
+        assert!(seconds("t", -1.0, 300, true).is_err());
+        assert!(seconds("t", f64::NAN, 300, true).is_err());
+        let message = seconds("timeout_secs", 500.0, 300, false)
+            .unwrap_err()
+            .message;
+        assert!(message.contains("timeout_secs"), "{message}");
+    }
+}

@@ -1,0 +1,456 @@
+//! `sandbox-mcp --profile sandstorm` on real QEMU microVMs, driven by rmcp's MCP
+//! client the way a sandstorm-mcp client drives sandstorm: the tool list is exactly
+//! seed 001's; `spawn_sandboxes("python", n=2)` returns ids and tokens; `exec_command`
+//! with an argv and the right token runs, a missing, wrong or other sandbox's token
+//! is refused; `eval_code` keeps state in the warm interpreter; `wait_for_text` sees
+//! a marker written later and times out with the file's tail; `branch_sandbox` makes
+//! a tag that `spawn_sandboxes` fans out into two sandboxes with the source's files
+//! and interpreter state (and tokens of their own); `list_snapshots` shows it;
+//! `kill_sandbox` ends one. After the session no QEMU, relay or run folder is left.
+//!
+//! Needs the `python` template (scripts/test.sh builds it) besides what
+//! `sandbox_tests::vm::gate` checks; `SANDBOX_SKIP_VM_TESTS=1` marks the test
+//! ignored.
+
+// Test code: a failed unwrap is a failed test, with the value in the message.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use rmcp::model::CallToolResult;
+use sandbox_tests::suite::{block_on, vm_main, VmTest};
+use sandbox_vmm::launcher::{Launcher, LauncherConfig, TemplateRef};
+use serde_json::{json, Value};
+use support::{assert_nothing_left, eventually, text, Folders, McpServer};
+
+/// How long the first warm VM may take (TCG on a busy 2-core host is slow).
+const WARM_WITHIN: Duration = Duration::from_secs(240);
+
+/// The template the test spawns from: sandstorm's eval is Python.
+const PYTHON_TEMPLATE: &str = "python";
+
+/// Seed 001's tools, sorted.
+const SANDSTORM_TOOLS: [&str; 10] = [
+    "branch_sandbox",
+    "eval_code",
+    "exec_command",
+    "get_sandbox",
+    "kill_sandbox",
+    "list_sandboxes",
+    "list_snapshots",
+    "ping_sandbox",
+    "spawn_sandboxes",
+    "wait_for_text",
+];
+
+fn main() -> std::process::ExitCode {
+    vm_main(&[VmTest {
+        name: "the_sandstorm_profile_end_to_end_with_tokens",
+        run: || block_on(the_sandstorm_profile_end_to_end()),
+    }])
+}
+
+/// A sandbox as spawn_sandboxes returns it: id and token.
+#[derive(Debug, Clone)]
+struct Spawned {
+    id: String,
+    token: String,
+}
+
+fn spawned(result: &Value) -> Vec<Spawned> {
+    result["result"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no result list: {result}"))
+        .iter()
+        .map(|item| Spawned {
+            id: item["id"].as_str().unwrap().to_owned(),
+            token: item["token"].as_str().unwrap().to_owned(),
+        })
+        .collect()
+}
+
+/// exec_command with `sandbox`'s token.
+async fn exec(server: &McpServer, sandbox: &Spawned, args: &[&str]) -> Value {
+    server
+        .ok(
+            "exec_command",
+            json!({"sandbox_id": sandbox.id, "args": args, "sandbox_token": sandbox.token}),
+        )
+        .await
+}
+
+/// eval_code with `sandbox`'s token.
+async fn eval(server: &McpServer, sandbox: &Spawned, code: &str) -> Value {
+    server
+        .ok(
+            "eval_code",
+            json!({"sandbox_id": sandbox.id, "code": code, "sandbox_token": sandbox.token}),
+        )
+        .await
+}
+
+/// The JSON of each text block, as a FastMCP client of sandstorm-mcp reads them.
+fn text_json(result: &CallToolResult) -> Vec<Value> {
+    result
+        .content
+        .iter()
+        .map(|block| serde_json::from_str(&block.as_text().unwrap().text).unwrap())
+        .collect()
+}
+
+fn require_python_template() {
+    let launcher = Launcher::new(LauncherConfig::from_env().unwrap());
+    if let Err(error) = launcher.template(&TemplateRef::Name(PYTHON_TEMPLATE.to_owned())) {
+        panic!(
+            "no {PYTHON_TEMPLATE} template ({}): build it with the README's \
+             `sandbox-rootfs build --name {PYTHON_TEMPLATE} --base debian --packages …` \
+             command (scripts/test.sh runs it), or set SANDBOX_SKIP_VM_TESTS=1 to skip the \
+             microVM tests",
+            sandbox_vmm::error_chain(&error)
+        );
+    }
+}
+
+async fn the_sandstorm_profile_end_to_end() {
+    let Some(folders) = Folders::new("sandstorm", "profile") else {
+        return;
+    };
+    require_python_template();
+    let server = folders
+        .server(&[
+            "--profile",
+            "sandstorm",
+            "--template",
+            PYTHON_TEMPLATE,
+            "--pool",
+            "1",
+            "--max-sandboxes",
+            "4",
+        ])
+        .await;
+
+    // Exactly seed 001's tools.
+    let tools = server.session().list_all_tools().await.unwrap();
+    let mut names: Vec<String> = tools.iter().map(|tool| tool.name.to_string()).collect();
+    names.sort();
+    assert_eq!(names, SANDSTORM_TOOLS);
+
+    eventually(WARM_WITHIN, "a warm python VM", || async {
+        let snapshots = server.ok("list_snapshots", json!({})).await;
+        let rows = snapshots["result"].as_array().unwrap().clone();
+        rows.into_iter()
+            .find(|row| row["tag"] == PYTHON_TEMPLATE && row["warm"] == 1)
+    })
+    .await;
+
+    // Two sandboxes, each with its own token.
+    let started = Instant::now();
+    let result = server
+        .call(
+            "spawn_sandboxes",
+            json!({"snapshot_tag": PYTHON_TEMPLATE, "n": 2}),
+        )
+        .await;
+    let spawn_took = started.elapsed();
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    let body = result.structured_content.clone().unwrap();
+    let pair = spawned(&body);
+    assert_eq!(pair.len(), 2, "{body}");
+    let (a, b) = (pair[0].clone(), pair[1].clone());
+    assert_ne!(a.id, b.id);
+    assert_ne!(a.token, b.token);
+    for sandbox in &pair {
+        assert_eq!(sandbox.token.len(), 64, "{sandbox:?}");
+        assert!(sandbox.token.bytes().all(|c| c.is_ascii_hexdigit()));
+    }
+    // What FastMCP gives a sandstorm-mcp client: one JSON text block per sandbox.
+    let blocks = text_json(&result);
+    assert_eq!(blocks.len(), 2);
+    assert_eq!(blocks[1]["token"].as_str(), Some(b.token.as_str()));
+    assert_eq!(blocks[0]["snapshot_tag"], PYTHON_TEMPLATE);
+
+    // Listings never show a token.
+    let listed = server.call("list_sandboxes", json!({})).await;
+    let rows = listed.structured_content.clone().unwrap();
+    assert_eq!(rows["result"].as_array().unwrap().len(), 2, "{rows}");
+    let got = server
+        .call("get_sandbox", json!({"sandbox_id": a.id}))
+        .await;
+    let got_body = got.structured_content.clone().unwrap();
+    assert_eq!(got_body["id"].as_str(), Some(a.id.as_str()));
+    assert_eq!(got_body["state"], "running", "{got_body}");
+    for (what, shown) in [
+        ("list_sandboxes", format!("{rows}{}", text(&listed))),
+        ("get_sandbox", format!("{got_body}{}", text(&got))),
+    ] {
+        assert!(!shown.contains("token"), "{what} shows a token: {shown}");
+        assert!(
+            !shown.contains(&a.token) && !shown.contains(&b.token),
+            "{what} leaks a token"
+        );
+    }
+
+    // exec_command: an argv, no shell; the right token only.
+    let ran = exec(&server, &a, &["python3", "-c", "print(2+2)"]).await;
+    assert_eq!(
+        (ran["stdout"].as_str(), ran["exit_code"].as_i64()),
+        (Some("4\n"), Some(0)),
+        "{ran}"
+    );
+    let literal = exec(&server, &a, &["echo", "$HOME", "a;b"]).await;
+    assert_eq!(literal["stdout"], "$HOME a;b\n", "{literal}");
+    let failed = exec(&server, &a, &["sh", "-c", "echo no >&2; exit 3"]).await;
+    assert_eq!(
+        (failed["exit_code"].as_i64(), failed["stderr"].as_str()),
+        (Some(3), Some("no\n"))
+    );
+    let call = |token: Option<&str>| {
+        let mut args = json!({"sandbox_id": a.id, "args": ["id"]});
+        if let Some(token) = token {
+            args["sandbox_token"] = json!(token);
+        }
+        args
+    };
+    let missing = server.err("exec_command", call(None)).await;
+    assert!(missing.contains("sandbox_token is required"), "{missing}");
+    let others = server.err("exec_command", call(Some(&b.token))).await;
+    assert!(others.contains("is not the token"), "{others}");
+    let wrong = server
+        .err("exec_command", call(Some(&"0".repeat(64))))
+        .await;
+    assert!(wrong.contains("is not the token"), "{wrong}");
+    assert!(!wrong.contains(&a.token), "a refusal shows the token");
+    let unknown = server
+        .err(
+            "exec_command",
+            json!({"sandbox_id": "sbx-nope", "args": ["id"], "sandbox_token": a.token}),
+        )
+        .await;
+    assert!(
+        unknown.starts_with("Unknown sandbox_id") && unknown.contains("spawn_sandboxes"),
+        "{unknown}"
+    );
+    let no_program = exec_error(&server, &a, &["no-such-program"]).await;
+    assert!(no_program.contains("PATH"), "{no_program}");
+
+    // eval_code: the warm interpreter keeps state; an exception is a result.
+    let first = eval(&server, &a, "import os\nx = 40\nx + 2").await;
+    assert_eq!(
+        (first["result"].as_str(), first["exit_code"].as_i64()),
+        (Some("42"), Some(0)),
+        "{first}"
+    );
+    let kept = eval(&server, &a, "print('hi'); x").await;
+    assert_eq!(
+        (kept["result"].as_str(), kept["stdout"].as_str()),
+        (Some("40"), Some("hi\n")),
+        "{kept}"
+    );
+    let raised = eval(&server, &a, "1 / 0").await;
+    assert_eq!(raised["exit_code"], 1, "{raised}");
+    assert!(
+        raised["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("ZeroDivisionError")),
+        "{raised}"
+    );
+    let refused = server
+        .err("eval_code", json!({"sandbox_id": a.id, "code": "x"}))
+        .await;
+    assert!(refused.contains("sandbox_token is required"), "{refused}");
+
+    // wait_for_text: a marker written a second later, and one that never comes.
+    eval(
+        &server,
+        &a,
+        "import threading, time\n\
+         def later():\n    time.sleep(1)\n    open('/tmp/output', 'a').write('step 1\\nREADY\\n')\n\
+         threading.Thread(target=later).start()",
+    )
+    .await;
+    let wait = |marker: &str, timeout: f64, token: &str| {
+        json!({"sandbox_id": a.id, "path": "/tmp/output", "marker": marker,
+               "timeout_secs": timeout, "sandbox_token": token})
+    };
+    let found = server
+        .ok("wait_for_text", wait("READY", 60.0, &a.token))
+        .await;
+    assert_eq!(
+        (found["found"].as_bool(), found["last_excerpt"].as_str()),
+        (Some(true), Some("READY")),
+        "{found}"
+    );
+    let not_found = server
+        .ok("wait_for_text", wait("NEVER", 0.5, &a.token))
+        .await;
+    assert_eq!(not_found["found"], false, "{not_found}");
+    assert_eq!(not_found["last_excerpt"], "step 1\nREADY\n", "{not_found}");
+    let refused = server
+        .err("wait_for_text", wait("READY", 1.0, &b.token))
+        .await;
+    assert!(refused.contains("is not the token"), "{refused}");
+
+    // ping_sandbox
+    let ping = server
+        .ok(
+            "ping_sandbox",
+            json!({"sandbox_id": b.id, "sandbox_token": b.token}),
+        )
+        .await;
+    assert_eq!(ping["ok"], true, "{ping}");
+    assert!(ping["round_trip_ms"].is_u64(), "{ping}");
+    let refused = server
+        .err("ping_sandbox", json!({"sandbox_id": b.id}))
+        .await;
+    assert!(refused.contains("sandbox_token is required"), "{refused}");
+
+    // branch_sandbox makes a tag; spawn_sandboxes fans it out into two.
+    let tag = format!("after-setup-{}", std::process::id());
+    let started = Instant::now();
+    let branch = server
+        .ok("branch_sandbox", json!({"sandbox_id": a.id, "tag": tag}))
+        .await;
+    let branch_took = started.elapsed();
+    assert_eq!(
+        (branch["tag"].as_str(), branch["status"].as_str()),
+        (Some(tag.as_str()), Some("ready")),
+        "{branch}"
+    );
+    let taken = server
+        .err("branch_sandbox", json!({"sandbox_id": a.id, "tag": tag}))
+        .await;
+    assert!(taken.contains("taken"), "{taken}");
+    let template_name = server
+        .err(
+            "branch_sandbox",
+            json!({"sandbox_id": a.id, "tag": PYTHON_TEMPLATE}),
+        )
+        .await;
+    assert!(template_name.contains("taken"), "{template_name}");
+    let both = server
+        .err(
+            "branch_sandbox",
+            json!({"sandbox_id": a.id, "mode": "full", "diff": true}),
+        )
+        .await;
+    assert!(both.contains("not both"), "{both}");
+    let snapshots = server.ok("list_snapshots", json!({})).await;
+    let row = snapshots["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["tag"] == tag.as_str())
+        .unwrap_or_else(|| panic!("{tag} not listed: {snapshots}"))
+        .clone();
+    assert_eq!(row["kind"], "snapshot", "{row}");
+    assert_eq!(row["source_sandbox_id"].as_str(), Some(a.id.as_str()));
+
+    let started = Instant::now();
+    let children = spawned(
+        &server
+            .ok("spawn_sandboxes", json!({"snapshot_tag": tag, "n": 2}))
+            .await,
+    );
+    let fan_out_took = started.elapsed();
+    assert_eq!(children.len(), 2);
+    let all_tokens: HashSet<&str> = [&a, &b, &children[0], &children[1]]
+        .iter()
+        .map(|s| s.token.as_str())
+        .collect();
+    assert_eq!(all_tokens.len(), 4, "tokens repeat");
+    for (i, child) in children.iter().enumerate() {
+        // The source's files and its interpreter's state, at the branch.
+        let output = exec(&server, child, &["cat", "/tmp/output"]).await;
+        assert_eq!(output["stdout"], "step 1\nREADY\n", "{output}");
+        let x = eval(&server, child, "x").await;
+        assert_eq!(x["result"], "40", "{x}");
+        exec(&server, child, &["touch", &format!("/tmp/child-{i}")]).await;
+        let got = server
+            .ok("get_sandbox", json!({"sandbox_id": child.id}))
+            .await;
+        assert_eq!(got["snapshot_tag"].as_str(), Some(tag.as_str()), "{got}");
+    }
+    // They diverge: each sees only its own file, the source neither.
+    for (i, child) in children.iter().enumerate() {
+        let other = format!("/tmp/child-{}", 1 - i);
+        let absent = exec(&server, child, &["ls", &other]).await;
+        assert_ne!(absent["exit_code"], 0, "{} sees {other}", child.id);
+    }
+    let absent = exec(&server, &a, &["ls", "/tmp/child-0"]).await;
+    assert_ne!(absent["exit_code"], 0, "the source sees a child's file");
+    let source_token_on_child = server
+        .err(
+            "exec_command",
+            json!({"sandbox_id": children[0].id, "args": ["id"], "sandbox_token": a.token}),
+        )
+        .await;
+    assert!(
+        source_token_on_child.contains("is not the token"),
+        "{source_token_on_child}"
+    );
+
+    // Full (four of four): one more is refused, naming what frees room.
+    let no_room = server
+        .err("spawn_sandboxes", json!({"snapshot_tag": tag, "n": 1}))
+        .await;
+    assert!(
+        no_room.contains("room") && no_room.contains("kill_sandbox"),
+        "{no_room}"
+    );
+    let unknown = server
+        .err("spawn_sandboxes", json!({"snapshot_tag": "no-such-tag"}))
+        .await;
+    assert!(
+        unknown.contains("Unknown snapshot_tag") && unknown.contains(PYTHON_TEMPLATE),
+        "{unknown}"
+    );
+    let netns = server
+        .err(
+            "spawn_sandboxes",
+            json!({"snapshot_tag": PYTHON_TEMPLATE, "per_child_netns": true}),
+        )
+        .await;
+    assert!(netns.contains("no network"), "{netns}");
+
+    // kill_sandbox
+    let killed = server
+        .ok("kill_sandbox", json!({"sandbox_id": children[1].id}))
+        .await;
+    assert_eq!(
+        (killed["id"].as_str(), killed["killed"].as_bool()),
+        (Some(children[1].id.as_str()), Some(true))
+    );
+    let gone = server
+        .err("get_sandbox", json!({"sandbox_id": children[1].id}))
+        .await;
+    assert!(gone.contains("was killed"), "{gone}");
+    let again = server
+        .err("kill_sandbox", json!({"sandbox_id": children[1].id}))
+        .await;
+    assert!(again.contains("was killed"), "{again}");
+    let listed = server.ok("list_sandboxes", json!({})).await;
+    assert_eq!(listed["result"].as_array().unwrap().len(), 3, "{listed}");
+
+    eprintln!(
+        "spawn of 2 python: {spawn_took:?}; branch_sandbox: {branch_took:?} (paused {} ms); \
+         spawn of 2 from the tag: {fan_out_took:?}",
+        branch["pause_ms"]
+    );
+    server.disconnect(Duration::from_secs(30)).await;
+    assert_nothing_left(&folders.run);
+    // The tag outlives the session, as sandstorm's snapshots do.
+    assert_eq!(folders.checkpoints_left().len(), 1);
+}
+
+/// exec_command that must fail; its text.
+async fn exec_error(server: &McpServer, sandbox: &Spawned, args: &[&str]) -> String {
+    server
+        .err(
+            "exec_command",
+            json!({"sandbox_id": sandbox.id, "args": args, "sandbox_token": sandbox.token}),
+        )
+        .await
+}
