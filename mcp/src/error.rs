@@ -130,7 +130,9 @@ fn wait_hint(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::TimedOut => {
             "The text did not appear in time: call wait_for_text again to keep waiting \
-             (timeout_seconds up to 300), or look at what is there with logs or read_file."
+             (timeout_seconds up to 300), or look at what is there with logs or read_file. \
+             A program writing to a pipe may hold its output in a buffer: start Python \
+             with python3 -u."
         }
         ErrorKind::NotFound => {
             "A process that exited without the text: read its output with logs; an unknown \

@@ -84,8 +84,19 @@ impl Started {
     }
 }
 
-/// Builds the trials and runs them; returns the process's exit status.
+/// Builds the trials of every scenario over every transport and runs them; returns
+/// the process's exit status.
 pub fn main() -> std::process::ExitCode {
+    run(TRANSPORTS, scenarios::all())
+}
+
+/// Runs `scenarios` over `transports` (each started once, by its first trial), as
+/// [`main`] does for the whole suite: for targets that run a part of the list over a
+/// transport of their own (a microVM of another template).
+pub fn run(
+    transports: &'static [TransportKind],
+    scenarios: Vec<Scenario>,
+) -> std::process::ExitCode {
     let mut args = Arguments::from_args();
     args.test_threads = args.test_threads.or(Some(TRIAL_THREADS));
     let runtime = Arc::new(
@@ -95,7 +106,7 @@ pub fn main() -> std::process::ExitCode {
             .build()
             .expect("cannot build the suite's runtime"),
     );
-    let started: Vec<Arc<Started>> = TRANSPORTS
+    let started: Vec<Arc<Started>> = transports
         .iter()
         .map(|kind| {
             Arc::new(Started {
@@ -107,8 +118,8 @@ pub fn main() -> std::process::ExitCode {
     let mut trials = Vec::new();
     for transport in &started {
         let gate = (transport.kind.gate)();
-        for scenario in scenarios::all() {
-            trials.push(trial(&runtime, transport, scenario, &gate));
+        for scenario in &scenarios {
+            trials.push(trial(&runtime, transport, *scenario, &gate));
         }
     }
     let conclusion = libtest_mimic::run(&args, trials);

@@ -6,7 +6,9 @@
 //! The transports themselves:
 //! - [`UnixTransport`]: the agent as an ordinary process on a throwaway Unix socket,
 //!   or serving the link behind a `sandbox-relay` ([`UnixTransport::start_link`]);
-//! - [`VmTransport`]: the agent as PID 1 of a real microVM, over hybrid vsock.
+//! - [`VmTransport`]: the agent as PID 1 of a real microVM of the default template or
+//!   another ([`VmTransport::boot_template`]), over the launcher's transport
+//!   (its serial link by default).
 //!
 //! A new transport (say, a virtio-serial relay) implements [`Transport`] and adds one
 //! entry to [`crate::suite::TRANSPORTS`]; every scenario then runs over it too.
@@ -18,9 +20,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sandbox_vmm::client::Client;
+use sandbox_vmm::launcher::TemplateRef;
 
 use crate::raw::RawConnection;
-use crate::vm::{TestVm, VmHost};
+use crate::vm::{default_template, TestVm, VmHost};
 use crate::{AgentOptions, TempDir, TestAgent};
 
 /// A boxed, sendable future (the trait below must stay object-safe).
@@ -53,6 +56,11 @@ pub trait Transport: Send + Sync + std::fmt::Debug {
     fn log_tail(&self) -> String;
     /// The token the agent requires, if any (every launcher-started VM has one).
     fn token(&self) -> Option<String> {
+        None
+    }
+    /// The microVM the agent is PID 1 of, for scenarios about the machine itself
+    /// (a fork); `None` for an agent on the host.
+    fn vm(&self) -> Option<&TestVm> {
         None
     }
 }
@@ -110,6 +118,11 @@ impl Target {
     /// What the scenario may rely on.
     pub fn facts(&self) -> &Facts {
         self.transport.facts()
+    }
+
+    /// The microVM the agent runs in, when it does.
+    pub fn vm(&self) -> Option<&TestVm> {
+        self.transport.vm()
     }
 
     /// A fresh directory in the agent's machine for one scenario, so scenarios
@@ -196,7 +209,7 @@ impl Transport for UnixTransport {
     }
 }
 
-/// The agent as PID 1 of a real microVM, reached over hybrid vsock. Dropping it
+/// The agent as PID 1 of a real microVM, reached through its launcher. Dropping it
 /// powers the guest off and removes its run folder.
 #[derive(Debug)]
 pub struct VmTransport {
@@ -207,8 +220,14 @@ pub struct VmTransport {
 impl VmTransport {
     /// Boots the default template; panics unless the microVM gate is open.
     pub async fn boot() -> Self {
+        Self::boot_template(default_template()).await
+    }
+
+    /// Boots `template` (from its ready snapshot when it has one); panics unless the
+    /// microVM gate is open.
+    pub async fn boot_template(template: TemplateRef) -> Self {
         let host = VmHost::get("microvm transport").expect("booted with the gate closed");
-        let vm = host.boot_default().await;
+        let vm = host.boot(template).await;
         Self {
             vm,
             facts: Facts {
@@ -240,5 +259,9 @@ impl Transport for VmTransport {
 
     fn token(&self) -> Option<String> {
         Some(self.vm.vm().token().to_owned())
+    }
+
+    fn vm(&self) -> Option<&TestVm> {
+        Some(&self.vm)
     }
 }

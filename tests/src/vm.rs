@@ -28,11 +28,18 @@
 //! - [`Sections`] runs the parts of a test that share one VM, each as its own task,
 //!   so one failing part does not hide the others.
 //! - [`build_template`] runs `sandbox-rootfs build` into a folder of the test's own.
+//! - [`PYTHON_TEMPLATE`], the template `scripts/test.sh` builds for Python work:
+//!   [`python_gate`] is [`gate`] plus that template, failing with the command that
+//!   builds it ([`PYTHON_TEMPLATE_BUILD`]).
+//! - [`VmHost::for_bench`] is the host for benchmarks, which are never skipped.
 //! - [`TestVm::raw`] opens a [`RawConnection`] through the VM's hybrid vsock socket.
 //!
 //! Every VM of a test process runs under one private run root in the temp dir (not
 //! the user's), removed when the last VM is gone, so
-//! [`VmHost::assert_no_run_folders`] can check that nothing was left behind.
+//! [`VmHost::assert_no_run_folders`] can check that nothing was left behind. Its
+//! checkpoints (a fork's) go to a private folder too, removed with the run root: a
+//! fork's checkpoint holds the disk its parent goes on writing over, so it can only
+//! go once the parent has.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -96,6 +103,19 @@ impl VmHost {
     /// The launcher every VM of this process boots with.
     pub fn launcher(&self) -> &'static Launcher {
         self.launcher
+    }
+
+    /// The host for a benchmark, which cannot be skipped: panics with what is
+    /// missing, whatever `SANDBOX_SKIP_VM_TESTS` says. Builds `sandbox-relay` in the
+    /// benchmark's profile, where the launcher looks for it first.
+    pub fn for_bench() -> Self {
+        if let Some(what) = missing() {
+            panic!("the benchmark cannot run: {what}");
+        }
+        crate::binaries();
+        Self {
+            launcher: launcher(),
+        }
     }
 
     /// Boots the default template.
@@ -164,14 +184,51 @@ impl VmHost {
     }
 }
 
+/// The template for Python work (Debian with CPython and pip, a warm `default`
+/// session) that `scripts/test.sh` builds with [`PYTHON_TEMPLATE_BUILD`].
+pub const PYTHON_TEMPLATE: &str = "python";
+
+/// The command that builds [`PYTHON_TEMPLATE`] (the README's).
+pub const PYTHON_TEMPLATE_BUILD: &str = "target/debug/sandbox-rootfs build --name python \
+    --base debian --packages python3,python3-pip --warm-session 'default:python:import json, os, sys'";
+
+/// [`PYTHON_TEMPLATE`] to boot.
+pub fn python_template() -> TemplateRef {
+    TemplateRef::Name(PYTHON_TEMPLATE.to_owned())
+}
+
+/// What the tests and benchmarks of [`PYTHON_TEMPLATE`] lack, with the command that
+/// builds it; `None` when it is there.
+pub fn python_template_missing() -> Option<String> {
+    let error = launcher().template(&python_template()).err()?;
+    Some(format!(
+        "no {PYTHON_TEMPLATE} template ({}): build it with `cargo build --workspace --bins && \
+         {PYTHON_TEMPLATE_BUILD}` (scripts/test.sh does), or set {SKIP_ENV}=1 to skip the \
+         microVM tests",
+        error_chain(&error)
+    ))
+}
+
+/// The gate of the tests that boot [`PYTHON_TEMPLATE`]: [`gate`], then the template.
+pub fn python_gate() -> Gate {
+    match gate() {
+        Gate::Open => python_template_missing().map_or(Gate::Open, Gate::Missing),
+        closed => closed.clone(),
+    }
+}
+
 /// The process-wide launcher, with a private run root under the temp dir (short, as
-/// the sockets in it must fit `sun_path`).
+/// the sockets in it must fit `sun_path`) and a private checkpoint folder next to it
+/// (the launcher counts a checkpoint's users under its own run root only, so another
+/// process's sweep of a shared folder would remove a fork's checkpoint in use here).
 fn launcher() -> &'static Launcher {
     static LAUNCHER: OnceLock<Launcher> = OnceLock::new();
     LAUNCHER.get_or_init(|| {
         let mut config = LauncherConfig::from_env()
             .unwrap_or_else(|e| panic!("launcher configuration: {}", error_chain(&e)));
-        config.run_root = std::env::temp_dir().join(format!("sbx-vm-{}", std::process::id()));
+        let root = std::env::temp_dir().join(format!("sbx-vm-{}", std::process::id()));
+        config.checkpoint_root = root.with_extension("checkpoints");
+        config.run_root = root;
         Launcher::new(config)
     })
 }
@@ -180,10 +237,12 @@ fn launcher() -> &'static Launcher {
 /// out can remove the (then empty) run root without racing a new boot.
 static LIVE_VMS: Mutex<usize> = Mutex::new(0);
 
-/// One VM's share of the run root: the last lease dropped removes the folder.
+/// One VM's share of the run root: the last lease dropped removes the folder, and
+/// the checkpoint folder.
 #[derive(Debug)]
 struct Lease {
     run_root: PathBuf,
+    checkpoint_root: PathBuf,
 }
 
 impl Lease {
@@ -191,6 +250,7 @@ impl Lease {
         *LIVE_VMS.lock().unwrap_or_else(PoisonError::into_inner) += 1;
         Self {
             run_root: launcher.config().run_root.clone(),
+            checkpoint_root: launcher.config().checkpoint_root.clone(),
         }
     }
 }
@@ -201,8 +261,12 @@ impl Drop for Lease {
         *live -= 1;
         if *live == 0 {
             // Only succeeds when empty: a VM left behind keeps its folder for the
-            // assertions (and the launcher's sweep) to find.
+            // assertions (and the launcher's sweep) to find, and the checkpoints it
+            // may map.
             let _ = std::fs::remove_dir(&self.run_root);
+            if !self.run_root.exists() {
+                let _ = std::fs::remove_dir_all(&self.checkpoint_root);
+            }
         }
     }
 }
@@ -241,6 +305,11 @@ impl TestVm {
     /// The client connected at boot.
     pub fn client(&self) -> &Client {
         self.client.as_ref().expect("the VM was powered off")
+    }
+
+    /// The launcher that booted it (the process's one): to fork it, say.
+    pub fn launcher(&self) -> &'static Launcher {
+        launcher()
     }
 
     /// The launcher's handle.

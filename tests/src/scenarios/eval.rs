@@ -18,7 +18,7 @@ use crate::transport::Target;
 use crate::{eventually, ps_entry, sh, wait_exit, within};
 
 /// A request for `code` in Python session `session`, with the default deadline.
-fn python(session: &str, code: &str) -> EvalRequest {
+pub fn python(session: &str, code: &str) -> EvalRequest {
     EvalRequest {
         session: session.to_owned(),
         language: Language::Python,
@@ -37,7 +37,7 @@ fn shell(session: &str, code: &str) -> EvalRequest {
 }
 
 /// Evaluates `request`, which must be answered (whatever the code did).
-async fn eval(client: &Client, request: EvalRequest) -> EvalReply {
+pub async fn eval(client: &Client, request: EvalRequest) -> EvalReply {
     let shown = format!("{}: {:?}", request.session, request.code);
     within(60, client.eval(request))
         .await
@@ -54,7 +54,7 @@ async fn refused(client: &Client, request: EvalRequest) -> ClientError {
 }
 
 /// Evaluates `request`, which must end normally: no exception, no timeout, no death.
-async fn clean(client: &Client, request: EvalRequest) -> EvalReply {
+pub async fn clean(client: &Client, request: EvalRequest) -> EvalReply {
     let reply = eval(client, request).await;
     assert!(
         reply.exception.is_none() && !reply.timed_out && reply.died.is_none(),
@@ -120,6 +120,28 @@ pub async fn python_state_persists_and_a_trailing_expression_is_its_value(target
     let imported = clean(client, python("state", "math.floor(x / 2)")).await;
     assert_eq!(imported.value.as_deref(), Some("20"));
     assert_eq!(imported.status, None, "status is for shell sessions");
+    // So do an open file and the working directory.
+    let dir = target.scratch("eval-state").await;
+    let open = format!(
+        "import os\nos.chdir('{}')\nnotes = open('notes', 'w')\nn = notes.write('first\\n')",
+        dir.display()
+    );
+    clean(client, python("state", &open)).await;
+    let cwd = clean(
+        client,
+        python(
+            "state",
+            "n = notes.write('second\\n')\nnotes.close()\nos.getcwd()",
+        ),
+    )
+    .await;
+    assert_eq!(cwd.value, Some(format!("'{}'", dir.display())));
+    let read = clean(client, python("state", "open('notes').read()")).await;
+    assert_eq!(read.value.as_deref(), Some("'first\\nsecond\\n'"));
+    assert_eq!(
+        client.read_file(dir.join("notes")).await.unwrap(),
+        b"first\nsecond\n"
+    );
     close(client, "state").await;
 }
 
@@ -321,6 +343,20 @@ pub async fn a_timeout_interrupts_the_cell_and_the_session_keeps_its_state(targe
     let after = clean(client, python("deadline", "kept")).await;
     assert_eq!(after.value.as_deref(), Some("'still here'"));
     assert_eq!(after.session.pid, reply.session.pid);
+    // A busy loop is interrupted too: the interrupt lands between two bytecodes.
+    let request = EvalRequest {
+        timeout_ms: Some(500),
+        ..python("deadline", "while True:\n    pass")
+    };
+    let reply = eval(client, request).await;
+    assert!(reply.timed_out && reply.died.is_none(), "{reply:?}");
+    assert_eq!(
+        reply.exception.map(|e| e.type_name).as_deref(),
+        Some("KeyboardInterrupt")
+    );
+    let after = clean(client, python("deadline", "kept")).await;
+    assert_eq!(after.value.as_deref(), Some("'still here'"));
+    assert_eq!(after.session.pid, reply.session.pid);
     close(client, "deadline").await;
 }
 
@@ -341,6 +377,18 @@ pub async fn an_interpreter_that_ignores_the_interrupt_is_killed_and_reported_de
     let error = refused(client, python("stubborn", "1")).await;
     assert_eq!(error.wire_kind(), Some(ErrorKind::NotFound), "{error}");
     assert!(error.to_string().contains("signal 9"), "{error}");
+    // An interpreter killed during a cell, here by the cell itself, is reported so.
+    let killed = eval(
+        client,
+        EvalRequest {
+            restart: true,
+            ..python("stubborn", "import os\nos.kill(os.getpid(), 9)")
+        },
+    )
+    .await;
+    assert!(killed.session.started && !killed.timed_out, "{killed:?}");
+    let died = killed.died.expect("not reported dead");
+    assert_eq!((died.code, died.signal), (None, Some(libc::SIGKILL)));
     close(client, "stubborn").await;
 }
 
@@ -566,6 +614,15 @@ pub async fn output_and_values_are_capped(target: Target) {
     let reply = clean(client, python("caps", "'é' * 3")).await;
     assert_eq!(reply.value.as_deref(), Some("'ééé'"));
     assert!(!reply.value_truncated);
+    let code =
+        format!("import sys\nn = sys.stdout.write('o' * {over})\nprint('err', file=sys.stderr)");
+    let reply = clean(client, python("caps", &code)).await;
+    assert_eq!(reply.stdout.len(), EXEC_OUTPUT_CAP_BYTES);
+    assert!(reply.stdout_truncated && !reply.stderr_truncated);
+    assert_eq!(reply.stderr, b"err\n");
+    let reply = clean(client, python("caps", "n")).await;
+    assert_eq!(reply.stdout, b"");
+    assert_eq!(reply.value, Some(over.to_string()));
     close(client, "caps").await;
 }
 
