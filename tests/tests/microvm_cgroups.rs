@@ -193,8 +193,13 @@ async fn workloads_are_confined_in_cgroups() {
         confinement.pids_max.unwrap()
     );
     assert_eq!(sh(&client, "cat /proc/1/cgroup").await, "0::/agent\n");
-    let own = sh(&client, "cat /proc/self/cgroup").await;
-    assert!(own.starts_with("0::/workload/exec-"), "{own}");
+    // Cgroups are made ahead of time under neutral names; the record keeps the one
+    // each process got.
+    let (reply, _) = exec_timed(&client, "cat /proc/self/cgroup", Duration::from_secs(60)).await;
+    let own = String::from_utf8_lossy(&reply.stdout).into_owned();
+    assert!(own.starts_with("0::/workload/"), "{own}");
+    let recorded = detail(&client, reply.pid).await.cgroup.unwrap();
+    assert_eq!(own, format!("0::{recorded}\n"));
 
     // Spawns and terminals get a cgroup of their own too.
     let spawned = client
@@ -208,18 +213,20 @@ async fn workloads_are_confined_in_cgroups() {
         })
         .await
         .unwrap();
-    for (pid, kind) in [(spawned, "spawn"), (terminal, "pty")] {
+    let mut cgroups = vec![recorded];
+    for pid in [spawned, terminal] {
         let cgroup = client
             .read_file(&format!("/proc/{pid}/cgroup"))
             .await
             .unwrap();
         let cgroup = String::from_utf8(cgroup).unwrap();
-        assert!(
-            cgroup.starts_with(&format!("0::/workload/{kind}-")),
-            "{cgroup}"
-        );
+        let recorded = detail(&client, pid).await.cgroup.unwrap();
+        assert_eq!(cgroup, format!("0::{recorded}\n"));
+        cgroups.push(recorded);
         client.kill(pid, libc::SIGKILL).await.unwrap();
     }
+    cgroups.dedup();
+    assert_eq!(cgroups.len(), 3, "{cgroups:?}");
     let client2 = client.clone();
     assert!(
         eventually(Duration::from_secs(5), || {

@@ -6,9 +6,9 @@
 //! /sys/fs/cgroup            root: +memory +pids (+cpu) for its children
 //! ├── agent                 the agent (PID 1) alone: memory.min, cpu.weight 1000
 //! └── workload              memory.max = RAM − reserve, pids.max; +memory +pids
-//!     ├── exec-1            one per tracked process, memory.oom.group = 1
-//!     ├── spawn-2
-//!     └── pty-3
+//!     ├── cg-1              one per tracked process, memory.oom.group = 1
+//!     ├── cg-2              (made ahead of time, see [`super::pool`]: the names
+//!     └── cg-3              cannot say the kind or pid; `ps_detail` pairs them)
 //! ```
 //! The agent leaves the root cgroup for a leaf of its own rather than staying in the
 //! root: as a leaf it can carry `memory.min` (its pages are the last reclaimed when
@@ -20,6 +20,14 @@
 //! A child joins its cgroup in the forked process before `exec` (see
 //! [`crate::sys::PreExec::join_cgroup`]), so the program and everything it forks,
 //! double-forks or `setsid`s start inside.
+//!
+//! # Off the exec path
+//! Making and removing a cgroup directory each cost as much as the fork and exec
+//! they confine (about 2.5 ms each in a TCG guest): a thread makes them ahead of
+//! time and removes them after the fact ([`super::pool`]). What a start does with
+//! cgroups is the child's join; what a finished exec does is read `cgroup.events`
+//! (are there leftovers?) and, only when it was killed, `memory.events` (was it the
+//! OOM killer?).
 //!
 //! # Lifecycle of a process's cgroup
 //! - A timed-out or cancelled exec has its whole cgroup killed (`cgroup.kill`, else
@@ -47,10 +55,10 @@ use std::fs;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use sandbox_protocol::{ConfinementMode, OomKill, Pid, ProcessKind};
+use sandbox_protocol::{ConfinementMode, OomKill, Pid};
 
+use super::pool::{self, CgroupPool};
 use crate::sys;
 
 /// Where cgroup2 is mounted.
@@ -207,12 +215,6 @@ pub fn parse_own_cgroup(text: &str) -> Option<&str> {
     text.lines().find_map(|line| line.strip_prefix("0::"))
 }
 
-/// The name of the `seq`-th process cgroup: its kind and a number never reused in
-/// this boot (pids are, and a cgroup cannot be renamed once the pid is known).
-pub fn cgroup_name(kind: ProcessKind, seq: u64) -> String {
-    format!("{}-{seq}", kind.as_str())
-}
-
 /// How the agent confines the processes it starts.
 #[derive(Debug)]
 pub enum Confinement {
@@ -270,11 +272,25 @@ impl Confinement {
         }
     }
 
-    /// A fresh cgroup for a process of `kind`, or `None` in process-group mode.
-    pub fn create(&self, kind: ProcessKind) -> io::Result<Option<ProcessCgroup>> {
+    /// A fresh cgroup for a process about to start, or `None` in process-group mode.
+    pub fn create(&self) -> io::Result<Option<NewCgroup>> {
         match self {
             Self::ProcessGroups { .. } => Ok(None),
-            Self::Cgroups(tree) => tree.create(kind).map(Some),
+            Self::Cgroups(tree) => tree.create().map(Some),
+        }
+    }
+
+    /// Removes the cgroup of a forgotten process, off the caller's thread when the
+    /// pool has one.
+    pub fn discard(&self, cgroup: &ProcessCgroup) {
+        match self {
+            Self::Cgroups(tree) => tree.pool.remove_later(cgroup.path.clone()),
+            // Only tests give records cgroups without a tree.
+            Self::ProcessGroups { .. } => {
+                if let Err(error) = cgroup.remove() {
+                    tracing::warn!(cgroup = cgroup.relative(), %error, "cannot remove a cgroup");
+                }
+            }
         }
     }
 
@@ -311,11 +327,10 @@ fn is_machine_init() -> bool {
 #[derive(Debug)]
 pub struct CgroupTree {
     mount: PathBuf,
-    workload: PathBuf,
     limits: WorkloadLimits,
     /// The kernel has `cgroup.kill` (5.14 and later).
     has_kill: bool,
-    next: AtomicU64,
+    pool: CgroupPool,
 }
 
 impl CgroupTree {
@@ -381,10 +396,9 @@ impl CgroupTree {
         let has_kill = workload.join("cgroup.kill").exists();
         Ok(Self {
             mount: mount.to_owned(),
-            workload,
+            pool: CgroupPool::start(workload),
             limits,
             has_kill,
-            next: AtomicU64::new(1),
         })
     }
 
@@ -393,28 +407,24 @@ impl CgroupTree {
         self.limits
     }
 
-    fn create(&self, kind: ProcessKind) -> io::Result<ProcessCgroup> {
-        loop {
-            let name = cgroup_name(kind, self.next.fetch_add(1, Ordering::Relaxed));
-            let path = self.workload.join(&name);
-            match fs::create_dir(&path) {
-                // Left by an agent that ran before on this tree: take the next number.
-                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(error) => return Err(error),
-                Ok(()) => {}
-            }
-            let cgroup = ProcessCgroup {
-                relative: format!("/{WORKLOAD_CGROUP}/{name}"),
-                path,
+    fn create(&self) -> io::Result<NewCgroup> {
+        let fresh = self.pool.take()?;
+        Ok(NewCgroup {
+            cgroup: ProcessCgroup {
+                relative: format!("/{WORKLOAD_CGROUP}/{}", fresh.name),
+                path: fresh.path,
                 mount: self.mount.clone(),
                 has_kill: self.has_kill,
-            };
-            if let Err(error) = fs::write(cgroup.path.join("memory.oom.group"), "1") {
-                tracing::warn!(cgroup = %cgroup.relative, %error, "cannot set memory.oom.group");
-            }
-            return Ok(cgroup);
-        }
+            },
+        })
     }
+}
+
+/// A cgroup made for a process about to start.
+#[derive(Debug)]
+pub struct NewCgroup {
+    /// What the process's record keeps.
+    pub cgroup: ProcessCgroup,
 }
 
 fn make_dir(path: &Path) -> Result<(), CgroupError> {
@@ -447,7 +457,7 @@ impl ProcessCgroup {
         }
     }
 
-    /// Its path relative to the mount (`/workload/exec-3`), as `/proc/PID/cgroup` shows it.
+    /// Its path relative to the mount (`/workload/cg-3`), as `/proc/PID/cgroup` shows it.
     pub fn relative(&self) -> &str {
         &self.relative
     }
@@ -545,20 +555,11 @@ impl ProcessCgroup {
 
     /// Removes it (and cgroups the workload made below it); fails while populated.
     pub fn remove(&self) -> io::Result<()> {
-        fn remove_tree(dir: &Path) -> io::Result<()> {
-            for sub in sub_cgroups(dir) {
-                remove_tree(&sub)?;
-            }
-            match fs::remove_dir(dir) {
-                Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-                other => other,
-            }
-        }
-        remove_tree(&self.path)
+        pool::remove_tree(&self.path)
     }
 }
 
-fn sub_cgroups(dir: &Path) -> Vec<PathBuf> {
+pub(super) fn sub_cgroups(dir: &Path) -> Vec<PathBuf> {
     fs::read_dir(dir)
         .map(|entries| {
             entries
@@ -626,17 +627,10 @@ mod tests {
     }
 
     #[test]
-    fn cgroup_names_carry_the_kind_and_a_sequence() {
-        assert_eq!(cgroup_name(ProcessKind::Exec, 1), "exec-1");
-        assert_eq!(cgroup_name(ProcessKind::Spawn, 22), "spawn-22");
-        assert_eq!(cgroup_name(ProcessKind::Pty, 3), "pty-3");
-    }
-
-    #[test]
     fn an_ordinary_process_confines_by_process_group() {
         let confinement = Confinement::set_up(false);
         assert_eq!(confinement.mode(), ConfinementMode::ProcessGroups);
-        assert!(confinement.create(ProcessKind::Exec).unwrap().is_none());
+        assert!(confinement.create().unwrap().is_none());
         let report = confinement.report();
         assert!(report.reason.is_some_and(|r| r.contains("not the init")));
     }

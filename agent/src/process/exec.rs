@@ -132,7 +132,13 @@ pub async fn exec(
     if !timed_out {
         kill_leftovers_at(record.clone(), started + deadline);
     }
-    if let Some(oom) = record.oom_kill() {
+    // The OOM killer's victims die of SIGKILL: no other exit is worth a read of
+    // `memory.events` on the exec's path.
+    let killed = record
+        .progress()
+        .exit
+        .is_some_and(|exit| exit.signal == Some(libc::SIGKILL));
+    if let Some(oom) = killed.then(|| record.oom_kill()).flatten() {
         tracing::info!(pid = %record.pid, kills = oom.kills, "exec hit the OOM killer");
     }
 

@@ -310,14 +310,15 @@ pub fn start(
     // the cgroup after the start would let a quick child fork outside it first.)
     let cgroup = table
         .confinement()
-        .create(kind)
+        .create()
         .map_err(|error| ProcessError::Cgroup {
             program: program.clone(),
             error,
-        })?;
+        })?
+        .map(|new| new.cgroup);
     let remove_cgroup = |cgroup: &Option<super::cgroup::ProcessCgroup>| {
         if let Some(cgroup) = cgroup {
-            let _ = cgroup.remove();
+            table.confinement().discard(cgroup);
         }
     };
     // Open until the start returned: the child writes to it before `exec`.
