@@ -15,8 +15,8 @@
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{
-    Command, ConfinementMode, ExecReply, Pid, ProcessDetail, ProcessSpec, ProcessState,
-    PtyOpenRequest, WindowSize,
+    Command, ConfinementMode, ErrorKind, ExecReply, ExecRequest, Pid, ProcessDetail, ProcessSpec,
+    ProcessState, PtyOpenRequest, User, WindowSize,
 };
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use sandbox_tests::vm::{build_template, VmHost, CONNECT_SECS, POWER_OFF_SECS, READY_TIMEOUT_SECS};
@@ -227,6 +227,26 @@ async fn workloads_are_confined_in_cgroups() {
     }
     cgroups.dedup();
     assert_eq!(cgroups.len(), 3, "{cgroups:?}");
+
+    // What the child does between clone and exec: a user switch (raw calls, never
+    // libc's, which would change every thread of the agent), and an exec that fails.
+    let mut request = exec_sh("id -u; id -g; cat /proc/self/oom_score_adj");
+    request.spec.user = Some(User::Uid(65534));
+    let reply = client.exec(request).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&reply.stdout), "65534\n65534\n0\n");
+    assert_eq!(
+        sh(&client, "id -u").await,
+        "0\n",
+        "the agent's user changed"
+    );
+    let missing = ExecRequest {
+        spec: ProcessSpec::new(Command::Argv(vec!["/no/such/program".into()])),
+        stdin: Vec::new(),
+        timeout_ms: None,
+        stream: false,
+    };
+    let error = client.exec(missing).await.unwrap_err();
+    assert_eq!(error.wire_kind(), Some(ErrorKind::NotFound), "{error}");
     let client2 = client.clone();
     assert!(
         eventually(Duration::from_secs(5), || {

@@ -17,17 +17,18 @@
 //! has work. In the root it would compete as one task against the workload group
 //! (about 50 %) and could carry no protection at all.
 //!
-//! A child joins its cgroup in the forked process before `exec` (see
-//! [`crate::sys::PreExec::join_cgroup`]), so the program and everything it forks,
-//! double-forks or `setsid`s start inside.
+//! A child is born in its cgroup (`clone3` with `CLONE_INTO_CGROUP`, see
+//! [`crate::sys::spawn`]), so the program and everything it forks, double-forks or
+//! `setsid`s start inside. On a kernel older than 5.7 it joins its cgroup in a forked
+//! process before `exec` instead (see [`crate::sys::PreExec::join_cgroup`]).
 //!
 //! # Off the exec path
 //! Making and removing a cgroup directory each cost as much as the fork and exec
 //! they confine (about 2.5 ms each in a TCG guest): a thread makes them ahead of
 //! time and removes them after the fact ([`super::pool`]). What a start does with
-//! cgroups is the child's join; what a finished exec does is read `cgroup.events`
-//! (are there leftovers?) and, only when it was killed, `memory.events` (was it the
-//! OOM killer?).
+//! cgroups is one `clone3`; what a finished exec does is read `cgroup.events` (are
+//! there leftovers?) and, only when it was killed, `memory.events` (was it the OOM
+//! killer?).
 //!
 //! # Lifecycle of a process's cgroup
 //! - A timed-out or cancelled exec has its whole cgroup killed (`cgroup.kill`, else
@@ -53,13 +54,17 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use sandbox_protocol::{ConfinementMode, OomKill, Pid};
 
 use super::pool::{self, CgroupPool};
 use crate::sys;
+use crate::sys::spawn::{ChildImage, ChildStack, CloneError};
 
 /// Where cgroup2 is mounted.
 pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
@@ -331,6 +336,10 @@ pub struct CgroupTree {
     /// The kernel has `cgroup.kill` (5.14 and later).
     has_kill: bool,
     pool: CgroupPool,
+    /// Children are cloned into their cgroup (until the kernel says it cannot).
+    clones: AtomicBool,
+    /// The stack children are cloned on, mapped at the first start.
+    stack: Mutex<Option<ChildStack>>,
 }
 
 impl CgroupTree {
@@ -399,6 +408,8 @@ impl CgroupTree {
             pool: CgroupPool::start(workload),
             limits,
             has_kill,
+            clones: AtomicBool::new(true),
+            stack: Mutex::new(None),
         })
     }
 
@@ -416,7 +427,29 @@ impl CgroupTree {
                 mount: self.mount.clone(),
                 has_kill: self.has_kill,
             },
+            dir: fresh.dir,
         })
+    }
+
+    /// Starts `image` in `cgroup` with `clone3` (see [`crate::sys::spawn`]); the caller
+    /// holds the spawn gate. [`CloneError::Unsupported`] (then and for every later
+    /// start) when the kernel cannot, and the caller forks instead.
+    pub fn clone_into(&self, image: &ChildImage, cgroup: &NewCgroup) -> Result<i32, CloneError> {
+        if !self.clones.load(Ordering::Relaxed) {
+            return Err(CloneError::Unsupported);
+        }
+        // The gate serialises starts, so this lock is never contended.
+        let mut stack = self.stack.lock().unwrap_or_else(PoisonError::into_inner);
+        let stack = match &mut *stack {
+            Some(stack) => stack,
+            empty => empty.insert(ChildStack::new().map_err(CloneError::Clone)?),
+        };
+        let cloned = sys::spawn::clone_into_cgroup(stack, image, cgroup.dir.as_fd());
+        if matches!(cloned, Err(CloneError::Unsupported)) {
+            tracing::info!("this kernel cannot clone into a cgroup; children fork and join theirs");
+            self.clones.store(false, Ordering::Relaxed);
+        }
+        cloned
     }
 }
 
@@ -425,6 +458,8 @@ impl CgroupTree {
 pub struct NewCgroup {
     /// What the process's record keeps.
     pub cgroup: ProcessCgroup,
+    /// Its directory, open for `CLONE_INTO_CGROUP`; closed once the child started.
+    pub dir: OwnedFd,
 }
 
 fn make_dir(path: &Path) -> Result<(), CgroupError> {

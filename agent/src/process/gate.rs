@@ -17,7 +17,9 @@
 //!   start moves to the blocking pool.
 //!
 //! Starts are never concurrent with each other or with reaping; both are short (a
-//! `posix_spawn`, a `waitpid(WNOHANG)` loop), so one mutex costs nothing measurable.
+//! `clone3` or `posix_spawn`, a `waitpid(WNOHANG)` loop), so one mutex costs nothing
+//! measurable. The gate also covers the one other `waitpid`: a child cloned into
+//! its cgroup whose `exec` failed is reaped by its starter (see [`crate::sys::spawn`]).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

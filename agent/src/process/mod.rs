@@ -18,8 +18,9 @@
 //! - [`exec`], [`pty`], [`logs`]: the request handlers built on the above.
 //!
 //! # Why one reaper
-//! Children are started with `std::process::Command` and their `Child` is dropped
-//! unwaited: only [`reaper`] ever calls `waitpid`, so no two waiters can steal each
+//! Children are started with `clone3` or `std::process::Command` (see [`launch`]),
+//! and never waited for by their starter: only [`reaper`] ever calls `waitpid` on a
+//! child that reached `exec`, so no two waiters can steal each
 //! other's exit status, and orphans re-parented to the agent are reaped too. Starting
 //! a child holds the table's spawn gate ([`gate`]); the reaper holds the same gate
 //! while it calls `waitpid`, so a child is always in the table before its exit status

@@ -18,6 +18,8 @@
 //! - [`proc`]: the child subreaper, signalling process groups and single processes,
 //!   and what a forked child does before `exec` (join its cgroup, terminal, user
 //!   switch).
+//! - [`spawn`]: starting a child straight into its cgroup (`clone3` with
+//!   `CLONE_INTO_CGROUP`, sharing memory until `exec` as `posix_spawn` does).
 //! - [`cgroup`]: recognising and mounting cgroup2.
 //! - [`net`]: network interface flags (bringing `lo` up).
 //! - [`random`]: random bytes and ids, and feeding and reseeding the kernel's pool.
@@ -36,6 +38,7 @@ pub mod net;
 pub mod proc;
 pub mod pty;
 pub mod random;
+pub mod spawn;
 
 use std::io;
 

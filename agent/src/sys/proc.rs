@@ -53,6 +53,8 @@ pub struct ChildUser {
 pub struct PreExec {
     /// Write `0` to this open `cgroup.procs` file: the child moves itself into that
     /// cgroup before anything else, so the program and all it forks start there.
+    /// (Only where the kernel cannot clone a child into its cgroup, see
+    /// [`super::spawn`].)
     /// The caller keeps the descriptor open until the start returned (it is
     /// close-on-exec, so the program never sees it).
     pub join_cgroup: Option<RawFd>,
