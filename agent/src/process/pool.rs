@@ -188,6 +188,12 @@ impl Drop for CgroupPool {
 
 /// The pool thread: keeps [`POOL_CGROUPS`] ready, removes what it is given.
 fn run(shared: &Shared) {
+    // On a one-vCPU guest a refill woken by a start would otherwise take the CPU
+    // from that very start (measured: the pool then saved nothing). Idle, it runs
+    // while the agent waits for its client.
+    if let Err(error) = crate::sys::run_this_thread_when_idle() {
+        tracing::debug!(%error, "the cgroup pool thread keeps the normal priority");
+    }
     loop {
         match next_job(shared) {
             Job::Stop => break,

@@ -49,7 +49,8 @@ pub use fd::{read, register_async, set_nonblocking, write};
 pub use limits::raise_open_file_limit;
 pub use net::{interface_flags, set_interface_flags};
 pub use proc::{
-    kill_process, kill_process_group, set_child_subreaper, set_pre_exec, ChildUser, PreExec,
+    kill_process, kill_process_group, run_this_thread_when_idle, set_child_subreaper, set_pre_exec,
+    ChildUser, PreExec,
 };
 pub use pty::{open_pty, set_window_size, PtyPair};
 pub use random::{add_entropy_and_reseed, random_bytes, random_hex};
