@@ -3,11 +3,12 @@
 //! Every child gets a clean environment (below), its own cgroup when the agent
 //! confines in cgroups (born in it, see [`super::cgroup`]), its own process group
 //! (exec, spawn) or its own session with the terminal as controlling tty (pty), the
-//! default OOM score instead of the agent's shield (lowered for the start under the
-//! spawn gate, see [`super::gate`]), and the requested user. Everything that reads
-//! files or allocates (the passwd entry, supplementary groups, the C strings of
-//! argv and the environment, the pipes) happens before the child exists; the child
-//! only makes async-signal-safe calls (see [`crate::sys`]).
+//! default OOM score instead of the agent's shield (reset by a cloned child itself,
+//! else lowered for the start under the spawn gate, see [`super::gate`]), and the
+//! requested user. Everything that reads files or allocates (the passwd entry,
+//! supplementary groups, the C strings of argv and the environment, the pipes)
+//! happens before the child exists; the child only makes async-signal-safe calls
+//! (see [`crate::sys`]).
 //!
 //! # How a child starts
 //! With cgroups, `clone3` into the cgroup, sharing the agent's memory until `exec`
@@ -39,6 +40,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
 use super::cgroup::{CgroupTree, Confinement, NewCgroup};
+use super::gate::SpawnPermit;
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
 use crate::sys::spawn::{ChildImage, ChildSession, CloneError};
@@ -352,15 +354,22 @@ pub fn start(
 
     let record = {
         let mut permit = table.spawn_gate();
-        // Restored when dropped, also when the start fails and `?` returns.
-        let unshield = permit.unshield_oom();
         let started = match (table.confinement(), &cgroup) {
-            (Confinement::Cgroups(tree), Some(cgroup)) => {
-                clone_or_fork(tree, cgroup, &plan, &executable, child, session)
+            (Confinement::Cgroups(tree), Some(cgroup)) => clone_or_fork(
+                tree,
+                cgroup,
+                &plan,
+                &executable,
+                child,
+                session,
+                &mut permit,
+            ),
+            _ => {
+                // Restored when dropped, also when the start fails.
+                let _unshield = permit.unshield_oom();
+                fork(&plan, &executable, child, session, None)
             }
-            _ => fork(&plan, &executable, child, session, None),
         };
-        drop(unshield);
         let pid = match started {
             Ok(pid) => pid,
             Err(error) => {
@@ -396,6 +405,7 @@ fn clone_or_fork(
     executable: &Path,
     stdio: [OwnedFd; 3],
     session: ChildSession,
+    permit: &mut SpawnPermit<'_>,
 ) -> std::io::Result<i32> {
     let argv: Vec<&str> = std::iter::once(plan.arg0.as_deref().unwrap_or(&plan.argv[0]))
         .chain(plan.argv.iter().skip(1).map(String::as_str))
@@ -408,13 +418,15 @@ fn clone_or_fork(
         stdio,
         session,
         plan.identity.clone(),
-    )?;
+    )?
+    .with_oom_score_reset(permit.oom_shielded());
     match tree.clone_into(&image, cgroup) {
         Ok(pid) => Ok(pid),
         Err(CloneError::Clone(error) | CloneError::Exec(error)) => Err(error),
         Err(CloneError::Unsupported) => {
             // Open until the start returned: the child writes to it before `exec`.
             let procs = cgroup.cgroup.open_procs()?;
+            let _unshield = permit.unshield_oom();
             fork(plan, executable, image.into_stdio(), session, Some(&procs))
         }
     }

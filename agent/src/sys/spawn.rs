@@ -152,6 +152,8 @@ pub struct ChildImage {
     stdio: [OwnedFd; 3],
     session: ChildSession,
     user: Option<ChildUser>,
+    /// Set `oom_score_adj` to 0 (the agent's shield is not for its children).
+    reset_oom_score: bool,
 }
 
 /// A string with a NUL byte inside cannot be passed to the kernel.
@@ -218,7 +220,17 @@ impl ChildImage {
             ],
             session,
             user,
+            reset_oom_score: false,
         })
+    }
+
+    /// Has the child set its `oom_score_adj` to 0 before `exec` (a vfork child's
+    /// score is its own: the kernel does not pass it to the agent that shares its
+    /// memory). Best effort: a child that cannot keeps the agent's score, as a
+    /// forked child does when the agent cannot lower its own.
+    pub fn with_oom_score_reset(mut self, reset: bool) -> Self {
+        self.reset_oom_score = reset;
+        self
     }
 
     /// The child's streams back, for a start that has to fork after all.
@@ -453,11 +465,34 @@ fn child_steps(image: &ChildImage) -> Result<(), c_int> {
         // SAFETY: TIOCSCTTY takes an integer (0: do not steal); fd 0 is the pty slave.
         ok(unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) }.into())?;
     }
+    // Before the user switch, which would make the file root's.
+    if image.reset_oom_score {
+        reset_oom_score();
+    }
     if let Some(user) = &image.user {
         switch_user(user)?;
     }
     // SAFETY: chdir reads a NUL-terminated path owned by `image`.
     ok(unsafe { libc::chdir(image.cwd.as_ptr()) }.into())
+}
+
+/// Sets this process's `oom_score_adj` to 0; failures are ignored (see
+/// [`ChildImage::with_oom_score_reset`]).
+fn reset_oom_score() {
+    // SAFETY: open reads a NUL-terminated literal path; it returns a new fd or -1.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/oom_score_adj".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: write reads one byte from a live literal; `fd` was just opened.
+    unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+    // SAFETY: `fd` is this function's own descriptor.
+    unsafe { libc::close(fd) };
 }
 
 /// Puts `source` at `target` (0, 1 or 2), open across `execve`. The sources are all
