@@ -278,7 +278,7 @@ impl std::fmt::Display for OomKill {
 pub struct ProcessDetail {
     /// The same row `ps` gives.
     pub info: ProcessInfo,
-    /// Its cgroup, relative to the cgroup2 mount (`/workload/cg-3`); `None` when the
+    /// Its cgroup, relative to the cgroup2 mount (`/workload/exec-3`); `None` when the
     /// agent confines by process group only.
     pub cgroup: Option<String>,
     /// Processes alive in its cgroup now, the tracked one included: after an exit,

@@ -6,9 +6,9 @@
 //! /sys/fs/cgroup            root: +memory +pids (+cpu) for its children
 //! ├── agent                 the agent (PID 1) alone: memory.min, cpu.weight 1000
 //! └── workload              memory.max = RAM − reserve, pids.max; +memory +pids
-//!     ├── cg-1              one per tracked process, memory.oom.group = 1
-//!     ├── cg-2              (made ahead of time, see [`super::pool`]: the names
-//!     └── cg-3              cannot say the kind or pid; `ps_detail` pairs them)
+//!     ├── exec-1            one per tracked process, memory.oom.group = 1
+//!     ├── spawn-2
+//!     └── pty-3
 //! ```
 //! The agent leaves the root cgroup for a leaf of its own rather than staying in the
 //! root: as a leaf it can carry `memory.min` (its pages are the last reclaimed when
@@ -22,13 +22,14 @@
 //! `setsid`s start inside. On a kernel older than 5.7 it joins its cgroup in a forked
 //! process before `exec` instead (see [`crate::sys::PreExec::join_cgroup`]).
 //!
-//! # Off the exec path
-//! Making and removing a cgroup directory each cost as much as the fork and exec
-//! they confine (about 2.5 ms each in a TCG guest): a thread makes them ahead of
-//! time and removes them after the fact ([`super::pool`]). What a start does with
-//! cgroups is one `clone3`; what a finished exec does is read `cgroup.events` (are
-//! there leftovers?) and, only when it was killed, `memory.events` (was it the OOM
-//! killer?).
+//! # Cgroup I/O on the exec path
+//! Measured in a TCG guest: a `mkdir` here costs about 0.55 ms with the
+//! `memory.oom.group` write, an `rmdir` 0.4 ms, a read of `cgroup.events` 0.4 ms,
+//! a move through `cgroup.procs` 1.5 ms (a fork of the agent costs more still).
+//! A start makes its cgroup and clones the child into it, no move; a finished exec
+//! reads `cgroup.events` (are there leftovers?) after its reply is out, and
+//! `memory.events` (was it the OOM killer?) only when it died of `SIGKILL`; the
+//! cgroups of forgotten processes are removed on a thread ([`super::remover`]).
 //!
 //! # Lifecycle of a process's cgroup
 //! - A timed-out or cancelled exec has its whole cgroup killed (`cgroup.kill`, else
@@ -57,12 +58,12 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
-use sandbox_protocol::{ConfinementMode, OomKill, Pid};
+use sandbox_protocol::{ConfinementMode, OomKill, Pid, ProcessKind};
 
-use super::pool::{self, CgroupPool};
+use super::remover::{self, CgroupRemover};
 use crate::sys;
 use crate::sys::spawn::{ChildImage, ChildStack, CloneError};
 
@@ -220,6 +221,12 @@ pub fn parse_own_cgroup(text: &str) -> Option<&str> {
     text.lines().find_map(|line| line.strip_prefix("0::"))
 }
 
+/// The name of the `seq`-th process cgroup: its kind and a number never reused in
+/// this boot (pids are, and a cgroup cannot be renamed once the pid is known).
+pub fn cgroup_name(kind: ProcessKind, seq: u64) -> String {
+    format!("{}-{seq}", kind.as_str())
+}
+
 /// How the agent confines the processes it starts.
 #[derive(Debug)]
 pub enum Confinement {
@@ -277,19 +284,19 @@ impl Confinement {
         }
     }
 
-    /// A fresh cgroup for a process about to start, or `None` in process-group mode.
-    pub fn create(&self) -> io::Result<Option<NewCgroup>> {
+    /// A fresh cgroup for a process of `kind`, or `None` in process-group mode.
+    pub fn create(&self, kind: ProcessKind) -> io::Result<Option<NewCgroup>> {
         match self {
             Self::ProcessGroups { .. } => Ok(None),
-            Self::Cgroups(tree) => tree.create().map(Some),
+            Self::Cgroups(tree) => tree.create(kind).map(Some),
         }
     }
 
     /// Removes the cgroup of a forgotten process, off the caller's thread when the
-    /// pool has one.
+    /// remover has one.
     pub fn discard(&self, cgroup: &ProcessCgroup) {
         match self {
-            Self::Cgroups(tree) => tree.pool.remove_later(cgroup.path.clone()),
+            Self::Cgroups(tree) => tree.remover.remove_later(cgroup.path.clone()),
             // Only tests give records cgroups without a tree.
             Self::ProcessGroups { .. } => {
                 if let Err(error) = cgroup.remove() {
@@ -332,10 +339,12 @@ fn is_machine_init() -> bool {
 #[derive(Debug)]
 pub struct CgroupTree {
     mount: PathBuf,
+    workload: PathBuf,
     limits: WorkloadLimits,
     /// The kernel has `cgroup.kill` (5.14 and later).
     has_kill: bool,
-    pool: CgroupPool,
+    next: AtomicU64,
+    remover: CgroupRemover,
     /// Children are cloned into their cgroup (until the kernel says it cannot).
     clones: AtomicBool,
     /// The stack children are cloned on, mapped at the first start.
@@ -405,7 +414,9 @@ impl CgroupTree {
         let has_kill = workload.join("cgroup.kill").exists();
         Ok(Self {
             mount: mount.to_owned(),
-            pool: CgroupPool::start(workload),
+            workload,
+            next: AtomicU64::new(1),
+            remover: CgroupRemover::start(),
             limits,
             has_kill,
             clones: AtomicBool::new(true),
@@ -418,17 +429,34 @@ impl CgroupTree {
         self.limits
     }
 
-    fn create(&self) -> io::Result<NewCgroup> {
-        let fresh = self.pool.take()?;
-        Ok(NewCgroup {
-            cgroup: ProcessCgroup {
-                relative: format!("/{WORKLOAD_CGROUP}/{}", fresh.name),
-                path: fresh.path,
+    fn create(&self, kind: ProcessKind) -> io::Result<NewCgroup> {
+        loop {
+            let name = cgroup_name(kind, self.next.fetch_add(1, Ordering::Relaxed));
+            let path = self.workload.join(&name);
+            match fs::create_dir(&path) {
+                // Left by an agent that ran before on this tree: take the next number.
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(error) => return Err(error),
+                Ok(()) => {}
+            }
+            let cgroup = ProcessCgroup {
+                relative: format!("/{WORKLOAD_CGROUP}/{name}"),
+                path,
                 mount: self.mount.clone(),
                 has_kill: self.has_kill,
-            },
-            dir: fresh.dir,
-        })
+            };
+            if let Err(error) = fs::write(cgroup.path.join("memory.oom.group"), "1") {
+                tracing::warn!(cgroup = %cgroup.relative, %error, "cannot set memory.oom.group");
+            }
+            let dir = match fs::File::open(&cgroup.path) {
+                Ok(dir) => OwnedFd::from(dir),
+                Err(error) => {
+                    let _ = cgroup.remove();
+                    return Err(error);
+                }
+            };
+            return Ok(NewCgroup { cgroup, dir });
+        }
     }
 
     /// Starts `image` in `cgroup` with `clone3` (see [`crate::sys::spawn`]); the caller
@@ -492,7 +520,7 @@ impl ProcessCgroup {
         }
     }
 
-    /// Its path relative to the mount (`/workload/cg-3`), as `/proc/PID/cgroup` shows it.
+    /// Its path relative to the mount (`/workload/exec-3`), as `/proc/PID/cgroup` shows it.
     pub fn relative(&self) -> &str {
         &self.relative
     }
@@ -590,7 +618,7 @@ impl ProcessCgroup {
 
     /// Removes it (and cgroups the workload made below it); fails while populated.
     pub fn remove(&self) -> io::Result<()> {
-        pool::remove_tree(&self.path)
+        remover::remove_tree(&self.path)
     }
 }
 
@@ -662,10 +690,17 @@ mod tests {
     }
 
     #[test]
+    fn cgroup_names_carry_the_kind_and_a_sequence() {
+        assert_eq!(cgroup_name(ProcessKind::Exec, 1), "exec-1");
+        assert_eq!(cgroup_name(ProcessKind::Spawn, 22), "spawn-22");
+        assert_eq!(cgroup_name(ProcessKind::Pty, 3), "pty-3");
+    }
+
+    #[test]
     fn an_ordinary_process_confines_by_process_group() {
         let confinement = Confinement::set_up(false);
         assert_eq!(confinement.mode(), ConfinementMode::ProcessGroups);
-        assert!(confinement.create().unwrap().is_none());
+        assert!(confinement.create(ProcessKind::Exec).unwrap().is_none());
         let report = confinement.report();
         assert!(report.reason.is_some_and(|r| r.contains("not the init")));
     }

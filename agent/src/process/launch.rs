@@ -346,7 +346,7 @@ pub fn start(
     };
     let cgroup = table
         .confinement()
-        .create()
+        .create(kind)
         .map_err(|error| ProcessError::Cgroup {
             program: program.clone(),
             error,

@@ -9,8 +9,8 @@
 //! - [`cgroup`]: confinement: the workload cgroup tree with its memory and pids
 //!   limits, one cgroup per process, killing a cgroup, OOM kills; or process groups
 //!   where the agent is not the machine's init.
-//! - [`pool`]: cgroups made ahead of time and removed after the fact by a thread of
-//!   their own, so no start waits for a `mkdir` and no sweep for an `rmdir`.
+//! - [`remover`]: removes the cgroups of forgotten processes on a thread of its own,
+//!   so no sweep holds up the runtime with `rmdir`s.
 //! - [`launch`]: turns a [`ProcessSpec`](sandbox_protocol::ProcessSpec) into a running
 //!   child: clean environment, user, cwd, its own process group or session, its own
 //!   cgroup joined before `exec`.
@@ -32,10 +32,10 @@ pub mod gate;
 pub mod kill;
 pub mod launch;
 pub mod logs;
-pub mod pool;
 pub mod pty;
 pub mod pump;
 pub mod reaper;
+pub mod remover;
 pub mod table;
 
 use std::io;

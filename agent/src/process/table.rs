@@ -383,7 +383,7 @@ impl ProcessTable {
 
     /// Forgets processes that exited more than `forget_after` ago, except those whose
     /// cgroup still holds processes they left behind, and has the cgroups of the
-    /// forgotten removed (on the cgroup pool's thread); returns how many were forgotten.
+    /// forgotten removed (on the cgroup remover's thread); returns how many were forgotten.
     pub fn forget_expired(&self, now: Instant) -> usize {
         let Some(cutoff) = now.checked_sub(self.forget_after) else {
             return 0;
