@@ -3,13 +3,14 @@
 # Idempotent and cached: a second run does nothing that is already done.
 #
 #   - apt: QEMU (TCG is enough) and qemu-img, kmod (depmod), lz4, cpio, file,
-#          busybox-static (default template base), e2fsprogs (mkfs.ext4 -d); and
-#          package lists that know Debian's cloud kernel, which templates are built from
+#          busybox-static (default template base), e2fsprogs (mkfs.ext4 -d),
+#          mmdebstrap (Debian bases: the python template); and package lists that
+#          know Debian's cloud kernel, which templates are built from
 #   - rustup: the x86_64-unknown-linux-musl target for the static agent
 #   - cargo: vhost-device-vsock, the vhost-user vsock backend QEMU talks to
 set -euo pipefail
 
-APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file)
+APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file mmdebstrap)
 
 # Two passes: installing one package can remove another that was there before (a
 # newer qemu-utils conflicts with this release's qemu-system-x86 and is removed with
@@ -24,7 +25,7 @@ for pass in 1 2; do
   [ "$pass" = 1 ] && apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 done
-for program in qemu-system-x86_64 qemu-img depmod lz4 cpio busybox mkfs.ext4 file; do
+for program in qemu-system-x86_64 qemu-img depmod lz4 cpio busybox mkfs.ext4 file mmdebstrap; do
   command -v "$program" >/dev/null 2>&1 || { echo "setup: $program is still missing" >&2; exit 1; }
 done
 

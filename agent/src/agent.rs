@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use crate::init::PowerAction;
 use crate::process::table::ProcessTable;
+use crate::session::Sessions;
 
 /// Capabilities announced in the handshake (plus [`CGROUPS_CAPABILITY`] when the
 /// agent confines in cgroups).
@@ -20,6 +21,7 @@ pub const CAPABILITIES: &[&str] = &[
     "logs_follow",
     "pty",
     sandbox_protocol::limits::STREAM_WINDOW_CAPABILITY,
+    "eval",
 ];
 
 /// Announced when every process runs in its own cgroup: timeouts and kills reach
@@ -38,6 +40,12 @@ pub struct Agent {
     pub boot_id: String,
     /// Whether the agent is the guest's init (PID 1).
     pub is_init: bool,
+    /// The bytes held for clients across all connections (see [`crate::budget`]).
+    pub budget: crate::budget::Budget,
+    /// The template's defaults and boot sessions.
+    pub image: sandbox_protocol::ImageConfig,
+    /// The interpreter sessions of `eval`.
+    pub sessions: Arc<Sessions>,
     /// The token clients must present in their `Hello`, if any; `reidentify`
     /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
     token: RwLock<Option<String>>,
@@ -59,11 +67,20 @@ impl Agent {
             table: Arc::new(table),
             boot_id: crate::sys::random_hex(16),
             is_init,
+            budget: crate::budget::Budget::default(),
+            image: sandbox_protocol::ImageConfig::default(),
+            sessions: Arc::new(Sessions::new()),
             token: RwLock::new(token),
             started: Instant::now(),
             generation: AtomicU64::new(0),
             shutdown: watch::channel(None).0,
         }
+    }
+
+    /// The same agent with the template's defaults `image`.
+    pub fn with_image(mut self, image: sandbox_protocol::ImageConfig) -> Self {
+        self.image = image;
+        self
     }
 
     /// The capabilities this agent announces.

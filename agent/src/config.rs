@@ -37,6 +37,10 @@ pub struct Args {
     /// `sandbox.log` from the kernel command line as PID 1, else `info`.
     #[arg(long, value_name = "FILTER")]
     pub log: Option<String>,
+    /// The template's defaults and boot sessions (JSON, see `ImageConfig`); default
+    /// `/etc/sandbox/image.json` as PID 1, none otherwise.
+    #[arg(long, value_name = "PATH")]
+    pub image_config: Option<std::path::PathBuf>,
 }
 
 /// Everything the agent needs to run, validated.
@@ -54,6 +58,8 @@ pub struct Config {
     pub is_init: bool,
     /// Log filter.
     pub log: String,
+    /// Where the image's config is read from, if anywhere.
+    pub image_config: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -84,6 +90,9 @@ impl Config {
                 .log
                 .or_else(|| boot.map(|b| b.log.clone()))
                 .unwrap_or_else(|| "info".to_owned()),
+            image_config: args.image_config.or_else(|| {
+                boot.map(|_| std::path::PathBuf::from(sandbox_protocol::image::IMAGE_CONFIG_PATH))
+            }),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! It runs as PID 1 inside the VM (and as an ordinary process for development),
 //! serves the [`sandbox_protocol`] over vsock or a Unix socket, and keeps one table of
 //! every process it started: exec (run to completion), spawn (detached, output in a
-//! 256 KiB ring), and pty (a terminal that survives disconnects).
+//! 256 KiB ring), pty (a terminal that survives disconnects), and the interpreters of
+//! `eval` sessions (Python or sh, whose state persists between evaluations).
 //!
 //! # Layout
 //! - [`config`]: command-line arguments into a validated [`config::Config`].
@@ -11,9 +12,16 @@
 //!   ([`server::connection`]) that routes requests to handlers ([`server::dispatch`]).
 //! - [`process`]: the process table, the single reaper, the spawn gate that
 //!   serialises child starts (and the OOM unshield around each), confinement in
-//!   cgroups ([`process::cgroup`]), and the exec, spawn, pty, logs and kill handlers.
+//!   cgroups ([`process::cgroup`]), the template's defaults for every start
+//!   ([`process::defaults`]), and the exec, spawn, pty, logs and kill handlers.
+//! - [`image`]: reads the template's config (`/etc/sandbox/image.json`) at start.
 //! - [`ring`]: the per-process output ring with absolute offsets.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
+//! - [`wait`]: `wait_for_text`, until a file (inotify) or a process's output (its
+//!   ring) contains a string.
+//! - [`session`]: interpreter sessions (`eval`): Python or sh interpreters whose
+//!   state persists between evaluations, with the drivers that run inside them, and
+//!   the template's boot sessions, started before the agent listens.
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
 //!   identity after a restore or fork), `reidentify` (a fork child's own hostname
 //!   and token) and `shutdown`.
@@ -42,16 +50,20 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod budget;
 pub mod config;
 pub mod events;
 pub mod files;
+pub mod image;
 pub mod init;
 pub mod machine;
 pub mod process;
 pub mod ready;
 pub mod ring;
 pub mod server;
+pub mod session;
 pub mod sys;
+pub mod wait;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -81,14 +93,21 @@ pub async fn run(
 ) -> Result<Arc<Agent>, RunError> {
     // Before any child starts: each one joins a cgroup of this tree.
     let confinement = process::cgroup::Confinement::set_up(config.is_init);
-    let agent = Arc::new(Agent::with_table(
-        process::table::ProcessTable::with_confinement(config.forget_after, confinement),
-        config.token.clone(),
-        config.is_init,
-    ));
+    let image = config
+        .image_config
+        .as_deref()
+        .map(image::load)
+        .unwrap_or_default();
+    let table = process::table::ProcessTable::with_confinement(config.forget_after, confinement)
+        .with_defaults(process::defaults::ProcessDefaults::from_image(&image));
+    let agent =
+        Arc::new(Agent::with_table(table, config.token.clone(), config.is_init).with_image(image));
     let sigchld = reaper::sigchld().map_err(RunError::Sigchld)?;
     let reaper = tokio::spawn(reaper::run(agent.table.clone(), sigchld));
     let sweeper = tokio::spawn(sweep_forever(agent.clone()));
+    // Before the listeners, so the agent answers (and a template's ready snapshot is
+    // taken) only once they are warm.
+    session::warm::start_boot_sessions(&agent).await;
 
     let listeners = server::bind(&config.listen)?;
     on_listening(&agent);

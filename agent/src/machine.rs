@@ -65,8 +65,10 @@ impl ResumeError {
     }
 }
 
-/// Handles `resumed`: as init, [`resume`]s on the blocking pool, counts one more
-/// generation and answers with the agent's info.
+/// Handles `resumed`: as init, [`resume`]s on the blocking pool, reseeds the
+/// interpreter sessions from the freshly reseeded kernel pool (see
+/// [`crate::session::warm`]), counts one more generation and answers with the
+/// agent's info.
 pub async fn resumed(agent: &Agent, request: ResumedRequest) -> Result<AgentInfo, WireError> {
     if !agent.is_init {
         return Err(WireError::new(
@@ -77,6 +79,7 @@ pub async fn resumed(agent: &Agent, request: ResumedRequest) -> Result<AgentInfo
     }
     match tokio::task::spawn_blocking(move || resume(&request)).await {
         Ok(Ok(())) => {
+            crate::session::warm::reseed_all(&agent.sessions).await;
             agent.bump_generation();
             Ok(agent.info())
         }

@@ -85,12 +85,18 @@ async fn run(request: Request, put_data: Option<Vec<u8>>) {
     let (tx, mut rx) = mpsc::channel(8);
     // No stream window: the events are drained at once, as fast as they come.
     let (_report, consumed) = watch::channel(0);
-    let events = Events::new(RequestId(1), tx, consumed, Arc::new(AtomicBool::new(false)));
+    let events = Events::new(
+        RequestId(1),
+        tx,
+        AGENT.budget.clone(),
+        consumed,
+        Arc::new(AtomicBool::new(false)),
+    );
     let input = if matches!(request, Request::Put(_)) {
         let (sender, receiver) = put_channel();
         // With no data the put sees its queue close: an incomplete transfer.
         if let Some(data) = put_data {
-            sender.data(data);
+            sender.data(data, sandbox_agent::budget::Charge::none());
             sender.end();
         }
         Some(receiver)

@@ -11,7 +11,8 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-use sandbox_protocol::Request;
+use sandbox_protocol::wait::WAIT_MAX_TIMEOUT_MS;
+use sandbox_protocol::{Request, WaitTarget};
 
 /// `path` made to name something inside `root`, as raw bytes.
 pub fn confine(root: &Path, path: &[u8]) -> Vec<u8> {
@@ -26,9 +27,10 @@ pub fn confine(root: &Path, path: &[u8]) -> Vec<u8> {
 }
 
 /// `request` with every path confined to `root`, or `None` when it is not safe to
-/// run in a fuzzer's process at all (exec, spawn and pty run programs; shutdown powers
-/// off; resumed sets the clock). `reidentify` runs: the fuzzer's agent is not init, so
-/// it never sets the hostname.
+/// run in a fuzzer's process at all (exec, spawn, pty and eval run programs; shutdown
+/// powers off; resumed sets the clock). `reidentify` runs: the fuzzer's agent is not
+/// init, so it never sets the hostname. A `wait_for_text` waits at most
+/// [`WAIT_FUZZ_MS`], so an input cannot make a run wait minutes.
 pub fn confine_request(root: &Path, request: Request) -> Option<Request> {
     let fix = |path: &mut Vec<u8>| *path = confine(root, path);
     let mut request = request;
@@ -37,6 +39,7 @@ pub fn confine_request(root: &Path, request: Request) -> Option<Request> {
         | Request::Spawn(_)
         | Request::PtyOpen(_)
         | Request::Resumed(_)
+        | Request::Eval(_)
         | Request::Shutdown(_) => return None,
         // These look a pid up in the process table, which stays empty because nothing
         // is ever started: they can only fail, and must do so with a typed error.
@@ -47,6 +50,7 @@ pub fn confine_request(root: &Path, request: Request) -> Option<Request> {
         | Request::Ps
         | Request::PsDetail
         | Request::Confinement
+        | Request::CloseSession(_)
         | Request::Info => {}
         // The fuzzer's agent is not init: a hostname is refused (after the checks
         // this target exercises), and a token only changes that agent's memory.
@@ -63,9 +67,25 @@ pub fn confine_request(root: &Path, request: Request) -> Option<Request> {
             fix(&mut request.to);
         }
         Request::Put(request) => fix(&mut request.path),
+        Request::WaitForText(request) => {
+            if let WaitTarget::File(path) = &mut request.target {
+                fix(path);
+            }
+            // Out-of-range deadlines are refused before any wait: keep them.
+            if let Some(ms) = &mut request.timeout_ms {
+                if *ms <= WAIT_MAX_TIMEOUT_MS {
+                    *ms = (*ms).min(WAIT_FUZZ_MS);
+                }
+            } else {
+                request.timeout_ms = Some(WAIT_FUZZ_MS);
+            }
+        }
     }
     Some(request)
 }
+
+/// The longest a fuzzed `wait_for_text` waits.
+pub const WAIT_FUZZ_MS: u64 = 20;
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@
 //! | `--token TOKEN` | `SANDBOX_TOKEN` | none |
 //! | `--sandbox-home DIR` | `SANDBOX_HOME` | `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` |
 //! | `--boot-timeout SECS` | `SANDBOX_BOOT_TIMEOUT` | `60` |
+//! | `--max-fork-count N` | `SANDBOX_MAX_FORK_COUNT` | `16` |
 //!
 //! The launcher's own variables (`SANDBOX_RUN_DIR`, `SANDBOX_ACCEL`, `SANDBOX_QEMU`,
 //! `SANDBOX_QEMU_IMG`, `SANDBOX_VHOST_VSOCK`) are read through the environment lookup
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use sandbox_vmm::client::{AgentUrl, UrlError};
+use sandbox_vmm::launcher::snapshot::MAX_BRANCH;
 use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
 
 /// Most live sandboxes a server may be configured for.
@@ -28,6 +30,9 @@ pub const MAX_SANDBOXES_LIMIT: usize = 256;
 
 /// Default bound on one VM boot, from QEMU's start to the agent's `Ready`.
 pub const DEFAULT_BOOT_TIMEOUT_SECS: u64 = launcher::DEFAULT_READY_TIMEOUT_SECS;
+
+/// Default of `--max-fork-count`: the most children one `fork` makes.
+pub const DEFAULT_MAX_FORK_COUNT: usize = 16;
 
 /// The id the attached agent gets in attach mode.
 pub const ATTACHED_ID: &str = "attached";
@@ -80,6 +85,15 @@ pub struct Args {
         value_name = "SECS"
     )]
     pub boot_timeout_secs: u64,
+    /// Most children one `fork` call may make (each also needs room within
+    /// --max-sandboxes).
+    #[arg(
+        long = "max-fork-count",
+        env = "SANDBOX_MAX_FORK_COUNT",
+        default_value_t = DEFAULT_MAX_FORK_COUNT,
+        value_name = "N"
+    )]
+    pub max_fork_count: usize,
 }
 
 /// What the server runs on, validated.
@@ -122,6 +136,8 @@ pub struct LaunchConfig {
     pub max_sandboxes: usize,
     /// Bound on one boot.
     pub boot_timeout: Duration,
+    /// Most children one fork makes.
+    pub max_fork_count: usize,
 }
 
 /// The command line does not make a valid configuration.
@@ -153,6 +169,9 @@ pub enum ConfigError {
     /// An empty `--template`.
     #[error("--template must not be empty")]
     EmptyTemplate,
+    /// `--max-fork-count` is out of range.
+    #[error("--max-fork-count must be between 1 and {MAX_BRANCH}, not {0}")]
+    MaxForkCount(usize),
 }
 
 impl Config {
@@ -186,6 +205,9 @@ impl Config {
         if args.template.trim().is_empty() {
             return Err(ConfigError::EmptyTemplate);
         }
+        if !(1..=MAX_BRANCH).contains(&args.max_fork_count) {
+            return Err(ConfigError::MaxForkCount(args.max_fork_count));
+        }
         let home = args.sandbox_home.clone();
         if let Some(home) = &home {
             if !home.is_absolute() {
@@ -206,6 +228,7 @@ impl Config {
                 pool: args.pool,
                 max_sandboxes: args.max_sandboxes,
                 boot_timeout: Duration::from_secs(args.boot_timeout_secs),
+                max_fork_count: args.max_fork_count,
             }),
         })
     }
@@ -234,6 +257,7 @@ mod tests {
         assert_eq!(launch.template, TemplateRef::Name("default".into()));
         assert_eq!(launch.pool, 1);
         assert_eq!(launch.max_sandboxes, 4);
+        assert_eq!(launch.max_fork_count, 16);
         assert_eq!(launch.launcher.home.root(), PathBuf::from("/s"));
         assert_eq!(launch.launcher.run_root, PathBuf::from("/s/run"));
     }
@@ -261,5 +285,7 @@ mod tests {
         assert!(bad(&["--sandbox-home", "rel"]).contains("absolute"));
         assert!(bad(&["--boot-timeout", "0"]).contains("--boot-timeout"));
         assert!(bad(&["--template", " "]).contains("--template"));
+        assert!(bad(&["--max-fork-count", "0"]).contains("--max-fork-count"));
+        assert!(bad(&["--max-fork-count", "65"]).contains("--max-fork-count"));
     }
 }

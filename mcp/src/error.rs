@@ -81,32 +81,10 @@ impl ToolError {
     /// A request the sandbox's agent failed; `op` names the tool for the hints.
     pub fn agent(op: Op, sandbox_id: &str, error: &ClientError) -> Self {
         let text = error_chain(error);
-        let hint = match error.wire_kind() {
-            Some(ErrorKind::NotFound) => match op {
-                Op::Process => {
-                    "Call ps to list tracked processes; exited ones are forgotten 5 minutes \
-                     after they exit."
-                }
-                Op::File => "Check the path with list_dir.",
-                Op::Command => "Check the command and cwd (cwd must exist).",
-                Op::Other => "",
-            },
-            Some(ErrorKind::TooLarge) => {
-                "read_file returns at most 1 MiB: read parts with exec (head -c, tail -c, \
-                 sed -n, grep)."
-            }
-            Some(ErrorKind::WrongType) => {
-                "read_file reads regular files: use list_dir for a directory, and exec for \
-                 devices or pipes."
-            }
-            Some(ErrorKind::PermissionDenied) => "The sandbox user may not do this.",
-            Some(ErrorKind::BadRequest) => "Check the arguments (paths must be absolute).",
-            Some(ErrorKind::Busy) => "The sandbox is at a limit; wait or stop processes with kill.",
-            Some(_) => "",
-            None => {
-                "The sandbox's agent is unreachable (the VM may have crashed or been \
-                 destroyed): release it and call create_sandbox for a new one."
-            }
+        let hint = match (op, error.wire_kind()) {
+            (Op::Wait, Some(kind)) => wait_hint(kind),
+            (Op::Wait, None) => UNREACHABLE,
+            (_, kind) => other_hint(op, kind),
         };
         let message = if hint.is_empty() {
             format!("{} failed in sandbox {sandbox_id}: {text}", op.name())
@@ -120,6 +98,78 @@ impl ToolError {
     }
 }
 
+/// What to do after a failed `wait_for_text`.
+fn wait_hint(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::TimedOut => {
+            "The text did not appear in time: call wait_for_text again to keep waiting \
+             (timeout_seconds up to 300), or look at what is there with logs or read_file."
+        }
+        ErrorKind::NotFound => {
+            "A process that exited without the text: read its output with logs; an unknown \
+             pid: call ps (exited processes are forgotten 5 minutes after they exit)."
+        }
+        ErrorKind::WrongType => {
+            "wait_for_text reads regular files: not a directory, device or pipe, and every \
+             directory on the path must be one."
+        }
+        ErrorKind::TooLarge => "Wait for a shorter text (at most 4096 bytes).",
+        ErrorKind::BadRequest => {
+            "Check the arguments: an absolute path, a non-empty text, timeout_seconds at \
+             most 300."
+        }
+        ErrorKind::Busy => "Too many waits run at once in this sandbox; try again shortly.",
+        ErrorKind::Unsupported => {
+            "This sandbox's agent predates wait_for_text: poll with logs or read_file."
+        }
+        _ => "",
+    }
+}
+
+/// What to do after another failed request.
+fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
+    match kind {
+        Some(ErrorKind::NotFound) => match op {
+            Op::Process => {
+                "Call ps to list tracked processes; exited ones are forgotten 5 minutes \
+                     after they exit."
+            }
+            Op::File => "Check the path with list_dir.",
+            Op::Command => "Check the command and cwd (cwd must exist).",
+            Op::Session => {
+                "Call eval_code again with restart: true for a fresh session (what the \
+                 old one defined is gone), or use language \"sh\" where the sandbox has \
+                 no python3."
+            }
+            Op::Wait | Op::Other => "",
+        },
+        Some(ErrorKind::WrongType) if op == Op::Session => {
+            "Each session has one language: pick another session name for this one."
+        }
+        Some(ErrorKind::Busy) if op == Op::Session => {
+            "The sandbox runs the most sessions it keeps: kill the pid of one you no \
+             longer need (ps lists them as kind session)."
+        }
+        Some(ErrorKind::TooLarge) => {
+            "read_file returns at most 1 MiB: read parts with exec (head -c, tail -c, \
+                 sed -n, grep)."
+        }
+        Some(ErrorKind::WrongType) => {
+            "read_file reads regular files: use list_dir for a directory, and exec for \
+                 devices or pipes."
+        }
+        Some(ErrorKind::PermissionDenied) => "The sandbox user may not do this.",
+        Some(ErrorKind::BadRequest) => "Check the arguments (paths must be absolute).",
+        Some(ErrorKind::Busy) => "The sandbox is at a limit; wait or stop processes with kill.",
+        Some(_) => "",
+        None => UNREACHABLE,
+    }
+}
+
+/// The hint when the agent did not answer at all.
+const UNREACHABLE: &str = "The sandbox's agent is unreachable (the VM may have crashed or been \
+     destroyed): release it and call create_sandbox for a new one.";
+
 /// What kind of request failed, for hints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -129,6 +179,10 @@ pub enum Op {
     Process,
     /// read_file, write_file, list_dir.
     File,
+    /// wait_for_text.
+    Wait,
+    /// eval_code.
+    Session,
     /// Anything else.
     Other,
 }
@@ -139,6 +193,8 @@ impl Op {
             Self::Command => "The command",
             Self::Process => "The process request",
             Self::File => "The file request",
+            Self::Wait => "The wait",
+            Self::Session => "The evaluation",
             Self::Other => "The request",
         }
     }
@@ -175,5 +231,25 @@ mod tests {
         };
         let tool = ToolError::agent(Op::Command, "s", &lost);
         assert!(tool.message.contains("release it"), "{}", tool.message);
+    }
+
+    #[test]
+    fn a_failed_wait_says_how_to_go_on() {
+        let timed_out = ClientError::Agent(WireError::new(ErrorKind::TimedOut, "Timed out"));
+        let tool = ToolError::agent(Op::Wait, "s", &timed_out);
+        assert!(
+            tool.message
+                .starts_with("The wait failed in sandbox s: timed_out: Timed out."),
+            "{}",
+            tool.message
+        );
+        assert!(
+            tool.message.contains("call wait_for_text again"),
+            "{}",
+            tool.message
+        );
+        let big = ClientError::Agent(WireError::new(ErrorKind::TooLarge, "4097 bytes"));
+        let tool = ToolError::agent(Op::Wait, "s", &big);
+        assert!(!tool.message.contains("read_file"), "{}", tool.message);
     }
 }

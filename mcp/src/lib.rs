@@ -32,9 +32,12 @@
 //! - [`pool`]: capacity (a semaphore), cold boots and the warm pool's refiller, behind
 //!   a `VmFactory` seam; [`pool::launcher`] is the real factory (QEMU via the launcher).
 //! - [`registry`]: the session's sandboxes by id, TTL timers, tombstones.
-//! - [`sandbox`]: one sandbox: its agent connection and its VM lease.
+//! - [`sandbox`]: one sandbox: its agent connection and its VM (running or
+//!   hibernated).
 //! - [`util`]: a lock that survives poisoning, `join_all`, milliseconds.
 //! - [`tools`]: the MCP server and its tools; the per-call cap.
+//! - [`snapshot`]: the snapshot tools (fork, checkpoint, branch, hibernate, promote)
+//!   and what hibernates and wakes sandboxes.
 //! - [`exec`]: the streamed exec behind the `exec` tool (partial output on cut-off).
 //! - [`params`], [`render`], [`error`]: tool inputs, outputs and failures.
 
@@ -47,6 +50,7 @@ pub mod pool;
 pub mod registry;
 pub mod render;
 pub mod sandbox;
+pub mod snapshot;
 pub mod stdio;
 pub mod tools;
 pub mod util;

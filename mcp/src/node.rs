@@ -7,6 +7,12 @@
 //! deadline. `release` forgets it without touching the agent (it is not ours: its
 //! processes keep running). `create_sandbox` claims it again when it was released,
 //! and otherwise says it is the only sandbox there is.
+//!
+//! # Snapshots
+//! In launch mode the node also holds a [`SnapshotHost`]: every VM sandbox can be
+//! hibernated through it, and the snapshot tools (`crate::snapshot`) fork, branch
+//! and checkpoint through it. Their children are sandboxes of this session like any
+//! claim ([`Node::insert_vm`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,14 +24,15 @@ use sandbox_vmm::launcher::{Launcher, Size, TemplateRef};
 use crate::config::{AttachConfig, Config, Mode, ATTACHED_ID};
 use crate::error::ToolError;
 use crate::params::{CreateSandboxParams, Net};
-use crate::pool::launcher::LauncherFactory;
-use crate::pool::{Machine, Pool, VmSpec};
+use crate::pool::launcher::{LaunchedVm, LauncherFactory};
+use crate::pool::{Lease, Machine, Pool, VmSpec};
 use crate::registry::{Lookup, Registry};
 use crate::render::{
     rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo, ReleaseResult,
     TemplateInfo,
 };
 use crate::sandbox::{Backing, Deadline, Sandbox, SandboxId};
+use crate::snapshot::SnapshotHost;
 use crate::util::millis;
 
 /// The TTL `ttl_seconds: 0` means.
@@ -38,7 +45,7 @@ pub const MAX_TTL_SECS: u64 = 24 * 60 * 60;
 #[derive(Debug)]
 enum Source {
     Attach(AttachConfig),
-    Launch(Pool<LauncherFactory>),
+    Launch(Arc<Pool<LauncherFactory>>, Arc<SnapshotHost>),
 }
 
 /// The sandboxes and where they come from.
@@ -46,6 +53,23 @@ enum Source {
 pub struct Node {
     registry: Arc<Registry>,
     source: Source,
+}
+
+/// A VM made for the session, to become one of its sandboxes ([`Node::insert_vm`]).
+#[derive(Debug)]
+pub struct NewVm {
+    /// The VM and its capacity slot.
+    pub lease: Lease<LaunchedVm>,
+    /// The template it runs (by name, for listings).
+    pub template: String,
+    /// vCPUs and memory.
+    pub size: Size,
+    /// Its lifetime.
+    pub ttl: Duration,
+    /// Whether it came warm from the pool.
+    pub warm: bool,
+    /// How long it took to have.
+    pub claim_duration: Duration,
 }
 
 impl Node {
@@ -81,7 +105,9 @@ impl Node {
                     launch.boot_timeout,
                 );
                 pool.start();
-                Source::Launch(pool)
+                let pool = Arc::new(pool);
+                let snapshots = Arc::new(SnapshotHost::new(pool.clone(), launch.max_fork_count));
+                Source::Launch(pool, snapshots)
             }
         };
         let node = Arc::new(Self { registry, source });
@@ -115,6 +141,27 @@ impl Node {
             .map_err(|why| ToolError::lookup(id, &why, &self.registry.ids()))
     }
 
+    /// The session's sandboxes.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// What forks, checkpoints and hibernates; `None` in attach mode.
+    pub fn snapshots(&self) -> Option<&Arc<SnapshotHost>> {
+        match &self.source {
+            Source::Attach(_) => None,
+            Source::Launch(_, snapshots) => Some(snapshots),
+        }
+    }
+
+    /// The template `create_sandbox` uses when none is given; `None` in attach mode.
+    pub fn default_template(&self) -> Option<&TemplateRef> {
+        match &self.source {
+            Source::Attach(_) => None,
+            Source::Launch(pool, _) => Some(pool.default_template()),
+        }
+    }
+
     /// `create_sandbox`
     pub async fn create(
         &self,
@@ -139,7 +186,7 @@ impl Node {
         };
         match &self.source {
             Source::Attach(_) => self.claim_attached().await,
-            Source::Launch(pool) => self.claim_vm(pool, params, ttl_secs).await,
+            Source::Launch(pool, _) => self.claim_vm(pool, params, ttl_secs).await,
         }
     }
 
@@ -181,38 +228,21 @@ impl Node {
             .claim(&spec)
             .await
             .map_err(|error| ToolError::claim(&template.to_string(), &error))?;
-        let ttl = Duration::from_secs(ttl_secs);
-        let deadline = Deadline::after(ttl);
-        let id = SandboxId::new(format!("sbx-{}", lease.vm().id()));
         let claim_duration = started.elapsed();
-        // The sandbox keeps its own handle on the connection the VM came with.
-        let agent = (
-            lease.vm().url.clone(),
-            lease
-                .vm()
-                .vm
-                .connect_options(ConnectOptions::default().connect_timeout),
-            Some(lease.vm().client.clone()),
-        );
-        let sandbox = Sandbox::new(
-            id,
-            template.to_string(),
-            Some(size),
-            Some(deadline),
-            warm,
-            claim_duration,
-            agent,
-            Backing::vm(lease),
-        );
         let sandbox = self
-            .registry
-            .insert(sandbox)
-            .await
-            .map_err(|why| ToolError::lookup("", &why, &[]))?;
-        tracing::info!(sandbox = %sandbox.id, warm, claim_ms = millis(claim_duration), ttl_secs, "claimed");
+            .insert_vm(NewVm {
+                lease,
+                template: template.to_string(),
+                size,
+                ttl: Duration::from_secs(ttl_secs),
+                warm,
+                claim_duration,
+            })
+            .await?;
+        let deadline = sandbox.deadline.map(|deadline| deadline.wall);
         Ok(CreateSandboxResult {
             sandbox_id: sandbox.id.to_string(),
-            deadline: Some(rfc3339(deadline.wall)),
+            deadline: deadline.map(rfc3339),
             ttl_seconds: Some(ttl_secs),
             template: sandbox.template.clone(),
             size: Some(size.to_string()),
@@ -222,6 +252,50 @@ impl Node {
             claim_ms: millis(claim_duration),
             note: None,
         })
+    }
+
+    /// Makes `vm` a sandbox of this session, `sbx-<VM id>`, expiring `ttl` from now.
+    pub async fn insert_vm(&self, vm: NewVm) -> Result<Arc<Sandbox>, ToolError> {
+        let NewVm {
+            lease,
+            template,
+            size,
+            ttl,
+            warm,
+            claim_duration,
+        } = vm;
+        let deadline = Deadline::after(ttl);
+        let id = SandboxId::new(format!("sbx-{}", lease.vm().id()));
+        // The sandbox keeps its own handle on the connection the VM came with.
+        let agent = (
+            lease.vm().url.clone(),
+            lease
+                .vm()
+                .vm
+                .connect_options(ConnectOptions::default().connect_timeout),
+            Some(lease.vm().client.clone()),
+        );
+        let backing = match &self.source {
+            Source::Launch(_, snapshots) => Backing::hibernating(lease, snapshots.clone()),
+            Source::Attach(_) => Backing::vm(lease),
+        };
+        let sandbox = Sandbox::new(
+            id,
+            template,
+            Some(size),
+            Some(deadline),
+            warm,
+            claim_duration,
+            agent,
+            backing,
+        );
+        let sandbox = self
+            .registry
+            .insert(sandbox)
+            .await
+            .map_err(|why| ToolError::lookup("", &why, &[]))?;
+        tracing::info!(sandbox = %sandbox.id, warm, claim_ms = millis(claim_duration), ttl_secs = ttl.as_secs(), "claimed");
+        Ok(sandbox)
     }
 
     async fn claim_attached(&self) -> Result<CreateSandboxResult, ToolError> {
@@ -330,7 +404,7 @@ impl Node {
                 },
                 claims,
             },
-            Source::Launch(pool) => {
+            Source::Launch(pool, _) => {
                 let status = pool.status();
                 let vm_claims = sandboxes.len();
                 NodeInfoResult {
@@ -385,7 +459,7 @@ impl Node {
 
     /// Names of the folders under the templates root that hold a template.
     fn template_names(&self) -> Vec<String> {
-        let Source::Launch(pool) = &self.source else {
+        let Source::Launch(pool, _) = &self.source else {
             return Vec::new();
         };
         let root = pool.factory().launcher().config().templates_root();
@@ -404,8 +478,10 @@ impl Node {
     /// Destroys every sandbox and warm VM; further calls are refused.
     pub async fn shutdown(&self) {
         self.registry.shutdown().await;
-        if let Source::Launch(pool) = &self.source {
+        if let Source::Launch(pool, snapshots) = &self.source {
             pool.shutdown().await;
+            // After the sandboxes: their forks' checkpoints are unused only now.
+            snapshots.shutdown();
         }
     }
 }

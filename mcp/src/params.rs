@@ -112,6 +112,41 @@ pub struct SpawnParams {
     pub env: Option<BTreeMap<String, String>>,
 }
 
+/// `eval_code`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EvalCodeParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// The code: a Python cell (the value of a last expression is returned, as in a
+    /// notebook), or shell commands.
+    pub code: String,
+    /// "python" (the default) or "sh".
+    #[serde(default = "default_language")]
+    pub language: String,
+    /// The session: its variables, imports, functions and working directory persist
+    /// from one call to the next. Default "default"; 1 to 64 letters, digits, '-',
+    /// '_' or '.'.
+    #[serde(default = "default_session")]
+    pub session: String,
+    /// Seconds before the code is interrupted (Python raises KeyboardInterrupt and
+    /// the session keeps its state); default and maximum 300.
+    #[serde(default, alias = "timeout")]
+    pub timeout_seconds: Option<u64>,
+    /// When the session died (exit(), a crash, a kill): start a fresh one instead of
+    /// failing. Its old state is gone either way.
+    #[serde(default)]
+    pub restart: bool,
+}
+
+fn default_language() -> String {
+    "python".to_owned()
+}
+
+fn default_session() -> String {
+    sandbox_protocol::eval::DEFAULT_SESSION.to_owned()
+}
+
 /// Tools that need only a sandbox: `ps`, `release`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -176,6 +211,29 @@ pub struct PathParams {
     pub path: String,
 }
 
+/// `wait_for_text`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitForTextParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Wait on this file (absolute path). It, and its directory, may not exist yet;
+    /// appends, a rename over it and rewrites are all seen. Give path or pid, not
+    /// both.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Wait on this tracked process's output (stdout and stderr), as returned by
+    /// spawn or listed by ps: everything still in its 256 KiB ring counts. Give path
+    /// or pid, not both.
+    #[serde(default)]
+    pub pid: Option<i32>,
+    /// The exact text to find (not a pattern), at most 4096 bytes.
+    pub text: String,
+    /// Seconds to wait: default 30, at most 300; 0 only looks once.
+    #[serde(default, alias = "timeout")]
+    pub timeout_seconds: Option<u64>,
+}
+
 /// Parses an octal mode like `"755"`, `"0755"` or `"0o755"`.
 pub fn parse_mode(mode: &str) -> Option<u32> {
     let digits = mode.trim();
@@ -227,6 +285,37 @@ mod tests {
             );
         }
         assert_eq!(params.net, Net::Egress);
+    }
+
+    #[test]
+    fn wait_for_text_takes_a_path_or_a_pid() {
+        let params: WaitForTextParams =
+            serde_json::from_str(r#"{"sandbox_id":"a","pid":7,"text":"ready","timeout":5}"#)
+                .unwrap();
+        assert_eq!((params.pid, params.timeout_seconds), (Some(7), Some(5)));
+        assert!(params.path.is_none());
+        let err = serde_json::from_str::<WaitForTextParams>(
+            r#"{"sandbox_id":"a","file":"/x","text":"y"}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("file"), "{err}");
+    }
+
+    #[test]
+    fn eval_code_defaults_to_the_default_python_session() {
+        let params: EvalCodeParams =
+            serde_json::from_str(r#"{"sandbox_id":"a","code":"1+1"}"#).unwrap();
+        assert_eq!(params.language, "python");
+        assert_eq!(params.session, "default");
+        assert_eq!(params.timeout_seconds, None);
+        assert!(!params.restart);
+        let schema = serde_json::to_value(schemars::schema_for!(EvalCodeParams)).unwrap();
+        assert_eq!(
+            schema["required"],
+            serde_json::json!(["sandbox_id", "code"])
+        );
+        assert_eq!(schema["properties"]["language"]["default"], "python");
     }
 
     #[test]

@@ -148,6 +148,121 @@ impl Render for ExecResult {
     }
 }
 
+/// An exception a Python cell raised, in `eval_code`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ExceptionInfo {
+    /// Its type, e.g. ZeroDivisionError or json.decoder.JSONDecodeError.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// str() of it.
+    pub message: String,
+    /// The traceback, from the cell's own frames on.
+    pub traceback: String,
+}
+
+/// `eval_code`
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct EvalCodeResult {
+    /// The session.
+    pub session: String,
+    /// Its language: python or sh.
+    pub language: String,
+    /// Its interpreter's pid (ps lists it as kind session; kill ends it).
+    pub pid: i32,
+    /// This call started the session's interpreter (its first use, or a restart):
+    /// nothing defined before is there.
+    pub started: bool,
+    /// Evaluations the session has run, this one included.
+    pub evaluations: u64,
+    /// What the code wrote to stdout, subprocesses included (invalid UTF-8
+    /// replaced), at most its first 1 MiB.
+    pub stdout: String,
+    /// What it wrote to stderr, likewise.
+    pub stderr: String,
+    /// A stream went past 1 MiB; the rest was dropped.
+    pub truncated: bool,
+    /// Python: the repr of the cell's last expression, when it is not None.
+    pub value: Option<String>,
+    /// The repr went past 64 KiB and was cut.
+    pub value_truncated: bool,
+    /// Python: the exception the code raised (KeyboardInterrupt after a timeout).
+    pub exception: Option<ExceptionInfo>,
+    /// sh: the status of the last command ($?).
+    pub status: Option<i32>,
+    /// The timeout passed and the code was interrupted.
+    pub timed_out: bool,
+    /// The interpreter ended during this call (exit(), a crash, or killed after not
+    /// coming back from the interrupt): the session's state is gone.
+    pub died: bool,
+    /// When it died: its exit code (128+N when signal N killed it).
+    pub exit_code: Option<i32>,
+    /// When it died by a signal: which.
+    pub signal: Option<i32>,
+    /// Wall time of the evaluation in milliseconds.
+    pub duration_ms: u64,
+    /// Set when the code raised, timed out or the session died: what happened and
+    /// what to do next.
+    pub error: Option<String>,
+}
+
+impl Render for EvalCodeResult {
+    fn render(&self) -> String {
+        let mut out = format!(
+            "session {} ({}, pid {}, evaluation {}{})",
+            self.session,
+            self.language,
+            self.pid,
+            self.evaluations,
+            if self.started { ", just started" } else { "" }
+        );
+        if let Some(status) = self.status {
+            let _ = write!(
+                out,
+                "
+status: {status}"
+            );
+        }
+        if self.truncated {
+            out.push_str(
+                "
+(output truncated at 1 MiB per stream)",
+            );
+        }
+        for (name, text) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            if !text.is_empty() {
+                let _ = write!(
+                    out,
+                    "
+--- {name} ---
+{text}"
+                );
+                if !text.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+        }
+        if let Some(value) = &self.value {
+            let cut = if self.value_truncated { " (cut)" } else { "" };
+            let _ = write!(
+                out,
+                "
+--- value{cut} ---
+{value}"
+            );
+        }
+        if let Some(exception) = &self.exception {
+            let _ = write!(
+                out,
+                "
+--- exception ---
+{}",
+                exception.traceback
+            );
+        }
+        out
+    }
+}
+
 /// `spawn`
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct SpawnResult {
@@ -169,7 +284,7 @@ impl Render for SpawnResult {
 pub struct ProcessRow {
     /// Process id (also its process group).
     pub pid: i32,
-    /// How it was started: exec, spawn or pty.
+    /// How it was started: exec, spawn, pty, or session (an eval_code interpreter).
     pub kind: String,
     /// What it runs.
     pub command: String,
@@ -356,6 +471,43 @@ impl Render for ListDirResult {
         }
         out.pop();
         out
+    }
+}
+
+/// `wait_for_text`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct WaitForTextResult {
+    /// The file waited on; null for a process.
+    pub path: Option<String>,
+    /// The process waited on; null for a file.
+    pub pid: Option<i32>,
+    /// Byte offset of the text's first byte in the file, or in the process's output
+    /// (the offsets logs counts in; pass it as logs' cursor to read from there).
+    pub offset: u64,
+    /// For a process: "stdout", "stderr" or "pty", the stream that printed it.
+    pub stream: Option<String>,
+    /// The line holding the text (at most 4 KiB around it; invalid UTF-8 replaced).
+    pub line: String,
+    /// How long the wait took, in milliseconds (0: it was already there).
+    pub waited_ms: u64,
+}
+
+impl Render for WaitForTextResult {
+    fn render(&self) -> String {
+        let place = match (&self.path, self.pid, &self.stream) {
+            (Some(path), _, _) => path.clone(),
+            (None, Some(pid), Some(stream)) => format!("the {stream} of process {pid}"),
+            (None, Some(pid), None) => format!("the output of process {pid}"),
+            (None, None, _) => "the target".to_owned(),
+        };
+        let when = match self.waited_ms {
+            0 => "already there".to_owned(),
+            ms => format!("after {ms} ms"),
+        };
+        format!(
+            "found at offset {} of {place} ({when}):\n{}",
+            self.offset, self.line
+        )
     }
 }
 
@@ -551,6 +703,67 @@ mod tests {
         );
         let plain = serde_json::to_value(ExecResult::default()).unwrap();
         assert!(plain.get("oom_killed").is_none());
+    }
+
+    #[test]
+    fn a_found_text_says_where() {
+        let found = WaitForTextResult {
+            path: None,
+            pid: Some(7),
+            offset: 12,
+            stream: Some("stderr".into()),
+            line: "listening on :80".into(),
+            waited_ms: 0,
+        };
+        assert_eq!(
+            found.render(),
+            "found at offset 12 of the stderr of process 7 (already there):\nlistening on :80"
+        );
+        let in_file = WaitForTextResult {
+            path: Some("/tmp/log".into()),
+            pid: None,
+            stream: None,
+            waited_ms: 250,
+            ..found
+        };
+        assert_eq!(
+            in_file.render(),
+            "found at offset 12 of /tmp/log (after 250 ms):\nlistening on :80"
+        );
+    }
+
+    #[test]
+    fn eval_rendering_shows_output_value_and_traceback() {
+        let result = EvalCodeResult {
+            session: "default".into(),
+            language: "python".into(),
+            pid: 7,
+            evaluations: 2,
+            stdout: "hi".into(),
+            value: Some("42".into()),
+            ..EvalCodeResult::default()
+        };
+        assert_eq!(
+            result.render(),
+            "session default (python, pid 7, evaluation 2)\n--- stdout ---\nhi\n\n--- value ---\n42"
+        );
+        let raised = EvalCodeResult {
+            started: true,
+            exception: Some(ExceptionInfo {
+                type_name: "ValueError".into(),
+                message: "bad".into(),
+                traceback: "ValueError: bad\n".into(),
+            }),
+            ..result
+        };
+        let text = raised.render();
+        assert!(text.contains("just started"), "{text}");
+        assert!(
+            text.ends_with("--- exception ---\nValueError: bad\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&raised).unwrap();
+        assert_eq!(json["exception"]["type"], "ValueError");
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! calls and the answers into [`crate::render`] results. `call_tool` wraps every call
 //! in the per-call cap and the client's cancellation.
 //!
-//! Tools, as the README's table lists them: `create_sandbox`, `exec`, `spawn`, `ps`,
-//! `logs`, `kill`, `write_file`, `read_file`, `list_dir`, `release`, `node_info`.
+//! Tools, as the README's table lists them: `create_sandbox`, `exec`, `eval_code`,
+//! `spawn`, `ps`, `logs`, `kill`, `wait_for_text`, `write_file`, `read_file`, `list_dir`,
+//! `release`, `node_info`; the snapshot tools are a second router, in
+//! [`crate::snapshot::tools`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,20 +21,24 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer, ServerHandler};
 use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS};
-use sandbox_protocol::{Command, ExecRequest, FileKind, Pid, ProcessSpec, ProcessState, Stream};
+use sandbox_protocol::wait::{WAIT_DEFAULT_TIMEOUT_MS, WAIT_MAX_TIMEOUT_MS};
+use sandbox_protocol::{
+    Command, EvalReply, EvalRequest, ExecRequest, FileKind, Language, Pid, ProcessKind,
+    ProcessSpec, ProcessState, Stream, WaitTarget,
+};
 use tokio::time::Instant;
 
 use crate::error::{Op, ToolError};
 use crate::exec::{self, End};
 use crate::node::Node;
 use crate::params::{
-    parse_mode, CreateSandboxParams, ExecParams, KillParams, LogsParams, PathParams, SandboxParams,
-    SpawnParams, WriteFileParams,
+    parse_mode, CreateSandboxParams, EvalCodeParams, ExecParams, KillParams, LogsParams,
+    PathParams, SandboxParams, SpawnParams, WaitForTextParams, WriteFileParams,
 };
 use crate::render::{
-    failure_with, rfc3339_ms, success, CreateSandboxResult, DirEntryRow, ExecResult, KillResult,
-    ListDirResult, LogsResult, NodeInfoResult, ProcessRow, PsResult, ReadFileResult, ReleaseResult,
-    SpawnResult, WriteFileResult,
+    failure_with, rfc3339_ms, success, CreateSandboxResult, DirEntryRow, EvalCodeResult,
+    ExceptionInfo, ExecResult, KillResult, ListDirResult, LogsResult, NodeInfoResult, ProcessRow,
+    PsResult, ReadFileResult, ReleaseResult, SpawnResult, WaitForTextResult, WriteFileResult,
 };
 use crate::sandbox::Sandbox;
 use crate::util::millis;
@@ -52,26 +58,33 @@ const SIGKILL: i32 = 9;
 
 /// What the server tells the model at initialization.
 const INSTRUCTIONS: &str = "Sandboxes are disposable Linux microVMs for running untrusted \
-code. Call create_sandbox, pass its sandbox_id to exec (shell commands), spawn/logs/kill \
-(background processes), write_file/read_file/list_dir (files), and release it when done. \
+code. Call create_sandbox, pass its sandbox_id to exec (shell commands), eval_code (Python or \
+sh in a session whose state persists between calls, like a notebook), spawn/logs/kill \
+(background processes), wait_for_text (until a server's output or a file shows a line), \
+write_file/read_file/list_dir (files), and release it when done. \
 Each sandbox is destroyed at its deadline (default one hour, never renewed) and when this \
-session ends; sandboxes have no network access.";
+session ends; sandboxes have no network access. fork clones a sandbox into children; \
+checkpoint saves its state for branch_checkpoint (checkpoints outlive the session); \
+hibernate frees an idle sandbox's memory (the next call wakes it); promote makes a \
+template of it.";
 
 /// The MCP server.
 #[derive(Debug, Clone)]
 pub struct SandboxServer {
-    node: Arc<Node>,
+    pub(crate) node: Arc<Node>,
     tool_router: ToolRouter<Self>,
 }
 
 #[tool_router]
 impl SandboxServer {
-    /// A server over `node`.
+    /// A server over `node`. The snapshot tools are offered only when it launches
+    /// microVMs: an attached agent cannot be snapshotted.
     pub fn new(node: Arc<Node>) -> Self {
-        Self {
-            node,
-            tool_router: Self::tool_router(),
-        }
+        let tool_router = match node.snapshots() {
+            Some(_) => Self::tool_router() + Self::snapshot_router(),
+            None => Self::tool_router(),
+        };
+        Self { node, tool_router }
     }
 
     #[tool(
@@ -105,16 +118,7 @@ impl SandboxServer {
         Parameters(params): Parameters<ExecParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let timeout_secs = match params.timeout_seconds {
-            None | Some(0) => EXEC_DEADLINE_SECS,
-            Some(secs) if secs > EXEC_DEADLINE_SECS => {
-                return Err(ToolError::new(format!(
-                    "timeout_seconds may be at most {EXEC_DEADLINE_SECS}; got {secs}. For longer \
-                     jobs, start the command with spawn and poll its output with logs."
-                )))
-            }
-            Some(secs) => secs,
-        };
+        let timeout_secs = timeout_secs(params.timeout_seconds)?;
         let client = client(&sandbox, Op::Command).await?;
         let request = ExecRequest {
             spec: process_spec(params.command, params.cwd, params.env),
@@ -130,6 +134,58 @@ impl SandboxServer {
             }
         }
         let result = collected.to_result(timeout);
+        Ok(match &result.error {
+            Some(message) => failure_with(&result, message),
+            None => success(&result),
+        })
+    }
+
+    #[tool(
+        description = "Evaluate code in a named interpreter session of a sandbox, like a \
+        notebook cell: variables, imports, functions and the working directory persist from \
+        one call to the next. language: \"python\" (default; the sandbox needs python3) or \
+        \"sh\"; session: its name (default \"default\"). Returns stdout and stderr \
+        (subprocesses included, first 1 MiB each), value (the repr of a last Python \
+        expression), status ($? for sh) and the session's pid. Optional timeout_seconds \
+        (default and max 300) interrupts the code: Python raises KeyboardInterrupt and the \
+        session keeps its state. An exception, a timeout or a session that died (exit(), a \
+        crash, a kill) is an error result that still carries the output; a dead session \
+        answers not found until you pass restart: true. Code reading stdin gets end of file.",
+        output_schema = schema_for_output::<EvalCodeResult>()
+    )]
+    async fn eval_code(
+        &self,
+        Parameters(params): Parameters<EvalCodeParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let Some(language) = Language::parse(&params.language) else {
+            return Err(ToolError::new(format!(
+                "language {:?} is not one eval_code runs: use \"python\" or \"sh\".",
+                params.language
+            )));
+        };
+        if !sandbox_protocol::is_valid_session_name(&params.session) {
+            return Err(ToolError::new(format!(
+                "session {:?} is not a session name: use 1 to {} letters, digits, '-', '_' or \
+                 '.', or omit it for \"default\".",
+                params.session,
+                sandbox_protocol::eval::MAX_SESSION_NAME_BYTES
+            )));
+        }
+        let timeout_secs = timeout_secs(params.timeout_seconds)?;
+        let client = client(&sandbox, Op::Session).await?;
+        let request = EvalRequest {
+            session: params.session,
+            language,
+            code: params.code,
+            timeout_ms: Some(timeout_secs * 1000),
+            restart: params.restart,
+        };
+        let reply = client
+            .eval(request)
+            .await
+            .map_err(|error| ToolError::agent(Op::Session, sandbox.id.as_str(), &error))?;
+        let result = eval_result(reply, timeout_secs);
         Ok(match &result.error {
             Some(message) => failure_with(&result, message),
             None => success(&result),
@@ -184,7 +240,10 @@ impl SandboxServer {
                 ProcessRow {
                     pid: info.pid.0,
                     kind: info.kind.as_str().to_owned(),
-                    command: command_line(&info.argv),
+                    command: match info.kind {
+                        ProcessKind::Session => session_line(&info.argv),
+                        _ => command_line(&info.argv),
+                    },
                     state: state.to_owned(),
                     exit_code: exit.map(|status| status.shell_code()),
                     signal: exit.and_then(|status| status.signal),
@@ -262,6 +321,62 @@ impl SandboxServer {
         Ok(success(&KillResult {
             pid: params.pid,
             signal: sent,
+        }))
+    }
+
+    #[tool(
+        description = "Wait until a file in a sandbox, or a tracked process's output, contains \
+        a text, and return where: offset, stream (stdout or stderr, for a process), the line \
+        holding it and waited_ms. Give exactly one of path (absolute; the file and even its \
+        directory may not exist yet; appends, a rename over it and rewrites are seen) or pid \
+        (from spawn: wait for \"listening on\" in a server's output instead of polling logs; \
+        all output still in its 256 KiB ring counts). text is exact, not a pattern. Optional \
+        timeout_seconds (default 30, max 300; 0 only looks once). An error result when the \
+        time runs out or the process exits without printing the text.",
+        output_schema = schema_for_output::<WaitForTextResult>(),
+        annotations(read_only_hint = true)
+    )]
+    async fn wait_for_text(
+        &self,
+        Parameters(params): Parameters<WaitForTextParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let target = match (&params.path, params.pid) {
+            (Some(path), None) => {
+                absolute(path)?;
+                WaitTarget::File(path.clone().into_bytes())
+            }
+            (None, Some(pid)) => WaitTarget::Output(Pid(pid)),
+            _ => {
+                return Err(ToolError::new(
+                    "Give exactly one of path (a file to wait on) and pid (a process whose \
+                     output to wait on).",
+                ))
+            }
+        };
+        let max_secs = WAIT_MAX_TIMEOUT_MS / 1000;
+        let timeout_ms = match params.timeout_seconds {
+            None => WAIT_DEFAULT_TIMEOUT_MS,
+            Some(secs) if secs > max_secs => {
+                return Err(ToolError::new(format!(
+                    "timeout_seconds may be at most {max_secs}; got {secs}. Wait again after a \
+                     timeout to keep waiting."
+                )))
+            }
+            Some(secs) => secs * 1000,
+        };
+        let client = client(&sandbox, Op::Wait).await?;
+        let found = client
+            .wait_for_text(target, params.text, Some(Duration::from_millis(timeout_ms)))
+            .await
+            .map_err(|error| ToolError::agent(Op::Wait, sandbox.id.as_str(), &error))?;
+        Ok(success(&WaitForTextResult {
+            path: params.path,
+            pid: params.pid,
+            offset: found.offset,
+            stream: found.stream.map(|stream| stream_name(stream).to_owned()),
+            line: found.line,
+            waited_ms: found.waited_ms,
         }))
     }
 
@@ -443,12 +558,75 @@ impl ServerHandler for SandboxServer {
     }
 }
 
+/// A tool's `timeout_seconds`: 0 or none is the maximum, more is refused.
+fn timeout_secs(asked: Option<u64>) -> Result<u64, ToolError> {
+    match asked {
+        None | Some(0) => Ok(EXEC_DEADLINE_SECS),
+        Some(secs) if secs > EXEC_DEADLINE_SECS => Err(ToolError::new(format!(
+            "timeout_seconds may be at most {EXEC_DEADLINE_SECS}; got {secs}. For longer \
+             jobs, start the command with spawn and poll its output with logs."
+        ))),
+        Some(secs) => Ok(secs),
+    }
+}
+
+/// The `eval_code` result, with `error` set when the code raised, timed out or
+/// the session died.
+fn eval_result(reply: EvalReply, timeout_secs: u64) -> EvalCodeResult {
+    let name = reply.session.name.clone();
+    let error = match (&reply.died, reply.timed_out, &reply.exception) {
+        (Some(_), true, _) => Some(format!(
+            "Interrupted after {timeout_secs} s and it did not come back, so session {name:?} \
+             was killed: its state is gone. Call again with restart: true for a fresh session."
+        )),
+        (Some(status), false, _) => Some(format!(
+            "Session {name:?} died during the evaluation (exit code {}): its state is gone. \
+             Call again with restart: true for a fresh session.",
+            status.shell_code()
+        )),
+        (None, true, _) => Some(format!(
+            "Interrupted after {timeout_secs} s; session {name:?} keeps its state. Pass a \
+             larger timeout_seconds (at most 300), or run long jobs with spawn and poll them \
+             with logs."
+        )),
+        (None, false, Some(raised)) => Some(format!(
+            "The code raised {}: {}",
+            raised.type_name, raised.message
+        )),
+        (None, false, None) => None,
+    };
+    EvalCodeResult {
+        session: name,
+        language: reply.session.language.as_str().to_owned(),
+        pid: reply.session.pid.0,
+        started: reply.session.started,
+        evaluations: reply.session.evaluations,
+        stdout: String::from_utf8_lossy(&reply.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&reply.stderr).into_owned(),
+        truncated: reply.stdout_truncated || reply.stderr_truncated,
+        value: reply.value,
+        value_truncated: reply.value_truncated,
+        exception: reply.exception.map(|raised| ExceptionInfo {
+            type_name: raised.type_name,
+            message: raised.message,
+            traceback: raised.traceback,
+        }),
+        status: reply.status,
+        timed_out: reply.timed_out,
+        died: reply.died.is_some(),
+        exit_code: reply.died.map(|status| status.shell_code()),
+        signal: reply.died.and_then(|status| status.signal),
+        duration_ms: reply.duration_ms,
+        error,
+    }
+}
+
 /// The sandbox's agent connection, or an error saying how to recover.
 async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolError> {
     sandbox
         .client()
         .await
-        .map_err(|error| ToolError::agent(op, sandbox.id.as_str(), &error))
+        .map_err(|error| ToolError::unreachable(op, sandbox.id.as_str(), &error))
 }
 
 fn process_spec(
@@ -480,6 +658,26 @@ fn command_line(argv: &[String]) -> String {
     }
 }
 
+/// A stream as the results name it.
+fn stream_name(stream: Stream) -> &'static str {
+    match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+        Stream::Pty => "pty",
+    }
+}
+
+/// An `eval_code` session's interpreter as `ps` shows it: its name and program, not
+/// the bootstrap that loads its driver (the session's name is its last argument).
+fn session_line(argv: &[String]) -> String {
+    match (argv.first(), argv.last()) {
+        (Some(program), Some(name)) if argv.len() > 1 => {
+            format!("eval_code session {name} ({program})")
+        }
+        _ => command_line(argv),
+    }
+}
+
 fn kind_name(kind: FileKind) -> &'static str {
     kind.as_str()
 }
@@ -497,6 +695,12 @@ mod tests {
     }
 
     #[test]
+    fn sessions_show_their_name_not_their_bootstrap() {
+        let argv = ["python3", "-u", "-c", "import sys;exec(...)", "work"].map(String::from);
+        assert_eq!(session_line(&argv), "eval_code session work (python3)");
+    }
+
+    #[test]
     fn the_tool_table_is_exactly_the_documented_one() {
         let names: Vec<String> = SandboxServer::tool_router()
             .list_all()
@@ -507,6 +711,7 @@ mod tests {
             names,
             [
                 "create_sandbox",
+                "eval_code",
                 "exec",
                 "kill",
                 "list_dir",
@@ -516,6 +721,7 @@ mod tests {
                 "read_file",
                 "release",
                 "spawn",
+                "wait_for_text",
                 "write_file"
             ]
         );

@@ -29,6 +29,7 @@ async fn the_tool_list_is_the_documented_one_with_schemas() {
         names,
         [
             "create_sandbox",
+            "eval_code",
             "exec",
             "kill",
             "list_dir",
@@ -38,6 +39,7 @@ async fn the_tool_list_is_the_documented_one_with_schemas() {
             "read_file",
             "release",
             "spawn",
+            "wait_for_text",
             "write_file"
         ]
     );
@@ -278,6 +280,89 @@ async fn files_round_trip_and_read_file_refuses_what_it_should() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_text_finds_a_servers_line_and_a_files_and_fails_usefully() {
+    let agent = TestAgent::start();
+    let server = attached(&agent).await;
+    let spawned = server
+        .ok(
+            "spawn",
+            json!({"sandbox_id": "attached",
+                   "command": "echo booting; echo 'listening on :8080' >&2; exec sleep 60"}),
+        )
+        .await;
+    let pid = spawned["pid"].as_i64().unwrap();
+    let found = server
+        .ok(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "pid": pid, "text": "listening on",
+                   "timeout_seconds": 30}),
+        )
+        .await;
+    assert_eq!(found["pid"], pid);
+    assert!(found["path"].is_null());
+    assert_eq!(found["offset"], 8);
+    assert_eq!(found["stream"], "stderr");
+    assert_eq!(found["line"], "listening on :8080");
+
+    // A file (in a directory) that appears while, or before, the tool waits.
+    let path = agent.dir().join("later/job.log").display().to_string();
+    let (found, ()) = tokio::join!(
+        server.ok(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "path": path, "text": "done"}),
+        ),
+        async {
+            std::fs::create_dir_all(agent.dir().join("later")).unwrap();
+            std::fs::write(&path, "job done\n").unwrap();
+        }
+    );
+    assert_eq!(found["path"], path.as_str());
+    assert!(
+        found["pid"].is_null() && found["stream"].is_null(),
+        "{found}"
+    );
+    assert_eq!(
+        (found["offset"].as_u64(), &found["line"]),
+        (Some(4), &json!("job done"))
+    );
+
+    // Running out of time is an error result that says what was seen and what to do.
+    let timed_out = server
+        .err(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "path": path, "text": "never",
+                   "timeout_seconds": 0}),
+        )
+        .await;
+    assert!(timed_out.contains("Timed out after"), "{timed_out}");
+    assert!(
+        timed_out.contains("call wait_for_text again"),
+        "{timed_out}"
+    );
+    let both = server
+        .err(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "path": path, "pid": pid, "text": "x"}),
+        )
+        .await;
+    assert!(both.contains("exactly one of path"), "{both}");
+    let long = server
+        .err(
+            "wait_for_text",
+            json!({"sandbox_id": "attached", "pid": pid, "text": "x", "timeout_seconds": 301}),
+        )
+        .await;
+    assert!(long.contains("at most 300"), "{long}");
+    server
+        .ok(
+            "kill",
+            json!({"sandbox_id": "attached", "pid": pid, "signal": 9}),
+        )
+        .await;
+    server.disconnect(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_create_and_argument_errors_are_tool_errors() {
     let agent = TestAgent::start();
     let server = attached(&agent).await;
@@ -382,6 +467,109 @@ async fn a_timed_out_exec_returns_its_partial_output_next_to_an_error() {
         .await;
     assert_eq!(big["truncated"], true);
     assert_eq!(big["stdout"].as_str().unwrap().len(), 1024 * 1024);
+    server.disconnect(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eval_code_keeps_state_and_reports_exceptions_timeouts_and_deaths() {
+    let agent = TestAgent::start();
+    let server = attached(&agent).await;
+    let call = |code: &str| json!({"sandbox_id": "attached", "code": code});
+
+    let first = server
+        .ok("eval_code", call("import os\nx = 20\nx * 2 + 2"))
+        .await;
+    assert_eq!(first["value"], "42");
+    assert_eq!(
+        (first["session"].as_str(), first["language"].as_str()),
+        (Some("default"), Some("python"))
+    );
+    assert_eq!(first["started"], true);
+    let output = server
+        .ok(
+            "eval_code",
+            call("print('out'); os.system('echo sub >&2'); x"),
+        )
+        .await;
+    assert_eq!(
+        (output["stdout"].as_str(), output["stderr"].as_str()),
+        (Some("out\n"), Some("sub\n"))
+    );
+    assert_eq!(
+        (output["value"].as_str(), output["started"].as_bool()),
+        (Some("20"), Some(false))
+    );
+
+    // An exception is an error result that keeps everything else.
+    let raised = server
+        .call("eval_code", call("print('before')\n1 / 0"))
+        .await;
+    assert_eq!(raised.is_error, Some(true));
+    let body = raised.structured_content.clone().unwrap();
+    assert_eq!(body["stdout"], "before\n");
+    assert_eq!(body["exception"]["type"], "ZeroDivisionError");
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .contains("ZeroDivisionError"));
+    assert!(
+        support::text(&raised).contains("line 2"),
+        "{}",
+        support::text(&raised)
+    );
+
+    // A timeout interrupts; the session keeps its state.
+    let slow = json!({"sandbox_id": "attached", "code": "import time; time.sleep(30)",
+                      "timeout_seconds": 1});
+    let interrupted = server.call("eval_code", slow).await;
+    assert_eq!(interrupted.is_error, Some(true));
+    let body = interrupted.structured_content.clone().unwrap();
+    assert_eq!(
+        (body["timed_out"].as_bool(), body["died"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(body["exception"]["type"], "KeyboardInterrupt");
+    assert_eq!(server.ok("eval_code", call("x")).await["value"], "20");
+
+    // A death is an error; the dead session answers with a hint until restart.
+    let died = server.call("eval_code", call("exit(5)")).await;
+    assert_eq!(died.is_error, Some(true));
+    let body = died.structured_content.clone().unwrap();
+    assert_eq!(
+        (body["died"].as_bool(), body["exit_code"].as_i64()),
+        (Some(true), Some(5))
+    );
+    let gone = server.err("eval_code", call("x")).await;
+    assert!(gone.contains("restart: true"), "{gone}");
+    let fresh = server
+        .ok(
+            "eval_code",
+            json!({"sandbox_id": "attached", "code": "1", "restart": true}),
+        )
+        .await;
+    assert_eq!(fresh["started"], true);
+
+    // sh sessions, and what the tool refuses.
+    let shell = json!({"sandbox_id": "attached", "language": "sh", "session": "sh",
+                       "code": "cd /tmp; false"});
+    assert_eq!(server.ok("eval_code", shell).await["status"], 1);
+    let pwd = json!({"sandbox_id": "attached", "language": "sh", "session": "sh", "code": "pwd"});
+    assert_eq!(server.ok("eval_code", pwd).await["stdout"], "/tmp\n");
+    let wrong = json!({"sandbox_id": "attached", "session": "sh", "code": "1"});
+    let text = server.err("eval_code", wrong).await;
+    assert!(text.contains("another session name"), "{text}");
+    let ruby = json!({"sandbox_id": "attached", "language": "ruby", "code": "1"});
+    assert!(server.err("eval_code", ruby).await.contains("\"sh\""));
+    let bad = json!({"sandbox_id": "attached", "session": "a b", "code": "1"});
+    assert!(server.err("eval_code", bad).await.contains("session name"));
+    let ps = server.ok("ps", json!({"sandbox_id": "attached"})).await;
+    let kinds: Vec<&str> = ps["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["kind"].as_str())
+        .collect();
+    assert!(kinds.contains(&"session"), "{ps}");
     server.disconnect(Duration::from_secs(10)).await;
 }
 

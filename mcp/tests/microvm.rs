@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use serde_json::{json, Value};
-use support::{eventually, McpServer, RawServer};
+use support::{eventually, processes_mentioning, McpServer, RawServer};
 
 /// How long the first warm VM may take (TCG on a busy 2-core host is slow).
 const WARM_WITHIN: Duration = Duration::from_secs(180);
@@ -46,24 +46,6 @@ fn main() -> std::process::ExitCode {
 /// ignored when the microVM tests are skipped, so that is the only case it runs in).
 fn prerequisites(tag: &str) -> Option<PathBuf> {
     sandbox_tests::vm::require(&format!("mcp::microvm::{tag}")).then(|| support::run_dir(tag))
-}
-
-/// Pids of live processes whose arguments mention `needle`.
-fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if text.contains(needle) && !text.contains("cargo") {
-            found.push((pid, text));
-        }
-    }
-    found
 }
 
 fn str_of(value: &Value) -> &str {

@@ -11,6 +11,9 @@
 //! - [`hello`]: the handshake that opens every connection.
 //! - [`process`], [`output`]: exec, spawn, pty, ps, kill and logs.
 //! - [`files`]: whole-file and streamed file transfer, directories.
+//! - [`eval`]: interpreter sessions whose state persists between calls.
+//! - [`wait`]: waiting until a file or a process's output contains a string.
+//! - [`image`]: the defaults a template bakes in for the agent.
 //! - [`machine`]: requests about the whole guest: `info`, `resumed`, `reidentify`,
 //!   `shutdown`.
 //! - [`error`]: errors as a typed kind, a message and an errno.
@@ -39,9 +42,11 @@
 //! accidental change breaks a test, not a deployed guest.
 
 pub mod error;
+pub mod eval;
 pub mod files;
 pub mod frame;
 pub mod hello;
+pub mod image;
 pub mod limits;
 pub mod link;
 pub mod machine;
@@ -51,13 +56,19 @@ pub mod process;
 pub mod ready;
 #[cfg(feature = "tokio")]
 pub mod transport;
+pub mod wait;
 
 pub use error::{ErrorKind, WireError};
+pub use eval::{
+    is_valid_session_name, CloseSessionRequest, EvalException, EvalReply, EvalRequest, Language,
+    SessionInfo, WarmSession,
+};
 pub use files::{
     DirEntry, FileKind, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest,
     RenameRequest, WriteFileRequest,
 };
 pub use hello::{Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
+pub use image::ImageConfig;
 pub use machine::{
     AgentInfo, Confinement, ConfinementMode, ReidentifyRequest, ResumedRequest, ShutdownRequest,
 };
@@ -69,6 +80,7 @@ pub use process::{
     PtyResizeRequest, SpawnRequest, User, WindowSize, MAX_SIGNAL,
 };
 pub use ready::Ready;
+pub use wait::{TextFound, WaitForTextRequest, WaitTarget};
 
 #[cfg(test)]
 mod wire_tests {
@@ -227,6 +239,84 @@ mod wire_tests {
             bytes(&event),
             [11, 0, 0, 0, 4, 1, 2, 1, 1, 5, 2, b'h', b'i', 0, 7]
         );
+    }
+
+    #[test]
+    fn eval_and_wait_bytes_are_pinned() {
+        // Appended for sessions and waiting: requests 23 to 25, replies 13 and 14,
+        // process kind 3. Older variants keep their indexes (the tests above).
+        let request = |id, request| {
+            bytes(&ClientFrame {
+                id: RequestId(id),
+                msg: ClientMsg::Request(request),
+            })
+        };
+        let eval = Request::Eval(EvalRequest {
+            session: "s".into(),
+            language: Language::Shell,
+            code: "x".into(),
+            timeout_ms: None,
+            restart: true,
+        });
+        assert_eq!(
+            request(1, eval),
+            [10, 0, 0, 0, 1, 1, 23, 1, b's', 1, 1, b'x', 0, 1]
+        );
+        let close = Request::CloseSession(CloseSessionRequest {
+            session: "s".into(),
+        });
+        assert_eq!(request(2, close), [5, 0, 0, 0, 2, 1, 24, 1, b's']);
+        let wait = Request::WaitForText(WaitForTextRequest {
+            target: WaitTarget::Output(Pid(7)),
+            text: "ok".into(),
+            timeout_ms: Some(5),
+        });
+        assert_eq!(
+            request(3, wait),
+            [10, 0, 0, 0, 3, 1, 25, 1, 14, 2, b'o', b'k', 1, 5]
+        );
+        let found = AgentFrame {
+            id: RequestId(3),
+            msg: AgentMsg::Reply(Reply::TextFound(TextFound {
+                offset: 2,
+                stream: Some(Stream::Stderr),
+                line: "a".into(),
+                waited_ms: 0,
+            })),
+        };
+        assert_eq!(bytes(&found), [9, 0, 0, 0, 3, 2, 14, 2, 1, 1, 1, b'a', 0]);
+        let reply = AgentFrame {
+            id: RequestId(1),
+            msg: AgentMsg::Reply(Reply::Eval(EvalReply {
+                session: SessionInfo {
+                    name: "s".into(),
+                    language: Language::Python,
+                    pid: Pid(9),
+                    started: true,
+                    evaluations: 1,
+                },
+                stdout: b"o".to_vec(),
+                stderr: Vec::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                value: Some("4".into()),
+                value_truncated: false,
+                exception: None,
+                status: None,
+                timed_out: false,
+                died: None,
+                duration_ms: 3,
+            })),
+        };
+        assert_eq!(
+            bytes(&reply),
+            [
+                23, 0, 0, 0, 1, 2, 13, 1, b's', 0, 18, 1, 1, 1, b'o', 0, 0, 0, 1, 1, b'4', 0, 0, 0,
+                0, 0, 3
+            ]
+        );
+        assert_eq!(ProcessKind::Session.as_str(), "session");
+        assert_eq!(postcard::to_allocvec(&ProcessKind::Session).unwrap(), [3]);
     }
 
     #[test]

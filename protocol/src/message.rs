@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::WireError;
+use crate::eval::{CloseSessionRequest, EvalReply, EvalRequest};
 use crate::files::{
     DirEntry, FileStat, MkdirRequest, PathRequest, PutRequest, RemoveRequest, RenameRequest,
     WriteFileRequest,
@@ -19,6 +20,7 @@ use crate::process::{
     ExecReply, ExecRequest, KillRequest, Pid, ProcessDetail, ProcessInfo, PtyInputRequest,
     PtyOpenRequest, PtyResizeRequest, SpawnRequest,
 };
+use crate::wait::{TextFound, WaitForTextRequest};
 
 /// Names one request and everything sent about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -140,6 +142,14 @@ pub enum Request {
     /// A fork child gets its own hostname and agent token (after `Resumed`); reply
     /// [`Reply::Done`].
     Reidentify(ReidentifyRequest),
+    /// Evaluate code in an interpreter session (see [`crate::eval`]); reply
+    /// [`Reply::Eval`].
+    Eval(EvalRequest),
+    /// End an interpreter session; reply [`Reply::Done`].
+    CloseSession(CloseSessionRequest),
+    /// Wait until a file or a process's output contains a string (see
+    /// [`crate::wait`]); reply [`Reply::TextFound`].
+    WaitForText(WaitForTextRequest),
 }
 
 impl Request {
@@ -169,6 +179,9 @@ impl Request {
             Self::PsDetail => "ps_detail",
             Self::Confinement => "confinement",
             Self::Reidentify(_) => "reidentify",
+            Self::Eval(_) => "eval",
+            Self::CloseSession(_) => "close_session",
+            Self::WaitForText(_) => "wait_for_text",
         }
     }
 }
@@ -236,4 +249,8 @@ pub enum Reply {
     PsDetail(Vec<ProcessDetail>),
     /// How the agent confines processes.
     Confinement(Confinement),
+    /// What an evaluation printed and returned.
+    Eval(EvalReply),
+    /// Where `wait_for_text` found its text.
+    TextFound(TextFound),
 }

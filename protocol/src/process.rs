@@ -43,16 +43,18 @@ pub enum User {
 /// How a process starts: shared by exec, spawn and pty.
 ///
 /// The environment starts clean (see the agent docs for the defaults:
-/// `PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL`, `TERM`, `LANG`), then `env` is applied in order.
+/// `PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL`, `TERM`, `LANG`), then the template's
+/// variables ([`ImageConfig`](crate::ImageConfig)) are applied, then `env`, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessSpec {
     /// What to run; `None` means the user's login shell (pty only).
     pub command: Option<Command>,
-    /// Variables to set, applied after the defaults; later entries win.
+    /// Variables to set, applied after the defaults (the agent's, then the
+    /// template's); later entries win.
     pub env: Vec<(String, String)>,
-    /// Working directory; defaults to the user's home, else `/`.
+    /// Working directory; defaults to the template's, else the user's home, else `/`.
     pub cwd: Option<String>,
-    /// Who to run as; defaults to the agent's own user.
+    /// Who to run as; defaults to the template's user, else the agent's own.
     pub user: Option<User>,
 }
 
@@ -196,6 +198,8 @@ pub enum ProcessKind {
     Spawn,
     /// Attached to a terminal.
     Pty,
+    /// The interpreter of an `eval` session (see [`crate::eval`]).
+    Session,
 }
 
 impl ProcessKind {
@@ -205,6 +209,7 @@ impl ProcessKind {
             Self::Exec => "exec",
             Self::Spawn => "spawn",
             Self::Pty => "pty",
+            Self::Session => "session",
         }
     }
 }

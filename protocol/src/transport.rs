@@ -55,6 +55,20 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Cancel safe: dropping the future before it completes loses no bytes.
     pub async fn read<T: DeserializeOwned>(&mut self) -> io::Result<Option<Decoded<T>>> {
         loop {
+            if let Some(item) = self.next_buffered()? {
+                return Ok(Some(item));
+            }
+            if !self.fill().await? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The next frame among the bytes already read, if a whole one is there. With
+    /// [`Self::fill`] and [`Self::announced_len`], a caller can admit a large frame's
+    /// bytes (e.g. charge them to a memory budget) before they are read.
+    pub fn next_buffered<T: DeserializeOwned>(&mut self) -> io::Result<Option<Decoded<T>>> {
+        loop {
             if self.decoder.is_desynced() {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -67,26 +81,39 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 // The large frame that grew the buffer is gone: give the memory back.
                 self.buf.shrink_to(IDLE_BUFFER_BYTES);
             }
-            if let Some(item) = item {
-                return Ok(Some(item));
+            if item.is_some() {
+                return Ok(item);
             }
-            if used > 0 {
-                continue;
-            }
-            // `read_buf` appends only what arrived, so a read cancelled by a timeout
-            // or a `select!` loses nothing and adds nothing: `read` is cancel safe.
-            self.buf.reserve(READ_CHUNK_BYTES);
-            let read = self.inner.read_buf(&mut self.buf).await?;
-            if read == 0 {
-                if self.decoder.is_mid_frame(&self.buf) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "stream ended in the middle of a frame",
-                    ));
-                }
+            if used == 0 {
                 return Ok(None);
             }
         }
+    }
+
+    /// The body length announced by the frame whose bytes are arriving, once its
+    /// length prefix is in; `None` between frames. Meaningful after
+    /// [`Self::next_buffered`] returned `None`.
+    pub fn announced_len(&self) -> Option<usize> {
+        let prefix: [u8; 4] = self.buf.get(..4)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(prefix)).ok()
+    }
+
+    /// Reads what the stream has (at most one chunk); false at a clean end of
+    /// stream, an error at an end inside a frame. Cancel safe: `read_buf` appends
+    /// only what arrived.
+    pub async fn fill(&mut self) -> io::Result<bool> {
+        self.buf.reserve(READ_CHUNK_BYTES);
+        let read = self.inner.read_buf(&mut self.buf).await?;
+        if read == 0 {
+            if self.decoder.is_mid_frame(&self.buf) {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "stream ended in the middle of a frame",
+                ));
+            }
+            return Ok(false);
+        }
+        Ok(true)
     }
 }
 
@@ -182,6 +209,29 @@ mod tests {
         assert!(
             matches!(reader.read::<ClientFrame>().await, Ok(Some(Decoded::Frame(f))) if f == frame)
         );
+    }
+
+    #[tokio::test]
+    async fn a_frames_length_is_known_before_its_body_is_read() {
+        let frame = ClientFrame {
+            id: RequestId(9),
+            msg: ClientMsg::Data(vec![7; 1000]),
+        };
+        let bytes = crate::frame::encode(&frame, 4096).unwrap();
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let mut reader = FrameReader::new(server, 4096);
+        assert_eq!(reader.announced_len(), None);
+        client.write_all(&bytes[..10]).await.unwrap();
+        assert!(reader.fill().await.unwrap());
+        assert!(reader.next_buffered::<ClientFrame>().unwrap().is_none());
+        assert_eq!(reader.announced_len(), Some(bytes.len() - 4));
+        client.write_all(&bytes[10..]).await.unwrap();
+        while reader.next_buffered::<ClientFrame>().unwrap().is_none() {
+            assert!(reader.fill().await.unwrap());
+        }
+        assert_eq!(reader.announced_len(), None);
+        drop(client);
+        assert!(!reader.fill().await.unwrap());
     }
 
     #[tokio::test]

@@ -8,13 +8,16 @@ use std::fs::{self, File};
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
+use sandbox_protocol::{ImageConfig, WarmSession};
 use tracing::{info, warn};
 
 use crate::agent::{self, AgentError, AgentSearch};
+use crate::base::debian::DebianOptions;
 use crate::base::{self, Base, BaseError, BaseTools};
 use crate::cpio::{CpioError, CpioWriter};
 use crate::disk::{self, DiskError};
 use crate::guest::{self, GuestError};
+use crate::image_config::{self, ImageConfigError};
 use crate::kernel::{self, KernelError};
 use crate::manifest::{now_rfc3339, ManifestError, TemplateManifest};
 use crate::modules::{AGENT_MODULES, DISK_MODULES};
@@ -66,12 +69,17 @@ pub struct BuildOptions {
     pub name: String,
     /// The template folder to create or replace.
     pub output: PathBuf,
-    /// Kernel downloads live in `<cache>/kernel`.
+    /// Kernel downloads live in `<cache>/kernel`, bootstrapped Debian bases in
+    /// `<cache>/debian`.
     pub cache_dir: PathBuf,
     /// The base userland.
     pub base: Base,
     /// Host tools for the base.
     pub base_tools: BaseTools,
+    /// Extra Debian packages (`debian` base only).
+    pub packages: Vec<String>,
+    /// Bootstrap a Debian base again even when a cached one matches.
+    pub refresh_base: bool,
     /// The kernel.
     pub kernel: KernelSource,
     /// The agent binary, or `None` to find or build it.
@@ -90,6 +98,8 @@ pub struct BuildOptions {
     pub disk_free_bytes: u64,
     /// Extra kernel parameters.
     pub extra_cmdline: Vec<String>,
+    /// Interpreter sessions the agent starts at boot.
+    pub warm_sessions: Vec<WarmSession>,
 }
 
 /// A build failed.
@@ -107,6 +117,9 @@ pub enum BuildError {
     /// Adding the agent, folders or modules failed.
     #[error("Guest files")]
     Guest(#[from] GuestError),
+    /// Writing the agent's defaults into the image failed.
+    #[error("Image config")]
+    ImageConfig(#[from] ImageConfigError),
     /// A file operation failed.
     #[error(transparent)]
     Tree(#[from] TreeError),
@@ -162,6 +175,14 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         .parent()
         .map(Path::to_owned)
         .unwrap_or_else(|| PathBuf::from("."));
+    let debian = DebianOptions {
+        packages: opts.packages.clone(),
+        cache_dir: opts.cache_dir.join("debian"),
+        refresh: opts.refresh_base,
+    };
+    // Before the slow steps: a mistake here should not cost a kernel download.
+    base::check(&opts.base, &debian)?;
+    image_config::check_sessions(&opts.warm_sessions)?;
     tree::make_dir(&parent, 0o755)?;
     let work = WorkDir(parent.join(format!(".{}.build-{}", opts.name, std::process::id())));
     tree::remove_path(&work.0)?;
@@ -182,8 +203,14 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
     info!(agent = %agent.display(), "agent ready");
 
     info!(step = "3/5", base = ?opts.base, "base");
-    base::populate(&opts.base, &opts.base_tools, &staging)?;
+    let from_base = base::populate(&opts.base, &opts.base_tools, &debian, &staging)?;
     guest::add_essentials(&staging)?;
+    // An image's config names no sessions: the builder's are the only ones.
+    let image_config = ImageConfig {
+        sessions: opts.warm_sessions.clone(),
+        ..from_base
+    };
+    image_config::install(&staging, &image_config)?;
     let base_bytes = tree::tree_bytes(&staging)?;
     let use_disk = match opts.layout {
         Layout::Disk => true,
@@ -264,6 +291,7 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         agent_version: opts.agent_version.clone(),
         default_size: opts.default_size,
         created_at: now_rfc3339(),
+        image_config,
     };
     manifest.save(&out)?;
     replace_dir(&out, &opts.output, &work.0)?;

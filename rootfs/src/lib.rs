@@ -8,7 +8,9 @@
 //! # Flow ([`build::build`])
 //! kernel ([`kernel`]: Debian's cloud kernel or a given one) → agent ([`agent`]:
 //! given, found in the workspace, or built) → base ([`base`]: busybox, a folder, an
-//! image tarball, or Debian) in a staging folder, plus essentials ([`guest`]) →
+//! image tarball, or Debian) in a staging folder, plus essentials ([`guest`]) and
+//! the agent's defaults ([`image_config`]: an image's `Env`, `WorkingDir`, `User`,
+//! sessions to warm) →
 //! initramfs ([`cpio`]) with the modules [`modules`] resolves → an ext4 disk
 //! ([`disk`]) when the base is too large for RAM → `template.json` ([`manifest`]).
 //!
@@ -43,6 +45,8 @@ pub mod cpio;
 pub mod disk;
 #[cfg(feature = "builder")]
 pub mod guest;
+#[cfg(feature = "builder")]
+pub mod image_config;
 #[cfg(feature = "builder")]
 pub mod kernel;
 #[cfg(feature = "builder")]

@@ -5,9 +5,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
+use sandbox_protocol::WarmSession;
 use sandbox_rootfs::agent::AgentSearch;
 use sandbox_rootfs::base::{Base, BaseTools};
 use sandbox_rootfs::build::{DEFAULT_DISK_FREE_BYTES, DEFAULT_INITRAMFS_MAX_BYTES};
+use sandbox_rootfs::image_config::parse_warm_session;
 use sandbox_rootfs::{
     build, BuildOptions, KernelSource, Layout, SandboxHome, Size, TemplateManifest,
     DEFAULT_TEMPLATE,
@@ -55,6 +57,14 @@ struct BuildArgs {
     /// Base: busybox, dir:PATH, image:PATH.tar (OCI or docker save), debian[:SUITE].
     #[arg(long, default_value = "busybox")]
     base: Base,
+    /// Debian packages to install on the debian base, comma-separated or repeated
+    /// (e.g. python3,python3-pip); the bootstrap is cached by suite and packages.
+    #[arg(long, value_name = "PACKAGE,...", value_delimiter = ',')]
+    packages: Vec<String>,
+    /// Bootstrap the debian base again instead of unpacking the cached one (to pick
+    /// up Debian's updates).
+    #[arg(long)]
+    refresh_base: bool,
     /// Kernel image (vmlinux or bzImage) instead of Debian's cloud kernel.
     #[arg(long)]
     kernel: Option<PathBuf>,
@@ -86,6 +96,15 @@ struct BuildArgs {
     /// Extra kernel parameter (repeatable).
     #[arg(long = "cmdline", value_name = "PARAM")]
     extra_cmdline: Vec<String>,
+    /// An interpreter session the agent starts at boot (repeatable): language python
+    /// or sh; the setup code (everything after the second ':') runs once at start,
+    /// e.g. `default:python:import json, os, sys`.
+    #[arg(
+        long = "warm-session",
+        value_name = "NAME:LANGUAGE[:SETUP_CODE]",
+        value_parser = parse_warm_session
+    )]
+    warm_sessions: Vec<WarmSession>,
 }
 
 fn main() -> ExitCode {
@@ -180,6 +199,8 @@ fn build_options(args: BuildArgs, home: &SandboxHome) -> anyhow::Result<BuildOpt
         base_tools: BaseTools {
             busybox: args.busybox,
         },
+        packages: args.packages,
+        refresh_base: args.refresh_base,
         kernel,
         agent: args.agent.map(absolute).transpose()?,
         agent_search: AgentSearch {
@@ -196,5 +217,6 @@ fn build_options(args: BuildArgs, home: &SandboxHome) -> anyhow::Result<BuildOpt
         initramfs_max_bytes: args.initramfs_max_mib << 20,
         disk_free_bytes: args.disk_free_mib << 20,
         extra_cmdline: args.extra_cmdline,
+        warm_sessions: args.warm_sessions,
     })
 }

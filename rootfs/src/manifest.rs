@@ -8,6 +8,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use sandbox_protocol::ImageConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::size::Size;
@@ -43,6 +44,16 @@ pub struct TemplateManifest {
     /// of this template restore it instead of booting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<PathBuf>,
+    /// What the template tells its agent (also in the guest at
+    /// `/etc/sandbox/image.json`): an image's `Env`, `WorkingDir` and `User`, and the
+    /// sessions started at boot. Left out when empty, so older readers still load
+    /// the manifests of templates that have none.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub image_config: ImageConfig,
+}
+
+fn is_empty(config: &ImageConfig) -> bool {
+    *config == ImageConfig::default()
 }
 
 /// The manifest could not be read or written.
@@ -128,6 +139,7 @@ mod tests {
             agent_version: "0.1.0".into(),
             default_size: Size::SMALL,
             created_at: "2024-05-01T12:00:00Z".into(),
+            image_config: ImageConfig::default(),
         }
     }
 
@@ -164,6 +176,41 @@ mod tests {
             let error = serde_json::from_value::<TemplateManifest>(json).unwrap_err();
             assert!(error.to_string().contains("ize"), "{bad}: {error}");
         }
+    }
+
+    #[test]
+    fn the_image_config_is_recorded_and_older_manifests_load_without_it() {
+        let json = serde_json::to_value(sample()).unwrap();
+        assert!(
+            json.get("image_config").is_none(),
+            "an empty config is left out"
+        );
+        // A manifest written before the field existed.
+        let old = r#"{"name":"default","kernel":"vmlinux","initramfs":"initramfs.cpio",
+            "disk":null,"cmdline":"console=ttyS0","kernel_version":"6.1.0-56-cloud-amd64",
+            "agent_version":"0.1.0","default_size":"small","created_at":"2024-05-01T12:00:00Z"}"#;
+        let loaded: TemplateManifest = serde_json::from_str(old).unwrap();
+        assert_eq!(loaded.image_config, ImageConfig::default());
+
+        let mut manifest = sample();
+        manifest.image_config = ImageConfig {
+            env: vec![("PATH".into(), "/usr/local/bin:/usr/bin".into())],
+            cwd: Some("/app".into()),
+            user: Some("1000:1000".into()),
+            sessions: vec![sandbox_protocol::WarmSession {
+                name: "default".into(),
+                language: sandbox_protocol::Language::Python,
+                setup: "import json".into(),
+            }],
+        };
+        let json = serde_json::to_value(&manifest).unwrap();
+        assert_eq!(json["image_config"]["cwd"], "/app");
+        assert_eq!(json["image_config"]["env"][0][0], "PATH");
+        assert_eq!(json["image_config"]["sessions"][0]["language"], "python");
+        assert_eq!(
+            serde_json::from_value::<TemplateManifest>(json).unwrap(),
+            manifest
+        );
     }
 
     #[test]

@@ -4,16 +4,21 @@
 //!
 //! Prints medians and 90th percentiles of: a bare request round trip (`ps` on an
 //! empty table), a local `std::process::Command::new("true").status()`, and an agent
-//! exec of `true`; then the agent's overhead over the local spawn.
+//! exec of `true`; then the agent's overhead over the local spawn. Then `1+1` in
+//! Python both ways through the agent: an `eval` in a warm session, and a cold exec
+//! of `python3 -c 1+1` (what running a snippet costs without sessions); their ratio.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // A benchmark fails by panicking.
 
 use std::time::{Duration, Instant};
 
-use sandbox_protocol::{Command, ExecRequest, ProcessSpec};
+use sandbox_protocol::{Command, EvalRequest, ExecRequest, Language, ProcessSpec};
 use sandbox_tests::TestAgent;
 
 const RUNS: usize = 1000;
+
+/// Runs of the Python comparison: a cold interpreter costs tens of milliseconds.
+const PYTHON_RUNS: usize = 200;
 
 fn summary(name: &str, mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -78,6 +83,51 @@ fn main() {
             "agent exec / local spawn: {:.2}x; agent overhead {:.1} µs",
             remote.as_secs_f64() / local.as_secs_f64(),
             micros(remote.saturating_sub(local))
+        );
+
+        let cold_request = ExecRequest {
+            spec: ProcessSpec::new(Command::Argv(vec![
+                "python3".into(),
+                "-c".into(),
+                "1+1".into(),
+            ])),
+            ..true_request
+        };
+        let eval_request = EvalRequest {
+            session: "bench".into(),
+            language: Language::Python,
+            code: "1+1".into(),
+            timeout_ms: None,
+            restart: false,
+        };
+        // The session's start (and a first cell) is not what is measured.
+        for _ in 0..10 {
+            let reply = client.eval(eval_request.clone()).await.unwrap();
+            assert_eq!(reply.value.as_deref(), Some("2"));
+            client.exec(cold_request.clone()).await.unwrap();
+        }
+        let (mut cold, mut warm) = (
+            Vec::with_capacity(PYTHON_RUNS),
+            Vec::with_capacity(PYTHON_RUNS),
+        );
+        for _ in 0..PYTHON_RUNS {
+            let start = Instant::now();
+            let reply = client.exec(cold_request.clone()).await.unwrap();
+            cold.push(start.elapsed());
+            assert_eq!(reply.exit.and_then(|e| e.code), Some(0));
+
+            let start = Instant::now();
+            let reply = client.eval(eval_request.clone()).await.unwrap();
+            warm.push(start.elapsed());
+            assert_eq!(reply.value.as_deref(), Some("2"));
+        }
+        println!("{PYTHON_RUNS} runs each, the same connection");
+        let cold = summary("exec of python3 -c 1+1 (cold)", cold);
+        let warm = summary("eval of 1+1 (warm session)", warm);
+        println!(
+            "warm eval / cold exec: {:.3}x ({:.1}x faster)",
+            warm.as_secs_f64() / cold.as_secs_f64(),
+            cold.as_secs_f64() / warm.as_secs_f64()
         );
     });
 }

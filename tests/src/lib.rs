@@ -107,6 +107,9 @@ pub struct AgentOptions {
     pub token: Option<String>,
     /// `--forget-after-secs`
     pub forget_after_secs: Option<u64>,
+    /// `--image-config`: the template's defaults and boot sessions, as the builder
+    /// writes them into an image (`/etc/sandbox/image.json`).
+    pub image_config: Option<PathBuf>,
     /// Serve the link (`link+unix://`) behind a `sandbox-relay`, the transport of
     /// snapshot-capable VMs, instead of a plain Unix socket: clients reach the agent
     /// through the relay exactly as they reach a VM's.
@@ -161,6 +164,9 @@ impl TestAgent {
         }
         if let Some(secs) = options.forget_after_secs {
             command.arg("--forget-after-secs").arg(secs.to_string());
+        }
+        if let Some(path) = &options.image_config {
+            command.arg("--image-config").arg(path);
         }
         let child = command
             .spawn()

@@ -1,6 +1,6 @@
 //! What needs an agent process of its own on a Unix socket, so it cannot run in the
-//! shared `suite`: agent flags (`--forget-after-secs`, `--token`), a new token from
-//! `reidentify`, and losing the agent altogether.
+//! shared `suite`: agent flags (`--forget-after-secs`, `--token`, `--image-config`),
+//! a new token from `reidentify`, and losing the agent altogether.
 
 // Tests fail by panicking, with the error in the message.
 #![allow(clippy::unwrap_used)]
@@ -203,4 +203,90 @@ async fn losing_the_agent_fails_pending_requests_with_a_clear_error() {
     let err = within(5, client.ps()).await.unwrap_err();
     assert!(matches!(err, ClientError::ConnectionLost { .. }), "{err:?}");
     assert!(client.closed_reason().is_some());
+}
+
+/// The template's defaults (`--image-config`, the file the builder writes into an
+/// image) apply to what a request leaves out, and the request wins where it says.
+#[tokio::test]
+async fn image_config_defaults_apply_to_execs_spawns_and_terminals_and_requests_override_them() {
+    let scratch = sandbox_tests::TempDir::new("image-config");
+    let workdir = scratch.path().join("work dir");
+    std::fs::create_dir(&workdir).unwrap();
+    // Reachable by the image's user below, which is not the test's.
+    for dir in [scratch.path(), workdir.as_path()] {
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    // As root the agent can switch users: the image names `nobody`'s uid with a group
+    // of its own. Unprivileged it cannot, so the image names no one.
+    let root = nix::unistd::Uid::effective().is_root();
+    let config = serde_json::json!({
+        "env": [["IMAGE_VAR", "from the image"], ["BOTH", "image"], ["PATH", "/image/bin:/usr/bin:/bin"]],
+        "cwd": workdir,
+        "user": root.then_some("65534:4242"),
+    });
+    let path = scratch.path().join("image.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let agent = TestAgent::start_with(AgentOptions {
+        image_config: Some(path),
+        ..AgentOptions::default()
+    });
+    let client = agent.client().await;
+    let probe = r#"echo "$IMAGE_VAR|$BOTH|$PATH|$(pwd)|$(id -u):$(id -g)""#;
+    let me = format!("{}:{}", nix::unistd::getuid(), nix::unistd::getgid());
+    let image_user = if root { "65534:4242" } else { me.as_str() };
+    let expected = format!(
+        "from the image|image|/image/bin:/usr/bin:/bin|{}|{image_user}\n",
+        workdir.display()
+    );
+    let reply = within(20, client.exec(exec_sh(probe))).await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&reply.stdout),
+        expected,
+        "exec; stderr: {}",
+        String::from_utf8_lossy(&reply.stderr)
+    );
+    // A spawn's and a terminal's output, from their rings once they exited.
+    let output_of = |pid| {
+        let client = client.clone();
+        async move {
+            wait_exit(&client, pid).await;
+            let logs = client.logs(pid, None).await.unwrap();
+            let bytes: Vec<u8> = logs
+                .batch
+                .chunks
+                .iter()
+                .flat_map(|c| c.data.clone())
+                .collect();
+            String::from_utf8_lossy(&bytes).replace("\r\n", "\n")
+        }
+    };
+    let pid = client.spawn(shell(probe)).await.unwrap();
+    assert_eq!(output_of(pid).await, expected, "spawn");
+    let pid = client
+        .pty_open(sandbox_protocol::PtyOpenRequest {
+            spec: shell(probe),
+            size: sandbox_protocol::WindowSize {
+                rows: 24,
+                cols: 200,
+            },
+        })
+        .await
+        .unwrap();
+    assert_eq!(output_of(pid).await, expected, "pty");
+
+    // The request's variables, directory and user win.
+    let mut request = exec_sh(probe);
+    request.spec.env = vec![("BOTH".into(), "request".into())];
+    request.spec.cwd = Some("/".into());
+    if root {
+        request.spec.user = Some(sandbox_protocol::User::Uid(0));
+    }
+    let reply = within(20, client.exec(request)).await.unwrap();
+    let own_user = if root { "0:0" } else { me.as_str() };
+    assert_eq!(
+        String::from_utf8_lossy(&reply.stdout),
+        format!("from the image|request|/image/bin:/usr/bin:/bin|/|{own_user}\n"),
+        "overridden; stderr: {}",
+        String::from_utf8_lossy(&reply.stderr)
+    );
 }

@@ -479,3 +479,94 @@ async fn empty_put_frames_cost_their_share_and_overrun_the_window() {
     assert!(grown <= 32 * MIB, "grew by {} MiB", grown / MIB);
     assert!(!path.exists());
 }
+
+/// Many connections of one client, each filling its request slots with large
+/// replies it never reads: what the agent holds for all of them together stays
+/// within its one budget (before it, each connection could hold ~48 MiB, so these
+/// 24 would have held about a GiB).
+#[tokio::test]
+async fn many_connections_of_unread_large_replies_share_one_budget() {
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let file = agent.dir().join("one-mib");
+    std::fs::write(&file, vec![7u8; usize::try_from(MIB).unwrap()]).unwrap();
+    let client = agent.client().await;
+    client.read_file(&file).await.unwrap();
+    let idle = rss(pid);
+
+    let mut floods = Vec::new();
+    for connection in 0..24u64 {
+        let mut raw = hello(&agent).await;
+        let mut bytes = Vec::new();
+        for id in 1..=48u64 {
+            // Half the connections read files, half run execs with 1.5 MiB of output.
+            let request = if connection % 2 == 0 {
+                let path = file.as_os_str().as_encoded_bytes().to_vec();
+                Request::ReadFile(PathRequest { path })
+            } else {
+                Request::Exec(sandbox_protocol::ExecRequest {
+                    spec: sandbox_tests::argv(&["head", "-c", "1500000", "/dev/zero"]),
+                    stdin: Vec::new(),
+                    timeout_ms: Some(60_000),
+                    stream: false,
+                })
+            };
+            bytes.extend(frame(id, ClientMsg::Request(request)));
+        }
+        floods.push(tokio::spawn(async move {
+            let _ = raw.try_write(&bytes).await;
+            std::future::pending::<()>().await;
+        }));
+    }
+    let peak = peak_rss(pid, Duration::from_secs(6)).await;
+    // The agent still answers a small request from another client meanwhile.
+    tokio::time::timeout(Duration::from_secs(10), client.ps())
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "24 flooding connections: agent RSS idle {} MiB, peak {} MiB",
+        idle / MIB,
+        peak / MIB
+    );
+    assert!(
+        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
+        "the agent grew by {} MiB under 24 connections of unread replies",
+        peak.saturating_sub(idle) / MIB
+    );
+    for flood in floods {
+        flood.abort();
+    }
+}
+
+/// The budget makes large replies wait their turn, never wait forever: more execs
+/// with large output than the budget holds at once all finish when their client
+/// reads.
+#[tokio::test]
+async fn more_large_replies_than_the_budget_holds_all_arrive() {
+    let agent = TestAgent::start();
+    let client = agent.client().await;
+    let mut runs = tokio::task::JoinSet::new();
+    for _ in 0..40 {
+        let client = client.clone();
+        runs.spawn(async move {
+            client
+                .exec(sandbox_protocol::ExecRequest {
+                    spec: sandbox_tests::argv(&["head", "-c", "2000000", "/dev/zero"]),
+                    stdin: Vec::new(),
+                    timeout_ms: Some(120_000),
+                    stream: false,
+                })
+                .await
+        });
+    }
+    let replies = tokio::time::timeout(Duration::from_secs(120), runs.join_all())
+        .await
+        .expect("40 execs of 2 MB each did not finish in 120 s");
+    for reply in replies {
+        let reply = reply.unwrap();
+        assert!(!reply.timed_out);
+        assert_eq!(reply.stdout.len(), 1024 * 1024);
+        assert!(reply.stdout_truncated);
+    }
+}

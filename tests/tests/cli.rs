@@ -51,6 +51,86 @@ fn exec_options_reach_the_command() {
 }
 
 #[test]
+fn eval_prints_output_value_and_traceback_and_exits_by_how_it_ended() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .args([
+            "eval",
+            "import sys\nprint('out'); print('err', file=sys.stderr)\nx = 6\nx * 7",
+        ])
+        .assert_code(0);
+    assert_eq!(output.stdout, b"out\n42\n", "output, then the value");
+    assert_eq!(output.stderr, b"err\n");
+    // The code from stdin; an exception's traceback on stderr, exit 1.
+    let output = agent
+        .sandboxctl()
+        .args(["eval", "-"])
+        .stdin("x / 0\n")
+        .assert_code(1);
+    assert!(output.stdout.is_empty());
+    assert!(
+        stderr(&output).ends_with("ZeroDivisionError: division by zero\n"),
+        "{}",
+        stderr(&output)
+    );
+    // A sh session's status is the exit code; JSON says everything.
+    agent
+        .sandboxctl()
+        .args([
+            "eval",
+            "--lang",
+            "sh",
+            "--session",
+            "sh",
+            "cd /tmp; (exit 3)",
+        ])
+        .assert_code(3);
+    let json = agent
+        .sandboxctl()
+        .args(["eval", "--lang", "sh", "--session", "sh", "--json", "pwd"])
+        .stdout_ok();
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["stdout"], "/tmp\n");
+    assert_eq!(json["status"], 0);
+    assert_eq!(json["language"], "sh");
+    assert_eq!(json["evaluations"], 2);
+    // A timeout exits 124 and the session lives on; a death says to restart.
+    let output = agent
+        .sandboxctl()
+        .args(["eval", "--timeout", "0.5", "import time; time.sleep(60)"])
+        .assert_code(124);
+    assert!(
+        stderr(&output).contains("KeyboardInterrupt"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        stderr(&output).contains("session default lives on"),
+        "{}",
+        stderr(&output)
+    );
+    let output = agent.sandboxctl().args(["eval", "exit(4)"]).assert_code(4);
+    assert!(stderr(&output).contains("--restart"), "{}", stderr(&output));
+    let output = agent.sandboxctl().args(["eval", "x"]).assert_code(1);
+    assert!(stderr(&output).contains("not_found"), "{}", stderr(&output));
+    let stdout = agent
+        .sandboxctl()
+        .args(["eval", "--restart", "'fresh'"])
+        .stdout_ok();
+    assert_eq!(stdout, "'fresh'\n");
+    agent
+        .sandboxctl()
+        .args(["close-session", "sh"])
+        .assert_code(0);
+    let output = agent
+        .sandboxctl()
+        .args(["close-session", "sh"])
+        .assert_code(1);
+    assert!(stderr(&output).contains("not_found"), "{}", stderr(&output));
+}
+
+#[test]
 fn exec_timeout_exits_124_with_a_message() {
     let agent = TestAgent::start();
     let started = Instant::now();
@@ -172,6 +252,88 @@ fn logs_report_dropped_bytes_on_stderr() {
         assert!(!output.stdout.is_empty() && output.stdout.len() <= 256 * 1024);
         assert!(output.stdout.iter().all(|&b| b == b'z'));
     }
+}
+
+#[test]
+fn wait_for_prints_where_the_text_is_and_exits_124_at_the_timeout() {
+    let agent = TestAgent::start();
+    let log = agent.dir().join("app.log");
+    std::fs::write(&log, "booting\nready on :80\n").unwrap();
+    let log_arg = log.to_str().unwrap();
+    let stdout = agent
+        .sandboxctl()
+        .args(["wait-for", "--file", log_arg, "ready"])
+        .stdout_ok();
+    assert_eq!(stdout, "offset 8 after 0.0 s: ready on :80\n");
+    let json = agent
+        .sandboxctl()
+        .args(["wait-for", "--json", "--file", log_arg, "on :80"])
+        .stdout_ok();
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["offset"], 14);
+    assert_eq!(value["line"], "ready on :80");
+    assert!(value.get("stream").is_none(), "{value}");
+
+    let pid = agent
+        .sandboxctl()
+        .args([
+            "spawn",
+            "--",
+            "sh",
+            "-c",
+            "echo 'listening on 8080' >&2; exec sleep 60",
+        ])
+        .stdout_ok();
+    let pid = pid.trim();
+    let stdout = agent
+        .sandboxctl()
+        .args(["wait-for", "--pid", pid, "--timeout", "20", "listening"])
+        .stdout_ok();
+    assert!(
+        stdout.starts_with("offset 0 (stderr) after ") && stdout.ends_with(": listening on 8080\n"),
+        "{stdout}"
+    );
+
+    let started = Instant::now();
+    let output = agent
+        .sandboxctl()
+        .args(["wait-for", "--file", log_arg, "--timeout", "0.3", "never"])
+        .assert_code(124);
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(output.stdout.is_empty());
+    let message = stderr(&output);
+    assert!(
+        message.starts_with("sandboxctl: Timed out after 0.3 s waiting for \"never\""),
+        "{message}"
+    );
+
+    // Failures other than the deadline exit 1 with the agent's reason.
+    let output = agent
+        .sandboxctl()
+        .args(["wait-for", "--file", "relative.log", "x"])
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("is not absolute"),
+        "{}",
+        stderr(&output)
+    );
+    let done = agent
+        .sandboxctl()
+        .args(["spawn", "--", "sh", "-c", "echo bye; exit 4"])
+        .stdout_ok();
+    let output = agent
+        .sandboxctl()
+        .args(["wait-for", "--pid", done.trim(), "hello"])
+        .assert_code(1);
+    assert!(
+        stderr(&output).contains("exited (code 4) without printing \"hello\""),
+        "{}",
+        stderr(&output)
+    );
+    agent
+        .sandboxctl()
+        .args(["kill", "-s", "KILL", pid])
+        .assert_code(0);
 }
 
 #[test]

@@ -1,8 +1,11 @@
 //! Templates built by `sandbox-rootfs` from other bases, booted in real microVMs: one
 //! from a directory, one from a `docker save` image tarball whose second layer
-//! deletes (whiteout) and replaces files of the first. Each test builds its template
-//! into a folder of its own, boots it once, checks the files through the agent, and
-//! removes the template.
+//! deletes (whiteout) and replaces files of the first, and one from an OCI layout
+//! whose config's `Env`, `WorkingDir` and `User` become every process's defaults.
+//! Each of these builds its template into a folder of its own, boots it once, checks
+//! it through the agent, and removes the template. And the `python` template (Debian
+//! with CPython and pip), which `scripts/test.sh` builds with the README's command:
+//! it must boot and run `python3` and `pip`; it fails, saying so, when it is missing.
 //!
 //! Needs what `sandbox_tests::vm` needs, plus the host's static busybox (Debian's
 //! `busybox-static`, which the default template uses too); `SANDBOX_SKIP_VM_TESTS=1`
@@ -14,18 +17,19 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use sandbox_protocol::FileKind;
+use sandbox_protocol::{ExecRequest, FileKind, ImageConfig, User};
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use sandbox_tests::vm::{build_template, build_template_with, TestVm, VmHost};
-use sandbox_tests::{sh, TempDir};
+use sandbox_tests::{exec_sh, sh, TempDir};
 use sandbox_vmm::client::Client;
 use sandbox_vmm::launcher::{Template, TemplateRef};
+use sha2::{Digest, Sha256};
 
 /// The static busybox every test base is made of.
 const BUSYBOX: &str = "/bin/busybox";
 
 /// The applets the test bases link; nothing else is in their `/bin`.
-const APPLETS: [&str; 2] = ["sh", "cat"];
+const APPLETS: [&str; 4] = ["sh", "cat", "env", "id"];
 
 fn busybox() -> Vec<u8> {
     std::fs::read(BUSYBOX).unwrap_or_else(|e| {
@@ -79,6 +83,14 @@ fn main() -> std::process::ExitCode {
         VmTest {
             name: "a_template_built_from_an_image_tarball_honours_whiteouts",
             run: || block_on(a_template_built_from_an_image_tarball_honours_whiteouts()),
+        },
+        VmTest {
+            name: "an_oci_image_config_sets_every_processs_env_cwd_and_user",
+            run: || block_on(an_oci_image_config_sets_every_processs_env_cwd_and_user()),
+        },
+        VmTest {
+            name: "the_python_template_runs_python3_and_pip",
+            run: || block_on(the_python_template_runs_python3_and_pip()),
         },
     ])
 }
@@ -349,4 +361,185 @@ async fn a_template_built_from_an_image_tarball_honours_whiteouts() {
     assert_eq!((stat.kind, stat.mode), (FileKind::File, 0o755));
     vm.shutdown().await;
     remove_template(dir);
+}
+
+/// `sha256:HEX` of `data`, as OCI names blobs.
+fn digest(data: &[u8]) -> String {
+    let hash = Sha256::digest(data);
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{hex}")
+}
+
+/// An OCI image layout packed as a tar (what `skopeo copy … oci-archive:` writes):
+/// `oci-layout`, `index.json`, and the manifest, config and layers as blobs.
+fn oci_archive(path: &Path, layers: &[Vec<u8>], run_config: serde_json::Value) {
+    let config = serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": run_config,
+        "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| digest(l)).collect::<Vec<_>>()},
+    })
+    .to_string();
+    let descriptor = |media_type: &str, data: &[u8]| serde_json::json!({"mediaType": media_type, "digest": digest(data), "size": data.len()});
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": descriptor("application/vnd.oci.image.config.v1+json", config.as_bytes()),
+        "layers": layers
+            .iter()
+            .map(|l| descriptor("application/vnd.oci.image.layer.v1.tar", l))
+            .collect::<Vec<_>>(),
+    })
+    .to_string();
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [descriptor("application/vnd.oci.image.manifest.v1+json", manifest.as_bytes())],
+    });
+    let mut outer = tar::Builder::new(std::fs::File::create(path).unwrap());
+    append_file(
+        &mut outer,
+        "oci-layout",
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+        0o644,
+    );
+    append_file(
+        &mut outer,
+        "index.json",
+        index.to_string().as_bytes(),
+        0o644,
+    );
+    let blobs = std::iter::once(manifest.into_bytes())
+        .chain(std::iter::once(config.into_bytes()))
+        .chain(layers.iter().cloned());
+    append_dir(&mut outer, "blobs/");
+    append_dir(&mut outer, "blobs/sha256/");
+    for blob in blobs {
+        let name = digest(&blob).replace(':', "/");
+        append_file(&mut outer, &format!("blobs/{name}"), &blob, 0o644);
+    }
+    outer.into_inner().unwrap();
+}
+
+async fn an_oci_image_config_sets_every_processs_env_cwd_and_user() {
+    let host = VmHost::get("microvm_templates::image_config").expect("run only with the gate open");
+    let scratch = TempDir::new("tpl-oci");
+    let mut layer = tar::Builder::new(Vec::new());
+    append_dir(&mut layer, "bin/");
+    append_file(&mut layer, "bin/busybox", &busybox(), 0o755);
+    for applet in APPLETS {
+        append_symlink(&mut layer, &format!("bin/{applet}"), "busybox");
+    }
+    // No /srv/app in the layers: the builder creates the WorkingDir, as Docker does.
+    let image = scratch.path().join("image.tar");
+    oci_archive(
+        &image,
+        &[layer.into_inner().unwrap()],
+        serde_json::json!({
+            "Env": ["PATH=/bin", "GREETING=hello from the image", "LANG=C"],
+            "WorkingDir": "/srv/app",
+            "User": "1000:1001",
+            "Cmd": ["/bin/sh"],
+        }),
+    );
+    let name = format!("e2e-oci-{}", std::process::id());
+    let built = build_template_with(
+        &name,
+        &format!("image:{}", image.display()),
+        &scratch.path().join("template"),
+        &["--warm-session", "default:sh:cd /tmp"],
+    );
+    let dir = built.dir;
+    // Recorded in the manifest, and in the image where the agent reads it.
+    let recorded = Template::load(&dir).unwrap().image_config;
+    assert_eq!(recorded.cwd.as_deref(), Some("/srv/app"));
+    assert_eq!(recorded.user.as_deref(), Some("1000:1001"));
+    assert_eq!(recorded.sessions.len(), 1);
+    let vm = boot_and_check(&host, &dir, &name).await;
+    let client = vm.client();
+    let in_guest = client.read_file("/etc/sandbox/image.json").await.unwrap();
+    assert_eq!(
+        serde_json::from_slice::<ImageConfig>(&in_guest).unwrap(),
+        recorded
+    );
+
+    let probe = "env; echo \"cwd=$(pwd) id=$(id -u):$(id -g)\"";
+    let output = sh(client, probe).await;
+    for line in [
+        "PATH=/bin",
+        "GREETING=hello from the image",
+        "LANG=C",
+        "cwd=/srv/app id=1000:1001",
+    ] {
+        assert!(
+            output.lines().any(|l| l == line),
+            "{line:?} missing:\n{output}"
+        );
+    }
+    // What a request says wins.
+    let reply = client
+        .exec(ExecRequest {
+            spec: sandbox_protocol::ProcessSpec {
+                env: vec![("GREETING".into(), "from the request".into())],
+                cwd: Some("/".into()),
+                user: Some(User::Uid(0)),
+                ..exec_sh(probe).spec
+            },
+            ..exec_sh(probe)
+        })
+        .await
+        .unwrap();
+    let output = String::from_utf8_lossy(&reply.stdout);
+    for line in ["PATH=/bin", "GREETING=from the request", "cwd=/ id=0:0"] {
+        assert!(
+            output.lines().any(|l| l == line),
+            "{line:?} missing:\n{output}"
+        );
+    }
+    vm.shutdown().await;
+    remove_template(dir);
+}
+
+/// The template `scripts/test.sh` builds for Python work.
+const PYTHON_TEMPLATE: &str = "python";
+
+async fn the_python_template_runs_python3_and_pip() {
+    let host = VmHost::get("microvm_templates::python").expect("run only with the gate open");
+    let template = TemplateRef::Name(PYTHON_TEMPLATE.to_owned());
+    if let Err(error) = host.launcher().template(&template) {
+        panic!(
+            "no {PYTHON_TEMPLATE} template ({}): build it with the README's \
+             `sandbox-rootfs build --name {PYTHON_TEMPLATE} --base debian --packages …` \
+             command (scripts/test.sh runs it), or set SANDBOX_SKIP_VM_TESTS=1 to skip \
+             the microVM tests",
+            sandbox_vmm::error_chain(&error)
+        );
+    }
+    let vm = host.boot(template).await;
+    let client = vm.client();
+    let version = sh(client, "python3 -c 'import sys; print(sys.version)'").await;
+    assert!(version.starts_with("3."), "python3 says {version:?}");
+    let pip = sh(client, "pip --version").await;
+    assert!(
+        pip.starts_with("pip ") && pip.contains("(python 3."),
+        "pip says {pip:?}"
+    );
+    // The standard library is whole (docs and translations are what was left out).
+    let stdlib = sh(
+        client,
+        "python3 -c 'import json, os, sys, sqlite3, ssl, venv; print(json.dumps(sys.path[-1]))'",
+    )
+    .await;
+    assert!(stdlib.contains("python3"), "{stdlib}");
+    // It warms a Python session at boot.
+    let config: ImageConfig =
+        serde_json::from_slice(&client.read_file("/etc/sandbox/image.json").await.unwrap())
+            .unwrap();
+    assert!(
+        config
+            .sessions
+            .iter()
+            .any(|s| s.name == "default" && s.language == sandbox_protocol::Language::Python),
+        "no default Python session in {config:?}"
+    );
+    vm.shutdown().await;
 }

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 use super::atomic::AtomicFile;
 use super::{absolute_path, display, FileError};
+use crate::budget::Charge;
 use crate::events::Events;
 
 /// The least a queued put frame counts against the window (see [`PutSender::data`]).
@@ -24,7 +25,8 @@ const FRAME_COST_FLOOR_BYTES: u64 = 4096;
 /// What the connection forwards to a running put.
 #[derive(Debug)]
 enum Input {
-    Data(Vec<u8>),
+    /// A chunk, with what it holds of the agent's budget until it is written.
+    Data(Vec<u8>, Charge),
     End,
     Overrun,
 }
@@ -58,7 +60,7 @@ pub fn put_channel() -> (PutSender, PutReceiver) {
 
 impl PutSender {
     /// Queues a chunk; false once the put is over (or overran its window).
-    pub fn data(&self, data: Vec<u8>) -> bool {
+    pub fn data(&self, data: Vec<u8>, charge: Charge) -> bool {
         // Each queued frame costs at least a page: empty `Data` frames must not grow
         // the queue for free.
         let cost = (data.len() as u64).max(FRAME_COST_FLOOR_BYTES);
@@ -67,7 +69,7 @@ impl PutSender {
             let _ = self.tx.send(Input::Overrun);
             return false;
         }
-        self.tx.send(Input::Data(data)).is_ok()
+        self.tx.send(Input::Data(data, charge)).is_ok()
     }
 
     /// Marks the end of the data.
@@ -87,9 +89,10 @@ pub async fn put(
     let mut file = blocking(move || AtomicFile::create(&create_path, request.mode)).await?;
     loop {
         match input.rx.recv().await {
-            Some(Input::Data(data)) => {
+            Some(Input::Data(data, charge)) => {
                 let len = data.len() as u64;
                 file = blocking(move || file.write(&data).map(|()| file)).await?;
+                drop(charge);
                 input
                     .queued
                     .fetch_sub(len.max(FRAME_COST_FLOOR_BYTES), Ordering::Relaxed);
@@ -150,11 +153,20 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
     let mut file = file;
     let mut sent = 0u64;
     loop {
+        // Charged before it is read (see `crate::budget`). Past the size it had at
+        // the start (a file that grew) it is read on in whole chunks.
+        let want = match before.len().saturating_sub(sent) {
+            0 => FILE_CHUNK_BYTES,
+            left => usize::try_from(left).map_or(FILE_CHUNK_BYTES, |l| l.min(FILE_CHUNK_BYTES)),
+        };
+        // The window first: a charge is never held while waiting for the client.
+        events.room_for(want as u64).await;
+        let charge = events.budget().reserve_large(want).await;
         let read_path = path.clone();
         let (returned, chunk) = blocking(move || {
-            let mut chunk = Vec::with_capacity(FILE_CHUNK_BYTES);
+            let mut chunk = Vec::with_capacity(want);
             (&mut file)
-                .take(FILE_CHUNK_BYTES as u64)
+                .take(want as u64)
                 .read_to_end(&mut chunk)
                 .map_err(|error| FileError::io("read", &read_path, error))?;
             Ok((file, chunk))
@@ -169,7 +181,7 @@ pub async fn get(path: &[u8], events: &Events) -> Result<(u64, u32), FileError> 
             return Ok((sent, mode));
         }
         sent += chunk.len() as u64;
-        if !events.send(Event::Data(chunk)).await {
+        if !events.send_charged(Event::Data(chunk), charge).await {
             return Err(FileError::Incomplete {
                 path: display(&path),
             });

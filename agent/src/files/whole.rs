@@ -19,6 +19,20 @@ pub fn write_file(request: &WriteFileRequest) -> Result<(), FileError> {
     file.commit().map(drop)
 }
 
+/// The bytes [`read_file`] of `path` will hold, at most the cap (0 when the path
+/// cannot be read: the read reports why), so they can be charged before it runs.
+pub fn bytes_to_read(path: &[u8]) -> usize {
+    let Ok(path) = absolute_path(path) else {
+        return 0;
+    };
+    std::fs::metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .map_or(0, |meta| {
+            usize::try_from(meta.len().min(READ_FILE_CAP_BYTES + 1)).unwrap_or(0)
+        })
+}
+
 /// Reads a regular file of at most [`READ_FILE_CAP_BYTES`].
 pub fn read_file(path: &[u8]) -> Result<Vec<u8>, FileError> {
     let path = absolute_path(path)?;

@@ -40,7 +40,9 @@ use super::ProcessError;
 use crate::events::Events;
 
 /// Chunks a streaming exec may have in flight before the child is made to wait.
-const STREAM_QUEUE_CHUNKS: usize = 16;
+/// They are not charged to the budget (they wait for the client's window before
+/// they are), so keep them few: at most 4 reads of 64 KiB per streaming exec.
+const STREAM_QUEUE_CHUNKS: usize = 4;
 
 /// Runs `request` to completion (or its deadline).
 pub async fn exec(
@@ -50,8 +52,9 @@ pub async fn exec(
 ) -> Result<ExecReply, ProcessError> {
     let started = Instant::now();
     let deadline = exec_deadline(request.timeout_ms);
-    let plan = launch::plan(&request.spec, false)?;
-    let capture = (!request.stream).then(|| Capture::new(EXEC_OUTPUT_CAP_BYTES));
+    let plan = launch::plan(&request.spec, false, table.defaults())?;
+    let capture = (!request.stream)
+        .then(|| Capture::new(EXEC_OUTPUT_CAP_BYTES, Some(events.budget().clone())));
     let stdio = ChildStdio::Pipes {
         stdin: !request.stdin.is_empty(),
     };
@@ -71,11 +74,15 @@ pub async fn exec(
         stderr,
     } = pipes;
     start_pumps(&record, stdout, stderr, sink);
+    // The request's charge is its stdin's: it goes when the child has it, so an
+    // exec never holds it while its output waits for the budget.
+    let stdin_charge = events.take_held();
     if let Some(mut stdin) = stdin {
         let bytes = request.stdin;
         tokio::spawn(async move {
             // The child may exit without reading; a broken pipe is not an error here.
             let _ = stdin.write_all(&bytes).await;
+            drop(stdin_charge);
         });
     }
 
@@ -142,7 +149,8 @@ pub async fn exec(
         tracing::info!(pid = %record.pid, kills = oom.kills, "exec hit the OOM killer");
     }
 
-    let capture = record.take_capture();
+    let mut capture = record.take_capture();
+    events.hold(std::mem::take(&mut capture.charge));
     Ok(ExecReply {
         pid: record.pid,
         stdout: capture.stdout,
@@ -157,7 +165,7 @@ pub async fn exec(
 
 /// Starts `spec` detached: its output goes only to its ring.
 pub fn spawn(table: &ProcessTable, spec: &ProcessSpec) -> Result<Pid, ProcessError> {
-    let plan = launch::plan(spec, false)?;
+    let plan = launch::plan(spec, false, table.defaults())?;
     let (record, pipes) = launch::start(
         table,
         plan,
@@ -169,8 +177,9 @@ pub fn spawn(table: &ProcessTable, spec: &ProcessSpec) -> Result<Pid, ProcessErr
     Ok(record.pid)
 }
 
-/// The requested deadline, capped at the maximum; `None` means the maximum.
-fn exec_deadline(timeout_ms: Option<u64>) -> Duration {
+/// The requested deadline, capped at the maximum; `None` means the maximum. (An
+/// `eval`'s deadline follows the same rule.)
+pub fn exec_deadline(timeout_ms: Option<u64>) -> Duration {
     let max = Duration::from_secs(EXEC_DEADLINE_SECS);
     timeout_ms.map_or(max, |ms| Duration::from_millis(ms).min(max))
 }

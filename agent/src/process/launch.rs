@@ -5,25 +5,28 @@
 //! (exec, spawn) or its own session with the terminal as controlling tty (pty), the
 //! default OOM score instead of the agent's shield (reset by a cloned child itself,
 //! else lowered for the start under the spawn gate, see [`super::gate`]), and the
-//! requested user. Everything that reads files or allocates (the passwd entry,
-//! supplementary groups, the C strings of argv and the environment, the pipes)
-//! happens before the child exists; the child only makes async-signal-safe calls
-//! (see [`crate::sys`]).
+//! requested user. An interpreter session's child also gets `SIGINT` and `SIGQUIT`
+//! back at their default action (see [`crate::session`]). Everything that reads
+//! files or allocates (the passwd entry, supplementary groups, the C strings of
+//! argv and the environment, the pipes) happens before the child exists; the child
+//! only makes async-signal-safe calls (see [`crate::sys`]).
 //!
 //! # How a child starts
 //! With cgroups, `clone3` into the cgroup, sharing the agent's memory until `exec`
 //! ([`crate::sys::spawn`]): about what `posix_spawn` costs, with the cgroup for
 //! free. Without cgroups, std's `Command`, which uses `posix_spawn` unless a
-//! terminal or a user switch needs steps in the child, then `fork`. A kernel
-//! older than 5.7 (no `CLONE_INTO_CGROUP`) gets the fork, with the child joining
-//! its cgroup before `exec`.
+//! terminal, a user switch or a session's signals need steps in the child, then
+//! `fork`. A kernel older than 5.7 (no `CLONE_INTO_CGROUP`) gets the fork, with the
+//! child joining its cgroup before `exec`.
 //!
 //! # Default environment
 //! `PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`, `HOME`, `USER`,
 //! `LOGNAME` and `SHELL` from the user's passwd entry (`/root`, `root`, `/bin/sh` when
 //! there is none), `LANG=C.UTF-8`, and `TERM=xterm-256color` for terminals or
-//! `TERM=dumb` for pipes. The request's `env` entries are applied after, in order.
-//! The working directory defaults to `HOME` when it exists, else `/`.
+//! `TERM=dumb` for pipes. The template's variables ([`super::defaults`]) are applied
+//! after, then the request's `env` entries, in order. The working directory defaults
+//! to the template's, else `HOME` when it exists, else `/`; the user to the
+//! template's, else the agent's own.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -40,6 +43,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
 use super::cgroup::{CgroupTree, Confinement, NewCgroup};
+use super::defaults::ProcessDefaults;
 use super::gate::SpawnPermit;
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
@@ -66,9 +70,21 @@ impl LaunchPlan {
     }
 }
 
-/// Resolves `spec` into a plan. `terminal` selects the pty defaults.
-pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessError> {
-    let passwd = match &spec.user {
+/// Resolves `spec` into a plan, with `defaults` for what it leaves out. `terminal`
+/// selects the pty defaults.
+pub fn plan(
+    spec: &ProcessSpec,
+    terminal: bool,
+    defaults: &ProcessDefaults,
+) -> Result<LaunchPlan, ProcessError> {
+    // The request's user, else the template's (with its group), else the agent's own.
+    let (user, group) = match (&spec.user, &defaults.user) {
+        (Some(user), _) => (Some(user), None),
+        (None, Some(default)) => (Some(&default.user), default.group.as_ref()),
+        (None, None) => (None, None),
+    };
+    let gid = group.map(|group| group.gid()).transpose()?;
+    let passwd = match user {
         None => PasswdUser::from_uid(Uid::current()).ok().flatten(),
         Some(user) => Some(lookup_user(user)?),
     };
@@ -114,8 +130,8 @@ pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessErr
             if terminal { "xterm-256color" } else { "dumb" }.to_owned(),
         ),
     ];
-    for (key, value) in &spec.env {
-        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+    for (key, value) in defaults.env.iter().chain(&spec.env) {
+        if !super::defaults::valid_env(key, value) {
             return Err(ProcessError::Invalid {
                 what: "env",
                 reason: format!(
@@ -146,18 +162,32 @@ pub fn plan(spec: &ProcessSpec, terminal: bool) -> Result<LaunchPlan, ProcessErr
             }
             cwd.clone()
         }
-        None if Path::new(&home).is_dir() => home,
-        None => "/".to_owned(),
+        None => match defaults.cwd.as_deref() {
+            Some(dir) if Path::new(dir).is_dir() => dir.to_owned(),
+            default => {
+                if let Some(dir) = default {
+                    tracing::warn!(dir, "the template's working directory is gone; using home");
+                }
+                if Path::new(&home).is_dir() {
+                    home
+                } else {
+                    "/".to_owned()
+                }
+            }
+        },
     };
 
-    let identity = match (&spec.user, passwd) {
+    let identity = match (user, passwd) {
         (None, _) => None,
-        (Some(_), Some(passwd)) => Some(identity_of(&passwd)),
-        (Some(User::Uid(uid)), None) => Some(ChildUser {
-            uid: *uid,
-            gid: *uid,
-            groups: vec![*uid],
-        }),
+        (Some(_), Some(passwd)) => Some(identity_of(&passwd, gid)),
+        (Some(User::Uid(uid)), None) => {
+            let gid = gid.map_or(*uid, Gid::as_raw);
+            Some(ChildUser {
+                uid: *uid,
+                gid,
+                groups: vec![gid],
+            })
+        }
         (Some(User::Name(name)), None) => {
             return Err(ProcessError::UnknownUser { user: name.clone() })
         }
@@ -237,8 +267,10 @@ fn lookup_user(user: &User) -> Result<PasswdUser, ProcessError> {
     }
 }
 
-fn identity_of(passwd: &PasswdUser) -> ChildUser {
-    let gid = passwd.gid;
+/// Who `passwd` runs as: its primary group (or `gid` instead) and the groups that
+/// list it.
+fn identity_of(passwd: &PasswdUser, gid: Option<Gid>) -> ChildUser {
+    let gid = gid.unwrap_or(passwd.gid);
     let groups = CString::new(passwd.name.as_str())
         .ok()
         .and_then(|name| nix::unistd::getgrouplist(&name, gid).ok())
@@ -258,6 +290,12 @@ pub enum ChildStdio {
     Pipes {
         /// Whether the caller will write to stdin.
         stdin: bool,
+    },
+    /// Pipes for stdout and stderr; stdin is `stdin`, the child's end of a channel
+    /// the caller keeps the other end of (an interpreter session's control socket).
+    Channel {
+        /// The child's end.
+        stdin: OwnedFd,
     },
     /// All three on a terminal; the agent keeps `master`.
     Terminal {
@@ -310,6 +348,16 @@ fn wire(stdio: ChildStdio) -> std::io::Result<Wiring> {
                 open_streams: 2,
             })
         }
+        ChildStdio::Channel { stdin } => {
+            let (agent_out, child_out) = pipe()?;
+            let (agent_err, child_err) = pipe()?;
+            Ok(Wiring {
+                child: [stdin, child_out, child_err],
+                pipes: [None, Some(agent_out), Some(agent_err)],
+                pty: None,
+                open_streams: 2,
+            })
+        }
         ChildStdio::Terminal { master, slave } => Ok(Wiring {
             child: [slave.try_clone()?, slave.try_clone()?, slave],
             pipes: [None, None, None],
@@ -339,10 +387,13 @@ pub fn start(
         pty,
         open_streams,
     } = wire(stdio).map_err(start_error)?;
-    let session = if pty.is_some() {
-        ChildSession::Terminal
-    } else {
-        ChildSession::OwnGroup
+    let setup = Setup {
+        session: if pty.is_some() {
+            ChildSession::Terminal
+        } else {
+            ChildSession::OwnGroup
+        },
+        default_interrupt: kind == ProcessKind::Session,
     };
     let cgroup = table
         .confinement()
@@ -355,19 +406,13 @@ pub fn start(
     let record = {
         let mut permit = table.spawn_gate();
         let started = match (table.confinement(), &cgroup) {
-            (Confinement::Cgroups(tree), Some(cgroup)) => clone_or_fork(
-                tree,
-                cgroup,
-                &plan,
-                &executable,
-                child,
-                session,
-                &mut permit,
-            ),
+            (Confinement::Cgroups(tree), Some(cgroup)) => {
+                clone_or_fork(tree, cgroup, &plan, &executable, child, setup, &mut permit)
+            }
             _ => {
                 // Restored when dropped, also when the start fails.
                 let _unshield = permit.unshield_oom();
-                fork(&plan, &executable, child, session, None)
+                fork(&plan, &executable, child, setup, None)
             }
         };
         let pid = match started {
@@ -396,6 +441,14 @@ pub fn start(
     Ok((record, pipes))
 }
 
+/// What the child sets up before `exec`, besides its streams and user.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    session: ChildSession,
+    /// `SIGINT` and `SIGQUIT` back to their default action (interpreter sessions).
+    default_interrupt: bool,
+}
+
 /// Starts the child straight into `cgroup` with `clone3` (see [`crate::sys::spawn`]);
 /// where the kernel cannot, forks it and has it join the cgroup before `exec`.
 fn clone_or_fork(
@@ -404,7 +457,7 @@ fn clone_or_fork(
     plan: &LaunchPlan,
     executable: &Path,
     stdio: [OwnedFd; 3],
-    session: ChildSession,
+    setup: Setup,
     permit: &mut SpawnPermit<'_>,
 ) -> std::io::Result<i32> {
     let argv: Vec<&str> = std::iter::once(plan.arg0.as_deref().unwrap_or(&plan.argv[0]))
@@ -416,10 +469,11 @@ fn clone_or_fork(
         &plan.env,
         &plan.cwd,
         stdio,
-        session,
+        setup.session,
         plan.identity.clone(),
     )?
-    .with_oom_score_reset(permit.oom_shielded());
+    .with_oom_score_reset(permit.oom_shielded())
+    .with_default_interrupt(setup.default_interrupt);
     match tree.clone_into(&image, cgroup) {
         Ok(pid) => Ok(pid),
         Err(CloneError::Clone(error) | CloneError::Exec(error)) => Err(error),
@@ -427,19 +481,20 @@ fn clone_or_fork(
             // Open until the start returned: the child writes to it before `exec`.
             let procs = cgroup.cgroup.open_procs()?;
             let _unshield = permit.unshield_oom();
-            fork(plan, executable, image.into_stdio(), session, Some(&procs))
+            fork(plan, executable, image.into_stdio(), setup, Some(&procs))
         }
     }
 }
 
 /// Starts the child with std's `Command`: `posix_spawn` when nothing has to happen
-/// in the child before `exec` (no cgroup to join, no terminal, no user switch),
+/// in the child before `exec` (no cgroup to join, no terminal, no user switch, no
+/// session's signals),
 /// else `fork`, the steps, and `exec`.
 fn fork(
     plan: &LaunchPlan,
     executable: &Path,
     [stdin, stdout, stderr]: [OwnedFd; 3],
-    session: ChildSession,
+    setup: Setup,
     join_cgroup: Option<&File>,
 ) -> std::io::Result<i32> {
     let mut command = StdCommand::new(executable);
@@ -452,15 +507,16 @@ fn fork(
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr));
-    if session == ChildSession::OwnGroup {
+    if setup.session == ChildSession::OwnGroup {
         command.process_group(0);
     }
     sys::set_pre_exec(
         &mut command,
         PreExec {
             join_cgroup: join_cgroup.map(AsRawFd::as_raw_fd),
-            take_terminal: session == ChildSession::Terminal,
+            take_terminal: setup.session == ChildSession::Terminal,
             user: plan.identity.clone(),
+            default_interrupt: setup.default_interrupt,
         },
     );
     // Dropping `Child` neither waits nor kills: the reaper owns its exit. It holds
@@ -472,6 +528,7 @@ fn fork(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::process::defaults::DefaultUser;
     use sandbox_protocol::Command;
 
     fn env_of(plan: &LaunchPlan, key: &str) -> Option<String> {
@@ -485,7 +542,7 @@ mod tests {
     fn default_environment_is_clean_and_overridable() {
         let mut spec = ProcessSpec::new(Command::Argv(vec!["true".into()]));
         spec.env = vec![("FOO".into(), "1".into()), ("PATH".into(), "/x".into())];
-        let plan = plan(&spec, false).unwrap();
+        let plan = plan(&spec, false, &ProcessDefaults::default()).unwrap();
         assert_eq!(env_of(&plan, "PATH").as_deref(), Some("/x"));
         assert_eq!(env_of(&plan, "FOO").as_deref(), Some("1"));
         assert_eq!(env_of(&plan, "TERM").as_deref(), Some("dumb"));
@@ -512,7 +569,10 @@ mod tests {
             },
         ];
         for spec in bad {
-            assert!(plan(&spec, false).is_err(), "{spec:?}");
+            assert!(
+                plan(&spec, false, &ProcessDefaults::default()).is_err(),
+                "{spec:?}"
+            );
         }
     }
 
@@ -524,8 +584,78 @@ mod tests {
             cwd: None,
             user: None,
         };
-        let plan = plan(&spec, true).unwrap();
+        let plan = plan(&spec, true, &ProcessDefaults::default()).unwrap();
         assert!(plan.arg0.as_deref().is_some_and(|a| a.starts_with('-')));
         assert_eq!(env_of(&plan, "TERM").as_deref(), Some("xterm-256color"));
+    }
+
+    fn image_defaults() -> ProcessDefaults {
+        ProcessDefaults {
+            env: vec![
+                ("PATH".into(), "/opt/image/bin:/usr/bin:/bin".into()),
+                ("IMAGE_ONLY".into(), "image".into()),
+                ("BOTH".into(), "image".into()),
+            ],
+            cwd: Some("/tmp".into()),
+            user: DefaultUser::parse("root:4242"),
+        }
+    }
+
+    #[test]
+    fn image_defaults_come_between_the_agents_and_the_requests() {
+        let mut spec = ProcessSpec::new(Command::Argv(vec!["true".into()]));
+        spec.env = vec![("BOTH".into(), "request".into())];
+        let plan = plan(&spec, false, &image_defaults()).unwrap();
+        // The image's PATH replaces the agent's; the request's BOTH the image's.
+        assert_eq!(
+            env_of(&plan, "PATH").as_deref(),
+            Some("/opt/image/bin:/usr/bin:/bin")
+        );
+        assert_eq!(plan.env.iter().filter(|(k, _)| k == "PATH").count(), 1);
+        assert_eq!(env_of(&plan, "IMAGE_ONLY").as_deref(), Some("image"));
+        assert_eq!(env_of(&plan, "BOTH").as_deref(), Some("request"));
+        assert_eq!(env_of(&plan, "LANG").as_deref(), Some("C.UTF-8"));
+        assert_eq!(plan.cwd, "/tmp");
+        // `root:4242`: root's passwd entry (every system has one), group 4242.
+        let identity = plan.identity.as_ref().unwrap();
+        assert_eq!((identity.uid, identity.gid), (0, 4242));
+        assert!(identity.groups.contains(&4242));
+        assert_eq!(env_of(&plan, "USER").as_deref(), Some("root"));
+    }
+
+    #[test]
+    fn a_request_overrides_the_image_cwd_and_user() {
+        let spec = ProcessSpec {
+            cwd: Some("/".into()),
+            user: Some(User::Uid(4343)),
+            ..ProcessSpec::new(Command::Argv(vec!["true".into()]))
+        };
+        let plan = plan(&spec, false, &image_defaults()).unwrap();
+        assert_eq!(plan.cwd, "/");
+        // The request's user comes with its own group, not the image's.
+        let identity = plan.identity.as_ref().unwrap();
+        assert_eq!((identity.uid, identity.gid), (4343, 4343));
+    }
+
+    #[test]
+    fn a_missing_image_cwd_falls_back_and_a_missing_group_fails() {
+        let gone = ProcessDefaults {
+            cwd: Some("/definitely/not/here".into()),
+            ..ProcessDefaults::default()
+        };
+        let spec = ProcessSpec::new(Command::Argv(vec!["true".into()]));
+        let plan = plan(&spec, false, &gone).unwrap();
+        assert_ne!(plan.cwd, "/definitely/not/here");
+        assert!(Path::new(&plan.cwd).is_dir());
+
+        let no_group = ProcessDefaults {
+            user: DefaultUser::parse("root:no-such-group-xyz"),
+            ..ProcessDefaults::default()
+        };
+        let error = super::plan(&spec, false, &no_group).unwrap_err();
+        assert!(
+            matches!(error, ProcessError::UnknownGroup { .. }),
+            "{error}"
+        );
     }
 }

@@ -19,7 +19,14 @@ pub async fn logs(
     events: &Events,
 ) -> Result<LogsReply, ProcessError> {
     let record = table.get(request.pid)?;
+    // Each batch is charged before it is copied out of the ring (see `crate::budget`).
+    let charge_for = |cursor| {
+        events
+            .budget()
+            .reserve_large(record.logs_bytes_from(cursor))
+    };
     if !request.follow {
+        events.hold(charge_for(request.cursor).await);
         let (batch, progress) = record.read_logs(request.cursor)?;
         return Ok(LogsReply {
             batch,
@@ -30,15 +37,22 @@ pub async fn logs(
     let mut cursor = request.cursor;
     loop {
         changes.borrow_and_update();
+        // The window first: a charge is never held while waiting for the client.
+        if !events.room_for(record.logs_bytes_from(cursor) as u64).await {
+            return Err(ProcessError::NotFound { pid: request.pid });
+        }
+        let charge = charge_for(cursor).await;
         let (batch, progress) = record.read_logs(cursor)?;
         if progress.finished() {
+            events.hold(charge);
             return Ok(LogsReply {
                 batch,
                 exit: progress.exit,
             });
         }
         cursor = Some(batch.end);
-        if (!batch.chunks.is_empty() || batch.dropped > 0) && !events.send(Event::Logs(batch)).await
+        if (!batch.chunks.is_empty() || batch.dropped > 0)
+            && !events.send_charged(Event::Logs(batch), charge).await
         {
             return Err(ProcessError::NotFound { pid: request.pid });
         }

@@ -1,5 +1,6 @@
 //! The process layer: one table of tracked processes, one reaper, and the ways a
-//! process gets started (exec, spawn, pty) and observed (logs, ps, kill).
+//! process gets started (exec, spawn, pty; interpreter sessions through the same
+//! launch, see [`crate::session`]) and observed (logs, ps, kill).
 //!
 //! # Layout
 //! - [`table`]: the process table and each process's record (ring, exit, progress).
@@ -14,6 +15,8 @@
 //! - [`launch`]: turns a [`ProcessSpec`](sandbox_protocol::ProcessSpec) into a running
 //!   child: clean environment, user, cwd, its own process group or session, its own
 //!   cgroup joined before `exec`.
+//! - [`defaults`]: the template's defaults (its image's `Env`, `WorkingDir`, `User`)
+//!   for what a request leaves out; the table holds them, [`launch`] applies them.
 //! - [`pump`]: moves a child's output from its pipe or terminal into its record.
 //! - [`exec`], [`pty`], [`logs`]: the request handlers built on the above.
 //!
@@ -27,6 +30,7 @@
 //! can be collected (and std's own wait for a child whose `exec` failed never races us).
 
 pub mod cgroup;
+pub mod defaults;
 pub mod exec;
 pub mod gate;
 pub mod kill;
@@ -88,6 +92,12 @@ pub enum ProcessError {
         /// The name or uid asked for.
         user: String,
     },
+    /// The group an image's `User` names does not exist in the guest.
+    #[error("Unknown group {group}")]
+    UnknownGroup {
+        /// The name asked for.
+        group: String,
+    },
     /// Starting the program failed.
     #[error("Cannot start {program}")]
     Start {
@@ -142,7 +152,7 @@ impl ProcessError {
             Self::NotATerminal { .. } => (ErrorKind::WrongType, None),
             Self::Exited { .. } => (ErrorKind::NotFound, None),
             Self::Invalid { .. } | Self::Cursor(_) => (ErrorKind::BadRequest, None),
-            Self::UnknownUser { .. } => (ErrorKind::NotFound, None),
+            Self::UnknownUser { .. } | Self::UnknownGroup { .. } => (ErrorKind::NotFound, None),
             Self::Start { error, .. }
             | Self::Cgroup { error, .. }
             | Self::PtyIo { error, .. }

@@ -16,7 +16,7 @@ use crate::sys;
 
 /// Opens a terminal running the request's command (or the login shell).
 pub fn open(table: &ProcessTable, request: &PtyOpenRequest) -> Result<Pid, ProcessError> {
-    let plan = launch::plan(&request.spec, true)?;
+    let plan = launch::plan(&request.spec, true, table.defaults())?;
     let pair = sys::open_pty(sanitize(request.size)).map_err(ProcessError::OpenPty)?;
     sys::set_nonblocking(pair.master.as_fd()).map_err(ProcessError::OpenPty)?;
     let master = sys::register_async(pair.master).map_err(ProcessError::OpenPty)?;

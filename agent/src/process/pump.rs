@@ -24,7 +24,7 @@ use crate::sys;
 pub const DRAIN_IDLE_AFTER_EXIT: Duration = Duration::from_millis(100);
 
 /// Largest single read.
-const READ_BYTES: usize = 64 * 1024;
+pub(crate) const READ_BYTES: usize = 64 * 1024;
 
 /// Where output comes from.
 #[derive(Debug)]
@@ -36,13 +36,13 @@ pub enum Source {
 }
 
 impl Source {
-    /// The next chunk, or `None` at end of file. Cancel-safe.
-    async fn read_chunk(&self) -> io::Result<Option<Vec<u8>>> {
+    /// The next chunk of at most `max` bytes, or `None` at end of file. Cancel-safe.
+    pub(crate) async fn read_chunk(&self, max: usize) -> io::Result<Option<Vec<u8>>> {
         loop {
             match self {
                 Self::Pipe(pipe) => {
                     pipe.readable().await?;
-                    let mut buf = Vec::with_capacity(READ_BYTES);
+                    let mut buf = Vec::with_capacity(max);
                     match pipe.try_read_buf(&mut buf) {
                         Ok(0) => return Ok(None),
                         Ok(_) => return Ok(Some(buf)),
@@ -52,7 +52,7 @@ impl Source {
                 }
                 Self::Terminal(fd) => {
                     let mut guard = fd.readable().await?;
-                    let mut buf = vec![0u8; READ_BYTES];
+                    let mut buf = vec![0u8; max];
                     let read = guard.try_io(|inner| sys::read(inner.get_ref().as_fd(), &mut buf));
                     match read {
                         Err(_would_block) => continue,
@@ -83,10 +83,12 @@ pub async fn pump(
     let mut settled = false;
     loop {
         let exited = progress.borrow_and_update().exit.is_some();
+        // An exec's capture may have to wait for the budget before it grows.
+        let max = record.next_read_bytes(READ_BYTES).await;
         let next = if settled {
-            source.read_chunk().await
+            source.read_chunk(max).await
         } else if exited {
-            match tokio::time::timeout(DRAIN_IDLE_AFTER_EXIT, source.read_chunk()).await {
+            match tokio::time::timeout(DRAIN_IDLE_AFTER_EXIT, source.read_chunk(max)).await {
                 Ok(next) => next,
                 Err(_idle) => {
                     record.settle_stream();
@@ -96,7 +98,7 @@ pub async fn pump(
             }
         } else {
             tokio::select! {
-                next = source.read_chunk() => next,
+                next = source.read_chunk(max) => next,
                 _ = progress.changed() => continue,
             }
         };

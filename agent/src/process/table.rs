@@ -18,8 +18,10 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
 use super::cgroup::{Confinement, ProcessCgroup};
+use super::defaults::ProcessDefaults;
 use super::gate::{ReapPermit, SpawnGate, SpawnPermit};
 use super::ProcessError;
+use crate::budget::{Budget, Charge, UNCHARGED_BYTES};
 use crate::ring::{CursorAhead, OutputRing};
 use crate::sys::unix_time_ms;
 
@@ -45,6 +47,11 @@ impl Progress {
 
 /// An exec's stdout and stderr, each kept up to a cap; past it bytes are counted
 /// as truncated and dropped, but still read so the child never blocks.
+///
+/// Once it grows past [`UNCHARGED_BYTES`] it takes its whole size (both streams at
+/// the cap) from the agent's [`Budget`] at once, before the bytes are kept: a capture
+/// that holds a charge never waits for more, so captures waiting on the budget wait
+/// only for others that run to their end.
 #[derive(Debug, Default)]
 pub struct Capture {
     /// Up to the cap of stdout.
@@ -55,14 +62,20 @@ pub struct Capture {
     pub stdout_truncated: bool,
     /// Stderr went past the cap.
     pub stderr_truncated: bool,
+    /// What the kept bytes hold of the budget; goes with the reply.
+    pub charge: Charge,
     cap: usize,
+    budget: Option<Budget>,
+    charged: Arc<tokio::sync::OnceCell<()>>,
 }
 
 impl Capture {
-    /// An empty capture keeping at most `cap` bytes per stream.
-    pub fn new(cap: usize) -> Self {
+    /// An empty capture keeping at most `cap` bytes per stream, charged to `budget`
+    /// once it is large.
+    pub fn new(cap: usize, budget: Option<Budget>) -> Self {
         Self {
             cap,
+            budget,
             ..Self::default()
         }
     }
@@ -194,6 +207,40 @@ impl ProcessRecord {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// How many bytes the next read of an output pipe may take. Once the capture
+    /// would grow large, it first takes its charge (see [`Capture`]; both pumps of a
+    /// process wait for the one charge); until then reads stop at the uncharged
+    /// size, so an exec waiting for the budget holds only that much. `max` when
+    /// there is no capture or it is charged.
+    pub async fn next_read_bytes(&self, max: usize) -> usize {
+        let due = {
+            let state = self.lock();
+            match state.capture.as_ref() {
+                Some(capture) if !capture.charged.initialized() => {
+                    let kept = capture.stdout.len() + capture.stderr.len();
+                    match (capture.budget.clone(), UNCHARGED_BYTES.saturating_sub(kept)) {
+                        (None, _) => return max,
+                        (Some(_), room) if room > 0 => return room.min(max),
+                        (Some(budget), _) => (capture.charged.clone(), budget, 2 * capture.cap),
+                    }
+                }
+                _ => return max,
+            }
+        };
+        let (charged, budget, bytes) = due;
+        charged
+            .get_or_init(|| async {
+                let charge = budget.reserve(bytes).await;
+                // The capture may be gone (a timed-out exec replied): then the charge
+                // just drops.
+                if let Some(capture) = self.lock().capture.as_mut() {
+                    capture.charge.merge(charge);
+                }
+            })
+            .await;
+        max
+    }
+
     /// Appends output; returns the absolute offset of its first byte.
     pub fn push_output(&self, stream: Stream, data: &[u8]) -> u64 {
         let mut state = self.lock();
@@ -251,6 +298,13 @@ impl ProcessRecord {
         Ok((batch, *self.progress.borrow()))
     }
 
+    /// Bytes a `logs` read from `cursor` would return now, to charge them first.
+    pub fn logs_bytes_from(&self, cursor: Option<u64>) -> usize {
+        let state = self.lock();
+        let from = cursor.unwrap_or(0).max(state.ring.start());
+        usize::try_from(state.ring.end().saturating_sub(from)).unwrap_or(usize::MAX)
+    }
+
     /// Takes the exec capture (empty if there was none).
     pub fn take_capture(&self) -> Capture {
         self.lock().capture.take().unwrap_or_default()
@@ -282,6 +336,7 @@ pub struct ProcessTable {
     gate: SpawnGate,
     forget_after: Duration,
     confinement: Confinement,
+    defaults: ProcessDefaults,
 }
 
 impl ProcessTable {
@@ -301,12 +356,24 @@ impl ProcessTable {
             gate: SpawnGate::new(),
             forget_after,
             confinement,
+            defaults: ProcessDefaults::default(),
         }
+    }
+
+    /// The same table, starting processes with the template's `defaults`.
+    pub fn with_defaults(mut self, defaults: ProcessDefaults) -> Self {
+        self.defaults = defaults;
+        self
     }
 
     /// How processes are confined.
     pub fn confinement(&self) -> &Confinement {
         &self.confinement
+    }
+
+    /// What a process gets when its request leaves a setting out.
+    pub fn defaults(&self) -> &ProcessDefaults {
+        &self.defaults
     }
 
     fn records(&self) -> MutexGuard<'_, HashMap<Pid, Arc<ProcessRecord>>> {
@@ -482,7 +549,7 @@ mod tests {
 
     #[test]
     fn capture_keeps_the_first_bytes_and_flags_truncation() {
-        let mut capture = Capture::new(4);
+        let mut capture = Capture::new(4, None);
         capture.append(Stream::Stdout, b"abc");
         capture.append(Stream::Stdout, b"def");
         capture.append(Stream::Stderr, b"xy");

@@ -25,6 +25,9 @@
 //! - every stream (exec output, a follow, `get`) keeps at most
 //!   [`STREAM_WINDOW_BYTES`](sandbox_protocol::limits::STREAM_WINDOW_BYTES) of payload
 //!   beyond what the client reported consumed ([`Events`]);
+//! - across all connections, the bytes held for clients (queued replies and events,
+//!   collected exec output, large incoming frames) come from one
+//!   [`Budget`](crate::budget::Budget): producers wait for it instead of allocating;
 //! - an oversize length prefix loses frame sync: the sender gets `TooLarge` under the
 //!   request id it named, and the connection closes.
 
@@ -46,7 +49,8 @@ use tokio::task::AbortHandle;
 use super::admission::{Admission, Full};
 use super::dispatch;
 use crate::agent::{Agent, AGENT_VERSION};
-use crate::events::Events;
+use crate::budget::{Charge, UNCHARGED_BYTES};
+use crate::events::{Events, Outgoing};
 use crate::files::stream::{put_channel, PutSender};
 
 /// How long a client has to send its `Hello`.
@@ -126,7 +130,7 @@ where
 /// requests while served. Returns when it must close.
 async fn serve_connection<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
-    tx: &mpsc::Sender<AgentFrame>,
+    tx: &mpsc::Sender<Outgoing>,
     agent: &Arc<Agent>,
     admissions: &Admissions,
 ) {
@@ -196,11 +200,11 @@ async fn serve_connection<R: AsyncRead + Unpin>(
 
 /// Queues an error about the whole connection (id 0) if there is room; a connection
 /// that is closing never waits on a peer that does not read.
-fn notify(tx: &mpsc::Sender<AgentFrame>, error: WireError) {
-    let _ = tx.try_send(AgentFrame {
+fn notify(tx: &mpsc::Sender<Outgoing>, error: WireError) {
+    let _ = tx.try_send(Outgoing::uncharged(AgentFrame {
         id: RequestId::CONNECTION,
         msg: AgentMsg::Error(error),
-    });
+    }));
 }
 
 /// Aborts every request still in flight when dropped.
@@ -223,7 +227,7 @@ impl Drop for CancelOnDrop {
 /// Reads and answers the `Hello`; false when the connection must close.
 async fn handshake<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
-    tx: &mpsc::Sender<AgentFrame>,
+    tx: &mpsc::Sender<Outgoing>,
     agent: &Agent,
 ) -> bool {
     let first = match tokio::time::timeout(HELLO_TIMEOUT, reader.read::<ClientFrame>()).await {
@@ -254,10 +258,10 @@ async fn handshake<R: AsyncRead + Unpin>(
         }
     };
     let sent = tx
-        .send(AgentFrame {
+        .send(Outgoing::uncharged(AgentFrame {
             id: RequestId::CONNECTION,
             msg,
-        })
+        }))
         .await
         .is_ok();
     accepted && sent
@@ -295,7 +299,7 @@ fn check_hello(hello: &Hello, agent: &Agent) -> Result<HelloReply, WireError> {
 
 async fn read_loop<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
-    tx: &mpsc::Sender<AgentFrame>,
+    tx: &mpsc::Sender<Outgoing>,
     agent: &Arc<Agent>,
     in_flight: &InFlight,
     conn: &ConnState,
@@ -305,8 +309,8 @@ async fn read_loop<R: AsyncRead + Unpin>(
             // The writer failed: nothing more can be answered.
             return;
         }
-        let decoded = match reader.read::<ClientFrame>().await {
-            Ok(Some(decoded)) => decoded,
+        let (decoded, charge) = match read_admitted(reader, &agent.budget).await {
+            Ok(Some(read)) => read,
             Ok(None) => return,
             Err(error) => {
                 tracing::debug!(%error, "connection closed");
@@ -323,7 +327,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Decoded::Frame(ClientFrame {
                 id,
                 msg: ClientMsg::Request(request),
-            }) => start_request(id, request, tx, agent, in_flight, conn)
+            }) => start_request(id, request, charge, tx, agent, in_flight, conn)
                 .err()
                 .map(|error| (id, error, Breaks::Nothing)),
             Decoded::Frame(ClientFrame {
@@ -344,7 +348,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 id,
                 msg: ClientMsg::Data(data),
             }) => {
-                forward_put_data(in_flight, id, |put| put.data(data));
+                forward_put_data(in_flight, id, |put| put.data(data, charge));
                 None
             }
             Decoded::Frame(ClientFrame {
@@ -391,15 +395,39 @@ async fn read_loop<R: AsyncRead + Unpin>(
             tracing::debug!(%id, %error, "rejected a frame");
             let (id, error) = final_frame_target(id, error, breaks, in_flight);
             if tx
-                .send(AgentFrame {
+                .send(Outgoing::uncharged(AgentFrame {
                     id,
                     msg: AgentMsg::Error(error),
-                })
+                }))
                 .await
                 .is_err()
             {
                 return;
             }
+        }
+    }
+}
+
+/// The next frame, with a charge from `budget` for its bytes when it is large: taken
+/// once its length prefix is in and before its body is read, so many connections
+/// sending large frames at once wait for the budget instead of each holding up to
+/// [`MAX_FRAME_BYTES`] of buffer. Cancel safe, like [`FrameReader::read`].
+async fn read_admitted<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    budget: &crate::budget::Budget,
+) -> std::io::Result<Option<(Decoded<ClientFrame>, Charge)>> {
+    let mut charge = Charge::none();
+    loop {
+        if let Some(decoded) = reader.next_buffered()? {
+            return Ok(Some((decoded, charge)));
+        }
+        if let Some(len) = reader.announced_len() {
+            if len >= UNCHARGED_BYTES && charge.bytes() == 0 {
+                charge = budget.reserve(len.min(MAX_FRAME_BYTES)).await;
+            }
+        }
+        if !reader.fill().await? {
+            return Ok(None);
         }
     }
 }
@@ -469,7 +497,8 @@ fn frame_error(error: &FrameError) -> WireError {
 fn start_request(
     id: RequestId,
     request: Request,
-    tx: &mpsc::Sender<AgentFrame>,
+    charge: Charge,
+    tx: &mpsc::Sender<Outgoing>,
     agent: &Arc<Agent>,
     in_flight: &InFlight,
     conn: &ConnState,
@@ -497,7 +526,17 @@ fn start_request(
         ));
     };
     let (consumed, consumed_rx) = watch::channel(0);
-    let events = Events::new(id, tx.clone(), consumed_rx, conn.windowed.clone());
+    let events = Events::new(
+        id,
+        tx.clone(),
+        agent.budget.clone(),
+        consumed_rx,
+        conn.windowed.clone(),
+    );
+    // The request's own bytes (a write_file's content, an exec's stdin) stay charged
+    // while it runs.
+    events.hold(charge);
+    let held = events.clone();
     let handler_agent = agent.clone();
     let (put, input) = match request {
         Request::Put(_) => {
@@ -541,7 +580,13 @@ fn start_request(
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id);
-        let _ = tx.send(AgentFrame { id, msg }).await;
+        let charge = reply_charge(&held, &msg).await;
+        let _ = tx
+            .send(Outgoing {
+                frame: AgentFrame { id, msg },
+                charge,
+            })
+            .await;
         // The slot is free only once the reply is queued: a reply waiting on a slow
         // reader still counts against the connection.
         drop(slot);
@@ -549,18 +594,65 @@ fn start_request(
     Ok(())
 }
 
+/// Final replies built without a charge ahead (a directory listing, `ps`) are charged
+/// from this size on.
+const UNCHARGED_REPLY_BYTES: usize = 256 * 1024;
+
+/// What a final frame holds of the budget: the handler's charges (made before it
+/// read what it replies), and for a large reply built without one, a charge for
+/// its payload, waited for here so that it queues only within the budget.
+async fn reply_charge(events: &Events, msg: &AgentMsg) -> Charge {
+    let mut charge = events.take_held();
+    let payload = match msg {
+        AgentMsg::Reply(reply) => reply_payload_bytes(reply),
+        _ => 0,
+    };
+    // Wait only while holding nothing: a handler that charged ahead (and whose
+    // reply came out a little larger, say a file that grew) goes on. Replies under
+    // `UNCHARGED_REPLY_BYTES` never wait, so `ps` and its like are answered while
+    // large transfers wait for the budget.
+    if payload >= UNCHARGED_REPLY_BYTES && charge.bytes() == 0 {
+        charge = events.budget().reserve(payload).await;
+    }
+    charge
+}
+
+/// The bytes a reply carries beyond its fixed fields, roughly.
+fn reply_payload_bytes(reply: &sandbox_protocol::Reply) -> usize {
+    use sandbox_protocol::Reply;
+    match reply {
+        Reply::Exec(exec) => exec.stdout.len() + exec.stderr.len(),
+        Reply::File(data) => data.len(),
+        Reply::Logs(logs) => logs.batch.chunks.iter().map(|c| c.data.len()).sum(),
+        Reply::Dir(entries) => entries.iter().map(|e| e.name.len() + 32).sum(),
+        Reply::Ps(rows) => rows
+            .iter()
+            .map(|r| r.argv.iter().map(|a| a.len() + 8).sum::<usize>() + 32)
+            .sum(),
+        Reply::PsDetail(rows) => rows
+            .iter()
+            .map(|r| r.info.argv.iter().map(|a| a.len() + 8).sum::<usize>() + 64)
+            .sum(),
+        _ => 0,
+    }
+}
+
 /// Writes queued frames, batching them; a frame too large to encode becomes an error.
+/// Each frame's charge is given back once its bytes are written.
 async fn write_loop<W: AsyncWrite + Send>(
     mut writer: FrameWriter<WriteHalf<W>>,
-    mut rx: mpsc::Receiver<AgentFrame>,
+    mut rx: mpsc::Receiver<Outgoing>,
 ) {
+    let mut written: Vec<Charge> = Vec::with_capacity(WRITE_QUEUE_FRAMES);
     while let Some(first) = rx.recv().await {
-        queue(&mut writer, &first);
+        queue(&mut writer, &first.frame);
+        written.push(first.charge);
         let mut batched = 1;
         while batched < WRITE_QUEUE_FRAMES {
             match rx.try_recv() {
-                Ok(frame) => {
-                    queue(&mut writer, &frame);
+                Ok(next) => {
+                    queue(&mut writer, &next.frame);
+                    written.push(next.charge);
                     batched += 1;
                 }
                 Err(_) => break,
@@ -577,6 +669,8 @@ async fn write_loop<W: AsyncWrite + Send>(
                     "the client has read nothing for 30 s",
                 ))
             });
+        // The frames' bytes are in the encode buffer, which the flush empties.
+        written.clear();
         if let Err(error) = flushed {
             tracing::debug!(%error, "writing to the client failed");
             // Dropping the queue makes every later send fail at once: handlers stop

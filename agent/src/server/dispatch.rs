@@ -8,6 +8,7 @@ use crate::files::stream::{blocking, PutReceiver};
 use crate::files::{stream, tree, whole, FileError};
 use crate::machine;
 use crate::process::{exec, kill, logs, pty};
+use crate::session;
 
 /// Runs `request` to its final reply, sending progress through `events`. `input`
 /// carries the data of a `put`.
@@ -51,10 +52,18 @@ pub async fn handle(
             .await
             .map(|()| Reply::Done)
             .map_err(file),
-        Request::ReadFile(request) => blocking(move || whole::read_file(&request.path))
-            .await
-            .map(Reply::File)
-            .map_err(file),
+        Request::ReadFile(request) => {
+            // Charged before the bytes are read (see `crate::budget`).
+            let path = request.path.clone();
+            let bytes = blocking(move || Ok(whole::bytes_to_read(&path)))
+                .await
+                .unwrap_or(0);
+            events.hold(events.budget().reserve_large(bytes).await);
+            blocking(move || whole::read_file(&request.path))
+                .await
+                .map(Reply::File)
+                .map_err(file)
+        }
         Request::ListDir(request) => blocking(move || tree::list_dir(&request.path))
             .await
             .map(Reply::Dir)
@@ -99,6 +108,16 @@ pub async fn handle(
         }
         Request::PsDetail => Ok(Reply::PsDetail(table.list_detail())),
         Request::Confinement => Ok(Reply::Confinement(table.confinement().report())),
+        Request::WaitForText(request) => crate::wait::wait_for_text(table, request)
+            .await
+            .map(Reply::TextFound)
+            .map_err(|error| error.to_wire()),
+        Request::Eval(request) => session::requests::eval(agent, request)
+            .await
+            .map(Reply::Eval),
+        Request::CloseSession(request) => session::requests::close(agent, request)
+            .await
+            .map(|()| Reply::Done),
     }
 }
 

@@ -13,6 +13,7 @@
 //! # Layout
 //! - [`fd`]: non-blocking mode, reads and writes on a raw descriptor, and handing a
 //!   descriptor to tokio's reactor.
+//! - [`inotify`]: an inotify instance on tokio's reactor (`wait_for_text` on files).
 //! - [`pty`]: opening a pseudo-terminal pair, its window size, and a child taking it
 //!   as its controlling terminal.
 //! - [`proc`]: the child subreaper, signalling process groups and single processes,
@@ -33,6 +34,7 @@ pub mod alloc;
 pub mod cgroup;
 pub mod clock;
 pub mod fd;
+pub mod inotify;
 pub mod limits;
 pub mod net;
 pub mod proc;

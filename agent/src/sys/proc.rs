@@ -84,13 +84,20 @@ pub struct PreExec {
     pub take_terminal: bool,
     /// Become this user.
     pub user: Option<ChildUser>,
+    /// Put `SIGINT` and `SIGQUIT` back to their default action, whatever the agent
+    /// inherited: an interpreter session is interrupted with `SIGINT`, and a shell
+    /// cannot trap a signal that was ignored when it started.
+    pub default_interrupt: bool,
 }
 
 impl PreExec {
     /// Whether there is anything to do; without a hook, std starts the child with
     /// `posix_spawn`, which is much cheaper than `fork`.
     pub fn is_empty(&self) -> bool {
-        !self.take_terminal && self.user.is_none() && self.join_cgroup.is_none()
+        !self.take_terminal
+            && self.user.is_none()
+            && self.join_cgroup.is_none()
+            && !self.default_interrupt
     }
 }
 
@@ -102,12 +109,16 @@ pub fn set_pre_exec(command: &mut Command, steps: PreExec) {
     }
     // SAFETY: `pre_exec` requires the closure to be async-signal-safe, since it runs
     // in the forked child of a possibly multi-threaded parent: it only makes the raw
-    // calls of `child_take_terminal` and `child_switch_user` (no allocation, no locks),
-    // and everything it reads (`steps`, the group list) was built before the fork.
+    // calls of `child_take_terminal`, `child_default_interrupt` and
+    // `child_switch_user` (no allocation, no locks), and everything it reads
+    // (`steps`, the group list) was built before the fork.
     unsafe {
         command.pre_exec(move || {
             if let Some(procs) = steps.join_cgroup {
                 child_join_cgroup(procs)?;
+            }
+            if steps.default_interrupt {
+                child_default_interrupt()?;
             }
             if steps.take_terminal {
                 super::pty::child_take_terminal()?;
@@ -129,6 +140,21 @@ fn child_join_cgroup(procs: RawFd) -> io::Result<()> {
     let written = unsafe { libc::write(procs, pid.as_ptr().cast(), pid.len()) };
     if written < 0 {
         return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// In a forked child: `SIGINT` and `SIGQUIT` to their default action.
+/// Async-signal-safe: `sigaction` is, and the action is built on the stack.
+fn child_default_interrupt() -> io::Result<()> {
+    for signal in [libc::SIGINT, libc::SIGQUIT] {
+        // SAFETY: an all-zero `sigaction` is a valid value (empty mask, no flags);
+        // only its handler is set.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        action.sa_sigaction = libc::SIG_DFL;
+        // SAFETY: `action` is a complete, live `sigaction`; the old action is not
+        // asked for (null).
+        check(unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) })?;
     }
     Ok(())
 }
@@ -167,6 +193,11 @@ mod tests {
         .is_empty());
         assert!(!PreExec {
             join_cgroup: Some(3),
+            ..PreExec::default()
+        }
+        .is_empty());
+        assert!(!PreExec {
+            default_interrupt: true,
             ..PreExec::default()
         }
         .is_empty());

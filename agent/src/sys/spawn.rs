@@ -154,6 +154,8 @@ pub struct ChildImage {
     user: Option<ChildUser>,
     /// Set `oom_score_adj` to 0 (the agent's shield is not for its children).
     reset_oom_score: bool,
+    /// Put `SIGINT` and `SIGQUIT` back to their default action.
+    default_interrupt: bool,
 }
 
 /// A string with a NUL byte inside cannot be passed to the kernel.
@@ -221,6 +223,7 @@ impl ChildImage {
             session,
             user,
             reset_oom_score: false,
+            default_interrupt: false,
         })
     }
 
@@ -230,6 +233,15 @@ impl ChildImage {
     /// forked child does when the agent cannot lower its own.
     pub fn with_oom_score_reset(mut self, reset: bool) -> Self {
         self.reset_oom_score = reset;
+        self
+    }
+
+    /// Has the child put `SIGINT` and `SIGQUIT` back to their default action, even
+    /// when the agent ignores them (CLONE_CLEAR_SIGHAND resets only handled ones):
+    /// an interpreter session is interrupted with `SIGINT`, and a shell cannot trap
+    /// a signal that was ignored when it started.
+    pub fn with_default_interrupt(mut self, default: bool) -> Self {
+        self.default_interrupt = default;
         self
     }
 
@@ -417,29 +429,39 @@ struct KernelSigaction {
     mask: u64,
 }
 
-fn child_steps(image: &ChildImage) -> Result<(), c_int> {
-    // Signals as std leaves them for a child: SIGPIPE (which the Rust runtime ignores)
-    // back to its default, nothing blocked. CLONE_CLEAR_SIGHAND already reset every
-    // handled signal; ignored ones other than SIGPIPE stay ignored, as across exec.
+/// Puts `signal` back to its default action. Raw: libc's wrapper may take a lock.
+fn set_default_action(signal: c_int) -> Result<(), c_int> {
     let default = KernelSigaction {
         handler: libc::SIG_DFL,
         flags: 0,
         restorer: 0,
         mask: 0,
     };
-    let empty: u64 = 0;
-    let sigset_bytes = std::mem::size_of::<u64>();
     // SAFETY: rt_sigaction reads one kernel sigaction from a live value and writes
     // nothing (NULL old action); the size is the kernel's sigset size.
     ok(unsafe {
         libc::syscall(
             libc::SYS_rt_sigaction,
-            libc::c_long::from(libc::SIGPIPE),
+            libc::c_long::from(signal),
             &default,
             std::ptr::null_mut::<KernelSigaction>(),
-            sigset_bytes,
+            std::mem::size_of::<u64>(),
         )
-    })?;
+    })
+}
+
+fn child_steps(image: &ChildImage) -> Result<(), c_int> {
+    // Signals as std leaves them for a child: SIGPIPE (which the Rust runtime ignores)
+    // back to its default, nothing blocked. CLONE_CLEAR_SIGHAND already reset every
+    // handled signal; ignored ones other than SIGPIPE (and a session's SIGINT and
+    // SIGQUIT) stay ignored, as across exec.
+    set_default_action(libc::SIGPIPE)?;
+    if image.default_interrupt {
+        set_default_action(libc::SIGINT)?;
+        set_default_action(libc::SIGQUIT)?;
+    }
+    let empty: u64 = 0;
+    let sigset_bytes = std::mem::size_of::<u64>();
     // SAFETY: rt_sigprocmask reads one sigset from a live value and writes nothing.
     ok(unsafe {
         libc::syscall(

@@ -56,22 +56,7 @@ impl VmFactory for LauncherFactory {
         boot.size = Some(spec.size);
         boot.ready_timeout = timeout;
         let vm = self.launcher.boot(boot).await?;
-        let raw_url = vm.agent_url();
-        let Ok(url) = raw_url.parse::<AgentUrl>() else {
-            stop(vm).await;
-            return Err(BootError::AgentUrl(raw_url));
-        };
-        // The agent said Ready, so it listens; retry only over the VMM's own start-up.
-        // The VM's own token: the launcher gives every VM a random one.
-        let options = vm.connect_options(ConnectOptions::default().connect_timeout);
-        let deadline = Instant::now() + options.connect_timeout;
-        match Client::connect_with_retry(&url, &options, deadline).await {
-            Ok(client) => Ok(LaunchedVm { vm, url, client }),
-            Err(error) => {
-                stop(vm).await;
-                Err(BootError::Connect(error))
-            }
-        }
+        LaunchedVm::connect(vm).await
     }
 }
 
@@ -85,6 +70,29 @@ pub struct LaunchedVm {
     pub url: AgentUrl,
     /// An open connection (clones share it).
     pub client: Client,
+}
+
+impl LaunchedVm {
+    /// `vm` (booted, restored or woken: its agent answers) with a connection to its
+    /// agent; a VM whose agent cannot be reached is stopped.
+    pub async fn connect(vm: Vm) -> Result<Self, BootError> {
+        let raw_url = vm.agent_url();
+        let Ok(url) = raw_url.parse::<AgentUrl>() else {
+            stop(vm).await;
+            return Err(BootError::AgentUrl(raw_url));
+        };
+        // The agent said Ready, so it listens; retry only over the VMM's own start-up.
+        // The VM's own token: the launcher gives every VM a random one.
+        let options = vm.connect_options(ConnectOptions::default().connect_timeout);
+        let deadline = Instant::now() + options.connect_timeout;
+        match Client::connect_with_retry(&url, &options, deadline).await {
+            Ok(client) => Ok(Self { vm, url, client }),
+            Err(error) => {
+                stop(vm).await;
+                Err(BootError::Connect(error))
+            }
+        }
+    }
 }
 
 impl Machine for LaunchedVm {

@@ -122,8 +122,9 @@ impl<V: Machine> Lease<V> {
     }
 
     /// The VM and its slot apart: an eviction hands the slot to a claim at once and
-    /// stops the VM in the background.
-    fn into_parts(self) -> (V, OwnedSemaphorePermit) {
+    /// stops the VM in the background; a hibernation frees the slot and keeps the VM's
+    /// image.
+    pub(crate) fn into_parts(self) -> (V, OwnedSemaphorePermit) {
         (self.vm, self.slot)
     }
 }
@@ -134,6 +135,19 @@ pub enum ClaimError<E> {
     /// Every slot is taken by claimed VMs.
     #[error("All {max} sandboxes allowed by --max-sandboxes are claimed")]
     AtCapacity {
+        /// `--max-sandboxes`.
+        max: usize,
+    },
+    /// Fewer slots can be had than a fork or branch needs at once.
+    #[error(
+        "{wanted} more VMs do not fit: {room} can be had within --max-sandboxes {max} \
+         (claimed sandboxes keep theirs)"
+    )]
+    Short {
+        /// Slots asked for.
+        wanted: usize,
+        /// Slots free or held by warm VMs.
+        room: usize,
         /// `--max-sandboxes`.
         max: usize,
     },

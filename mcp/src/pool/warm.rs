@@ -129,6 +129,11 @@ impl<F: VmFactory> Pool<F> {
             .saturating_sub(self.shared.capacity.available_permits())
     }
 
+    /// Bound on one boot (also what restores of checkpoints get).
+    pub fn boot_timeout(&self) -> Duration {
+        self.shared.boot_timeout
+    }
+
     /// A snapshot for `node_info`.
     pub fn status(&self) -> PoolStatus {
         let state = lock(&self.shared.state);
@@ -160,6 +165,37 @@ impl<F: VmFactory> Pool<F> {
             .await
             .map_err(ClaimError::Boot)?;
         Ok((Lease::new(vm, slot), false))
+    }
+
+    /// `count` slots at once for VMs made outside the pool (fork and branch
+    /// children, a woken VM): free ones first, then warm VMs' (those VMs are
+    /// destroyed). All or nothing: when free and warm slots together are fewer than
+    /// `count`, it fails at once with [`ClaimError::Short`] and evicts nothing.
+    pub async fn slots(
+        &self,
+        count: usize,
+    ) -> Result<Vec<OwnedSemaphorePermit>, ClaimError<F::Error>> {
+        let shared = &self.shared;
+        {
+            let state = lock(&shared.state);
+            if state.closed {
+                return Err(ClaimError::Closed);
+            }
+            let room = shared.capacity.available_permits() + state.warm.len() + state.booting;
+            if room < count {
+                return Err(ClaimError::Short {
+                    wanted: count,
+                    room,
+                    max: shared.max,
+                });
+            }
+        }
+        let mut slots = Vec::with_capacity(count);
+        for _ in 0..count {
+            // On an error the slots taken so far are dropped here, freed again.
+            slots.push(self.slot_for_cold_boot().await?);
+        }
+        Ok(slots)
     }
 
     /// Destroys every warm VM, stops the refiller (killing a VM it is booting) and
@@ -389,6 +425,36 @@ mod tests {
             get(&counters.peak) <= 2,
             "the evicted VM stops while the claim boots"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slots_for_children_take_free_and_warm_slots_all_or_nothing() {
+        let (pool, counters) = started_pool(1, 4);
+        until("a warm VM", || pool.status().warm == 1).await;
+        let (_parent, _) = pool.claim(&other_spec()).await.unwrap();
+        // One claimed, one warm, two free: three can be had, four cannot.
+        let short = pool.slots(4).await.unwrap_err();
+        assert!(
+            matches!(
+                short,
+                ClaimError::Short {
+                    wanted: 4,
+                    room: 3,
+                    max: 4
+                }
+            ),
+            "{short}"
+        );
+        assert_eq!(get(&counters.destroyed), 0, "nothing evicted for a refusal");
+        assert_eq!(pool.status().warm, 1);
+        let slots = pool.slots(3).await.unwrap();
+        assert_eq!(slots.len(), 3);
+        until("the evicted VM to stop", || get(&counters.destroyed) == 1).await;
+        assert_eq!(pool.used(), 4);
+        drop(slots);
+        // Freed: the refiller, waiting since the eviction, takes one for the pool.
+        until("the pool to refill", || pool.status().warm == 1).await;
+        assert_eq!(pool.used(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -27,6 +27,7 @@ const SERVER_ENV: &[&str] = &[
     "SANDBOX_AGENT",
     "SANDBOX_TOKEN",
     "SANDBOX_BOOT_TIMEOUT",
+    "SANDBOX_MAX_FORK_COUNT",
 ];
 
 /// A running `sandbox-mcp` and an initialized MCP client session with it.
@@ -404,4 +405,41 @@ pub fn run_dir(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("cannot create the run folder");
     dir
+}
+
+/// Pids of live processes whose arguments mention `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc")
+        .expect("cannot list /proc")
+        .flatten()
+    {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(needle) && !text.contains("cargo") {
+            found.push((pid, text));
+        }
+    }
+    found
+}
+
+/// After a server exited: no process mentions `run` (its VMs' QEMUs and relays), and
+/// the folder holds no run folder.
+pub fn assert_nothing_left(run: &Path) {
+    let left = processes_mentioning(&run.display().to_string());
+    assert!(left.is_empty(), "processes outlived the server: {left:?}");
+    let folders: Vec<_> = std::fs::read_dir(run)
+        .expect("cannot list the run folder")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        folders.is_empty(),
+        "run folders outlived the server: {folders:?}"
+    );
 }

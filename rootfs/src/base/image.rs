@@ -3,8 +3,10 @@
 //!
 //! 1. Index the outer tarball once: member name → byte range. Layers are read in
 //!    place from those ranges; nothing is unpacked twice.
-//! 2. Find the layers: `manifest.json` (`docker save`, including Docker 25+ which
-//!    writes OCI blobs) or `index.json` → manifest (→ `linux/amd64` from an index).
+//! 2. Find the layers and the config: `manifest.json` (`docker save`, including
+//!    Docker 25+ which writes OCI blobs) or `index.json` → manifest (→ `linux/amd64`
+//!    from an index). The config's `Env`, `WorkingDir` and `User` become the
+//!    template's defaults ([`super::oci_config`]).
 //! 3. Apply each layer in order, in two passes: first its whiteouts, which only
 //!    ever hide what lower layers made (`.wh.NAME` removes `NAME`, `.wh..wh..opq`
 //!    empties its folder); then its files.
@@ -20,9 +22,11 @@ use std::io::{self, BufReader, Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 
 use flate2::read::GzDecoder;
+use sandbox_protocol::ImageConfig;
 use serde::Deserialize;
 use tracing::{info, warn};
 
+use super::oci_config::OciImageConfig;
 use crate::tree::remove_path;
 
 /// Prefix of whiteout entries.
@@ -94,8 +98,9 @@ struct Span {
     len: u64,
 }
 
-/// Applies the image at `tarball` to `staging`.
-pub fn apply(tarball: &Path, staging: &Path) -> Result<(), ImageError> {
+/// Applies the image at `tarball` to `staging`; returns the defaults its config
+/// asks for (none when it has no config).
+pub fn apply(tarball: &Path, staging: &Path) -> Result<ImageConfig, ImageError> {
     let read_error = |error| ImageError::Read {
         path: tarball.to_owned(),
         error,
@@ -110,7 +115,17 @@ pub fn apply(tarball: &Path, staging: &Path) -> Result<(), ImageError> {
     }
     file.seek(SeekFrom::Start(0)).map_err(read_error)?;
     let members = index_members(&mut file).map_err(read_error)?;
-    let layers = find_layers(&members, &mut file)?;
+    let ImageParts { layers, config } = find_parts(&members, &mut file)?;
+    let config = match config {
+        Some(member) => match read_json::<OciImageConfig>(&members, &mut file, &member)? {
+            Some(config) => config.into_image_config(),
+            None => {
+                warn!(%member, "the image's config is not in the tarball: no Env, WorkingDir, User");
+                ImageConfig::default()
+            }
+        },
+        None => ImageConfig::default(),
+    };
     info!(layers = layers.len(), image = %tarball.display(), "applying image layers");
     for (i, member) in layers.iter().enumerate() {
         let span = *members
@@ -131,7 +146,7 @@ pub fn apply(tarball: &Path, staging: &Path) -> Result<(), ImageError> {
             info!(%member, whiteouts, skipped, "layer applied");
         }
     }
-    Ok(())
+    Ok(config)
 }
 
 /// Member name (without `./`) → data span, for every regular file in the tarball.
@@ -188,6 +203,8 @@ fn read_json<T: for<'de> Deserialize<'de>>(
 
 #[derive(Debug, Deserialize)]
 struct DockerManifestEntry {
+    #[serde(rename = "Config", default)]
+    config: Option<String>,
     #[serde(rename = "Layers")]
     layers: Vec<String>,
 }
@@ -214,14 +231,22 @@ struct OciIndex {
 
 #[derive(Debug, Deserialize)]
 struct OciManifest {
+    #[serde(default)]
+    config: Option<OciDescriptor>,
     layers: Vec<OciDescriptor>,
 }
 
-/// The layer members, lowest first.
-fn find_layers(
-    members: &HashMap<String, Span>,
-    file: &mut File,
-) -> Result<Vec<String>, ImageError> {
+/// Where an image's parts are in the tarball.
+#[derive(Debug)]
+struct ImageParts {
+    /// The layer members, lowest first.
+    layers: Vec<String>,
+    /// The config member, when the manifest names one.
+    config: Option<String>,
+}
+
+/// The layer members, lowest first, and the config member.
+fn find_parts(members: &HashMap<String, Span>, file: &mut File) -> Result<ImageParts, ImageError> {
     if let Some(entries) = read_json::<Vec<DockerManifestEntry>>(members, file, "manifest.json")? {
         if entries.len() > 1 {
             warn!(
@@ -235,11 +260,16 @@ fn find_layers(
             .ok_or_else(|| ImageError::NoManifest {
                 reason: "manifest.json lists no image".into(),
             })?;
-        return Ok(entry
-            .layers
-            .into_iter()
-            .map(|layer| layer.trim_start_matches("./").to_owned())
-            .collect());
+        return Ok(ImageParts {
+            layers: entry
+                .layers
+                .into_iter()
+                .map(|layer| layer.trim_start_matches("./").to_owned())
+                .collect(),
+            config: entry
+                .config
+                .map(|config| config.trim_start_matches("./").to_owned()),
+        });
     }
     let index = read_json::<OciIndex>(members, file, "index.json")?.ok_or_else(|| {
         ImageError::NoManifest {
@@ -261,11 +291,14 @@ fn find_layers(
         }
         let manifest = read_json::<OciManifest>(members, file, &member)?
             .ok_or(ImageError::MissingLayer { member })?;
-        return Ok(manifest
-            .layers
-            .iter()
-            .map(|layer| blob_member(&layer.digest))
-            .collect());
+        return Ok(ImageParts {
+            layers: manifest
+                .layers
+                .iter()
+                .map(|layer| blob_member(&layer.digest))
+                .collect(),
+            config: manifest.config.map(|config| blob_member(&config.digest)),
+        });
     }
     Err(ImageError::NoManifest {
         reason: "image indexes nest too deeply".into(),
@@ -386,8 +419,9 @@ fn apply_whiteouts(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
 }
 
 /// Pass two: unpacks the layer's files, replacing what lower layers had at the same
-/// paths. Returns how many entries were skipped.
-fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
+/// paths. Returns how many entries were skipped. (Also how a cached Debian base,
+/// one plain tarball, is unpacked: see [`super::debian`].)
+pub(super) fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
     let mut skipped = 0;
     let mut archive = tar::Archive::new(layer);
     archive.set_preserve_permissions(true);
@@ -405,6 +439,14 @@ fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
         let kind = entry.header().entry_type();
         if kind.is_character_special() || kind.is_block_special() {
             skipped += 1;
+            continue;
+        }
+        // The root itself (`./`, as `tar -C DIR .` writes it): the staging folder.
+        if kind.is_dir()
+            && path
+                .components()
+                .all(|c| matches!(c, Component::CurDir | Component::RootDir))
+        {
             continue;
         }
         let Some(rel) = clean_path(&path) else {
@@ -566,14 +608,40 @@ mod tests {
     #[test]
     fn docker_save_layers_apply_with_whiteouts() {
         let manifest = br#"[{"Config":"c.json","RepoTags":["t:latest"],"Layers":["l1/layer.tar","l2/layer.tar"]}]"#;
+        let config = br#"{"architecture":"amd64","os":"linux","config":{
+            "Env":["PATH=/usr/local/bin:/usr/bin:/bin","LANG=C.UTF-8"],
+            "WorkingDir":"/srv/app","User":"app:staff","Cmd":["/bin/sh"]}}"#;
         let image = outer(&[
             ("manifest.json", manifest.to_vec()),
+            ("c.json", config.to_vec()),
             ("l1/layer.tar", lower()),
             ("l2/layer.tar", upper()),
         ]);
         let staging = tempfile::tempdir().unwrap();
-        apply(image.path(), staging.path()).unwrap();
+        let config = apply(image.path(), staging.path()).unwrap();
         check(staging.path());
+        assert_eq!(
+            config.env,
+            vec![
+                ("PATH".to_owned(), "/usr/local/bin:/usr/bin:/bin".to_owned()),
+                ("LANG".to_owned(), "C.UTF-8".to_owned())
+            ]
+        );
+        assert_eq!(config.cwd.as_deref(), Some("/srv/app"));
+        assert_eq!(config.user.as_deref(), Some("app:staff"));
+    }
+
+    #[test]
+    fn an_image_without_its_config_applies_with_no_defaults() {
+        let manifest = br#"[{"Config":"missing.json","Layers":["l1/layer.tar"]}]"#;
+        let image = outer(&[
+            ("manifest.json", manifest.to_vec()),
+            ("l1/layer.tar", lower()),
+        ]);
+        let staging = tempfile::tempdir().unwrap();
+        let config = apply(image.path(), staging.path()).unwrap();
+        assert_eq!(config, ImageConfig::default());
+        assert!(staging.path().join("etc/keep").is_file());
     }
 
     #[test]
@@ -587,19 +655,26 @@ mod tests {
         let index = br#"{"schemaVersion":2,"manifests":[
             {"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:arm","platform":{"architecture":"arm64","os":"linux"}},
             {"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:m","platform":{"architecture":"amd64","os":"linux"}}]}"#;
-        let manifest = br#"{"schemaVersion":2,"config":{"digest":"sha256:c"},"layers":[
+        let manifest = br#"{"schemaVersion":2,"config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:c"},"layers":[
             {"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:a"},
             {"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:b"}]}"#;
         let image = outer(&[
             ("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec()),
             ("index.json", index.to_vec()),
             ("blobs/sha256/m", manifest.to_vec()),
+            (
+                "blobs/sha256/c",
+                br#"{"config":{"Env":["HOME=/home/x"],"WorkingDir":"/w","User":"1000"}}"#.to_vec(),
+            ),
             ("blobs/sha256/a", gzip(lower())),
             ("blobs/sha256/b", upper()),
         ]);
         let staging = tempfile::tempdir().unwrap();
-        apply(image.path(), staging.path()).unwrap();
+        let config = apply(image.path(), staging.path()).unwrap();
         check(staging.path());
+        assert_eq!(config.env, vec![("HOME".to_owned(), "/home/x".to_owned())]);
+        assert_eq!(config.cwd.as_deref(), Some("/w"));
+        assert_eq!(config.user.as_deref(), Some("1000"));
     }
 
     #[test]

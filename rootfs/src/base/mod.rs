@@ -2,16 +2,20 @@
 //!
 //! - [`busybox`]: the host's static busybox with its applet links (the default),
 //! - [`dir`]: a folder copied as is,
-//! - [`image`]: an OCI layout or `docker save` tarball, layers applied in order,
-//! - [`debian`]: a minimal Debian from `mmdebstrap`.
+//! - [`image`]: an OCI layout or `docker save` tarball, layers applied in order, and
+//!   its config's `Env`, `WorkingDir` and `User` ([`oci_config`]),
+//! - [`debian`]: a minimal Debian from `mmdebstrap`, with extra packages, cached.
 
 pub mod busybox;
 pub mod debian;
 pub mod dir;
 pub mod image;
+pub mod oci_config;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+
+use sandbox_protocol::ImageConfig;
 
 use crate::cmd::CmdError;
 use crate::tree::TreeError;
@@ -75,6 +79,24 @@ pub enum BaseError {
         /// The folder.
         path: PathBuf,
     },
+    /// Packages were asked for a base that is not Debian.
+    #[error("--packages needs the debian base (--base debian[:SUITE])")]
+    PackagesNeedDebian,
+    /// A package name is not one Debian allows.
+    #[error("{name:?} is not a Debian package name")]
+    PackageName {
+        /// The name.
+        name: String,
+    },
+    /// A bootstrapped Debian tarball could not be unpacked.
+    #[error("Cannot unpack the Debian base {}", path.display())]
+    Unpack {
+        /// The tarball.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        error: std::io::Error,
+    },
 }
 
 /// Host tools a base may need.
@@ -92,14 +114,31 @@ impl Default for BaseTools {
     }
 }
 
-/// Fills `staging` (an empty folder) with `base`.
-pub fn populate(base: &Base, tools: &BaseTools, staging: &Path) -> Result<(), BaseError> {
-    match base {
-        Base::Busybox => busybox::install(&tools.busybox, staging),
-        Base::Dir(path) => dir::install(path, staging),
-        Base::Image(path) => Ok(image::apply(path, staging)?),
-        Base::Debian(suite) => debian::install(suite.as_deref(), staging),
+/// Checks what can be checked before anything slow runs: packages only for a
+/// Debian base, and names Debian allows.
+pub fn check(base: &Base, debian: &debian::DebianOptions) -> Result<(), BaseError> {
+    if !debian.packages.is_empty() && !matches!(base, Base::Debian(_)) {
+        return Err(BaseError::PackagesNeedDebian);
     }
+    debian::check_packages(&debian.packages)
+}
+
+/// Fills `staging` (an empty folder) with `base` (a Debian base as `debian` says);
+/// returns the defaults the base asks for (an image's config; none for the others).
+pub fn populate(
+    base: &Base,
+    tools: &BaseTools,
+    debian: &debian::DebianOptions,
+    staging: &Path,
+) -> Result<ImageConfig, BaseError> {
+    check(base, debian)?;
+    match base {
+        Base::Busybox => busybox::install(&tools.busybox, staging)?,
+        Base::Dir(path) => dir::install(path, staging)?,
+        Base::Image(path) => return Ok(image::apply(path, staging)?),
+        Base::Debian(suite) => debian::install(suite.as_deref(), debian, staging)?,
+    }
+    Ok(ImageConfig::default())
 }
 
 #[cfg(test)]

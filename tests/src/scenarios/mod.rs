@@ -11,7 +11,7 @@
 //! # Layout
 //! One module per area: [`exec`], [`spawn_logs`], [`kill_ps`], [`pty`], [`files`],
 //! [`put_get`], [`protocol`] (raw frames), [`machine`] (what is safe on a shared
-//! agent), [`concurrency`].
+//! agent), [`concurrency`], [`wait`] (`wait_for_text`), [`eval`] (interpreter sessions).
 
 // Scenarios are tests: a failed unwrap is a failed test, with the value in the message.
 #![allow(clippy::unwrap_used)]
@@ -19,6 +19,7 @@
 use crate::transport::{BoxFuture, Target};
 
 pub mod concurrency;
+pub mod eval;
 pub mod exec;
 pub mod files;
 pub mod kill_ps;
@@ -27,6 +28,7 @@ pub mod protocol;
 pub mod pty;
 pub mod put_get;
 pub mod spawn_logs;
+pub mod wait;
 
 /// One scenario: its area and name (the trial is `TRANSPORT::AREA::NAME`) and how to
 /// run it.
@@ -114,6 +116,33 @@ pub fn all() -> Vec<Scenario> {
         machine::reidentify_refuses_bad_input_and_changes_nothing,
         concurrency::two_hundred_concurrent_requests_on_one_connection_all_answer,
         concurrency::a_long_exec_and_a_follow_do_not_block_other_requests,
+        wait::text_already_in_a_file_is_found_at_once,
+        wait::text_appended_later_is_found,
+        wait::text_split_across_two_writes_is_found,
+        wait::a_file_replaced_by_a_rename_is_scanned_anew,
+        wait::a_file_created_later_in_a_new_directory_is_found,
+        wait::a_spawned_process_output_is_found_in_its_stream,
+        wait::output_printed_later_by_a_server_is_waited_for,
+        wait::a_process_that_exits_without_the_text_fails_at_once,
+        wait::the_deadline_is_a_timed_out_error,
+        wait::bad_input_gets_a_typed_error_each,
+        wait::a_cancelled_or_abandoned_wait_leaves_no_descriptor_behind,
+        eval::python_state_persists_and_a_trailing_expression_is_its_value,
+        eval::python_exceptions_carry_type_message_and_the_cells_traceback,
+        eval::output_by_any_route_lands_in_its_own_evaluation,
+        eval::driver_like_output_and_stdin_reads_cannot_confuse_the_driver,
+        eval::a_timeout_interrupts_the_cell_and_the_session_keeps_its_state,
+        eval::an_interpreter_that_ignores_the_interrupt_is_killed_and_reported_dead,
+        eval::exit_ends_the_session_and_only_restart_starts_a_fresh_one,
+        eval::sessions_are_listed_as_sessions_and_killed_like_any_process,
+        eval::close_session_kills_it_and_forgets_the_name,
+        eval::shell_sessions_keep_cwd_variables_and_functions_and_report_status,
+        eval::bad_requests_get_typed_errors,
+        eval::output_and_values_are_capped,
+        eval::evaluations_of_one_session_run_in_turn,
+        eval::a_dropped_evaluation_is_interrupted_and_the_session_lives_on,
+        eval::resumed_reseeds_the_sessions_generators,
+        eval::a_death_is_reported_even_while_a_leftover_job_keeps_writing,
     ]
 }
 

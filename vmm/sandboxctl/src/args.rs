@@ -52,10 +52,19 @@ pub enum Command {
     Logs(LogsArgs),
     /// Send a signal to a process's group (0 means SIGKILL).
     Kill(KillArgs),
+    /// Wait until a guest file (--file) or a process's output (--pid) contains TEXT;
+    /// print where. Exits 124 at the timeout.
+    WaitFor(WaitForArgs),
     /// Open an interactive terminal (Ctrl-] detaches; `attach` comes back).
     Shell(ShellArgs),
     /// Re-attach to a terminal: replay what it printed, then follow it.
     Attach(AttachArgs),
+    /// Run code in an interpreter session whose variables, imports and working
+    /// directory persist between runs (Python, or sh with --lang sh); prints its
+    /// output, then a trailing expression's value or the exception's traceback.
+    Eval(EvalArgs),
+    /// End an interpreter session: its interpreter and all it started are killed.
+    CloseSession(CloseSessionArgs),
     /// Describe the agent.
     Info(InfoArgs),
     /// Copy a local file into the guest (any size; atomic on completion).
@@ -439,6 +448,27 @@ pub struct KillArgs {
     pub pid: i32,
 }
 
+/// `wait-for`
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["file", "pid"])))]
+pub struct WaitForArgs {
+    /// A guest file (absolute path); it, and its directory, may not exist yet.
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// A tracked process: its stdout and stderr (or terminal), from the oldest byte
+    /// its ring still holds.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<i32>,
+    /// Give up after this many seconds (default 30, at most 300; 0 looks once).
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The exact text to find.
+    pub text: String,
+}
+
 /// `shell`
 #[derive(Debug, Args)]
 pub struct ShellArgs {
@@ -456,12 +486,48 @@ pub struct AttachArgs {
     pub pid: i32,
 }
 
+/// `eval`
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The session; started on first use.
+    #[arg(long, value_name = "NAME", default_value = sandbox_protocol::eval::DEFAULT_SESSION)]
+    pub session: String,
+    /// The session's language: python or sh.
+    #[arg(long = "lang", value_name = "LANG", default_value = "python", value_parser = parse_language)]
+    pub language: sandbox_protocol::Language,
+    /// Interrupt the code after this many seconds (default and maximum: 300); an
+    /// interpreter that does not come back within 2 s more is killed.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<f64>,
+    /// When the session died: start a fresh one instead of failing.
+    #[arg(long)]
+    pub restart: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The code ("-" reads it from stdin).
+    #[arg(allow_hyphen_values = true)]
+    pub code: String,
+}
+
+/// `close-session`
+#[derive(Debug, Args)]
+pub struct CloseSessionArgs {
+    /// The session.
+    pub name: String,
+}
+
 /// `info`
 #[derive(Debug, Args)]
 pub struct InfoArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_language(arg: &str) -> Result<sandbox_protocol::Language, String> {
+    sandbox_protocol::Language::parse(arg)
+        .ok_or_else(|| format!("unknown language {arg:?}: use python or sh"))
 }
 
 fn parse_env(arg: &str) -> Result<(String, String), String> {
@@ -524,6 +590,60 @@ mod tests {
         assert_eq!(parse_env("A="), Ok(("A".into(), String::new())));
         assert!(parse_env("=x").is_err());
         assert!(parse_env("A").is_err());
+    }
+
+    #[test]
+    fn wait_for_needs_exactly_one_target() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(["sandboxctl", "wait-for"].iter().chain(args)).map(|cli| {
+                let Command::WaitFor(wait) = cli.command else {
+                    panic!("not wait-for")
+                };
+                wait
+            })
+        };
+        let wait = parse(&["--file", "/tmp/log", "--timeout", "2.5", "ready"]).unwrap();
+        assert_eq!(wait.file.as_deref(), Some(std::path::Path::new("/tmp/log")));
+        assert_eq!((wait.pid, wait.timeout), (None, Some(2.5)));
+        assert_eq!(wait.text, "ready");
+        let wait = parse(&["--pid", "42", "--json", "--", "--listening"]).unwrap();
+        assert_eq!((wait.pid, wait.json), (Some(42), true));
+        assert_eq!(wait.text, "--listening");
+        assert!(parse(&["ready"]).is_err(), "no target");
+        assert!(
+            parse(&["--file", "/x", "--pid", "1", "ready"]).is_err(),
+            "two targets"
+        );
+        assert!(parse(&["--pid", "1"]).is_err(), "no text");
+    }
+
+    #[test]
+    fn eval_defaults_to_the_default_python_session() {
+        let cli = Cli::try_parse_from(["sandboxctl", "eval", "1+1"]).unwrap();
+        let Command::Eval(eval) = cli.command else {
+            panic!("not eval")
+        };
+        assert_eq!(eval.session, "default");
+        assert_eq!(eval.language, sandbox_protocol::Language::Python);
+        assert_eq!(eval.code, "1+1");
+        let cli = Cli::try_parse_from([
+            "sandboxctl",
+            "eval",
+            "--lang",
+            "sh",
+            "--session",
+            "w",
+            "--restart",
+            "-",
+        ])
+        .unwrap();
+        let Command::Eval(eval) = cli.command else {
+            panic!("not eval")
+        };
+        assert_eq!(eval.language, sandbox_protocol::Language::Shell);
+        assert_eq!((eval.session.as_str(), eval.restart), ("w", true));
+        assert_eq!(eval.code, "-");
+        assert!(Cli::try_parse_from(["sandboxctl", "eval", "--lang", "ruby", "1"]).is_err());
     }
 
     #[test]

@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use sandbox_protocol::{
-    AgentInfo, Confinement, ExitStatus, HelloReply, LogsBatch, OutputChunk, ProcessDetail,
-    ProcessState, Stream,
+    AgentInfo, Confinement, EvalReply, ExitStatus, HelloReply, LogsBatch, OutputChunk,
+    ProcessDetail, ProcessState, Stream, TextFound,
 };
 
 /// One row of `ps --json`.
@@ -184,10 +184,95 @@ impl<'a> InfoView<'a> {
     }
 }
 
+/// `wait-for --json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct FoundView<'a> {
+    /// Byte offset of the match in the file or the process's output.
+    pub offset: u64,
+    /// `stdout`, `stderr` or `pty` for a process; absent for a file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<&'static str>,
+    /// The line holding the match (capped, invalid UTF-8 replaced).
+    pub line: &'a str,
+    pub waited_ms: u64,
+}
+
+impl<'a> From<&'a TextFound> for FoundView<'a> {
+    fn from(found: &'a TextFound) -> Self {
+        Self {
+            offset: found.offset,
+            stream: found.stream.map(stream_name),
+            line: &found.line,
+            waited_ms: found.waited_ms,
+        }
+    }
+}
+
 pub(crate) fn stream_name(stream: Stream) -> &'static str {
     match stream {
         Stream::Stdout => "stdout",
         Stream::Stderr => "stderr",
         Stream::Pty => "pty",
+    }
+}
+
+/// An exception, in `eval --json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ExceptionView<'a> {
+    #[serde(rename = "type")]
+    pub type_name: &'a str,
+    pub message: &'a str,
+    pub traceback: &'a str,
+}
+
+/// `eval --json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct EvalView<'a> {
+    pub session: &'a str,
+    pub language: &'static str,
+    pub pid: i32,
+    /// This evaluation started the session's interpreter.
+    pub started: bool,
+    pub evaluations: u64,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Python: the repr of a trailing expression that is not None.
+    pub value: Option<&'a str>,
+    pub value_truncated: bool,
+    pub exception: Option<ExceptionView<'a>>,
+    /// sh: `$?`.
+    pub status: Option<i32>,
+    pub timed_out: bool,
+    /// How the interpreter died during the evaluation, if it did.
+    pub died: Option<ExitView>,
+    pub duration_ms: u64,
+}
+
+impl<'a> From<&'a EvalReply> for EvalView<'a> {
+    fn from(reply: &'a EvalReply) -> Self {
+        Self {
+            session: &reply.session.name,
+            language: reply.session.language.as_str(),
+            pid: reply.session.pid.0,
+            started: reply.session.started,
+            evaluations: reply.session.evaluations,
+            stdout: String::from_utf8_lossy(&reply.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&reply.stderr).into_owned(),
+            stdout_truncated: reply.stdout_truncated,
+            stderr_truncated: reply.stderr_truncated,
+            value: reply.value.as_deref(),
+            value_truncated: reply.value_truncated,
+            exception: reply.exception.as_ref().map(|e| ExceptionView {
+                type_name: &e.type_name,
+                message: &e.message,
+                traceback: &e.traceback,
+            }),
+            status: reply.status,
+            timed_out: reply.timed_out,
+            died: reply.died.map(ExitView::from),
+            duration_ms: reply.duration_ms,
+        }
     }
 }

@@ -11,10 +11,11 @@
 //! stderr, which is a normal end (`sandboxctl ps | head`).
 //!
 //! Exit codes: a command's own code for `exec`/`sh`/`shell`/`attach`/`vm run` (128+N
-//! when killed by signal N, 124 on timeout); 0 for the rest on success, and when the
-//! reader of our output went away; 1 when the tool itself fails (bad URL, agent
-//! unreachable, agent error); 125 when the VM behind `--vm ID` is not running (its
-//! guest powered off or panicked; the message quotes its console).
+//! when killed by signal N, 124 on timeout); 124 when `wait-for` times out; for `eval` see [`eval`]; 0 for the
+//! rest on success, and when the reader of our output went away; 1 when the tool
+//! itself fails (bad URL, agent unreachable, agent error); 125 when the VM behind
+//! `--vm ID` is not running (its guest powered off or panicked; the message quotes
+//! its console).
 //!
 //! Logging: `tracing` events (the launcher's and the client's among them) go to
 //! stderr at `warn` and above; `SANDBOX_LOG` takes an `EnvFilter` directive instead
@@ -26,7 +27,9 @@
 //!   what commands share (building a `ProcessSpec`, exit bytes).
 //! - [`output`]: writing to stdout and stderr, and telling a closed pipe from a failure.
 //! - [`logging`]: the `tracing` subscriber on stderr.
-//! - Commands: [`exec`] (`exec`, `sh`, `spawn`), [`procs`] (`ps`, `kill`), [`logs`],
+//! - Commands: [`exec`] (`exec`, `sh`, `spawn`), [`eval`] (`eval`, `close-session`:
+//!   interpreter sessions), [`procs`] (`ps`, `kill`), [`logs`],
+//!   [`wait`] (`wait-for`),
 //!   [`files`] (`put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`), [`system`]
 //!   (the guest-wide `resume` and `shutdown`), [`shell`] (`shell`, `attach`) on
 //!   [`terminal`] (raw mode, window size, stdin pump), [`info`], [`vm`]
@@ -36,6 +39,7 @@
 
 mod args;
 mod doctor;
+mod eval;
 mod exec;
 mod files;
 mod info;
@@ -50,6 +54,7 @@ mod snapshot;
 mod system;
 mod terminal;
 mod vm;
+mod wait;
 
 use std::process::ExitCode;
 

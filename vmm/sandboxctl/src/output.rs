@@ -54,6 +54,11 @@ pub fn stdout(data: &[u8]) -> Result<(), OutputError> {
     write_flushed(&mut io::stdout().lock(), data).map_err(OutputError::Stdout)
 }
 
+/// Writes `data` to stderr and flushes.
+pub fn stderr(data: &[u8]) -> Result<(), OutputError> {
+    write_flushed(&mut io::stderr().lock(), data).map_err(OutputError::Stderr)
+}
+
 /// Writes `text` to stdout.
 pub fn print(text: &str) -> Result<(), OutputError> {
     stdout(text.as_bytes())
@@ -70,9 +75,7 @@ pub fn print_json_line<T: Serialize>(value: &T) -> Result<(), OutputError> {
 pub fn write_chunk(chunk: &OutputChunk) -> Result<(), OutputError> {
     match chunk.stream {
         Stream::Stdout | Stream::Pty => stdout(&chunk.data),
-        Stream::Stderr => {
-            write_flushed(&mut io::stderr().lock(), &chunk.data).map_err(OutputError::Stderr)
-        }
+        Stream::Stderr => stderr(&chunk.data),
     }
 }
 

@@ -8,9 +8,10 @@ use sandbox_protocol::{Command as Cmd, ProcessSpec, User};
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 
 use crate::args::{Cli, Command, ProcessArgs};
-use crate::{doctor, exec, files, info, logs, procs, shell, system, vm};
+use crate::{doctor, eval, exec, files, info, logs, procs, shell, system, vm, wait};
 
-/// Exit code when `exec`/`sh` hit their timeout (as coreutils `timeout` does).
+/// Exit code when `exec`/`sh` hit their timeout (as coreutils `timeout` does), and
+/// when `wait-for` gives up.
 pub const EXIT_TIMED_OUT: u8 = 124;
 
 /// Runs one `sandboxctl` invocation and returns the exit code to use.
@@ -59,6 +60,7 @@ async fn on_agent(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Ps(args) => procs::ps(&client, args.json).await,
         Command::Kill(args) => procs::kill(&client, args.pid, args.signal).await,
+        Command::WaitFor(args) => wait::wait_for(&client, &args).await,
         Command::Logs(args) => logs::logs(&client, &args).await,
         Command::Shell(args) => {
             let mut spec = process_spec(Cmd::Argv(args.command), args.process);
@@ -68,6 +70,8 @@ async fn on_agent(cli: Cli) -> anyhow::Result<u8> {
             shell::shell(&client, spec).await
         }
         Command::Attach(args) => shell::attach(&client, args.pid).await,
+        Command::Eval(args) => eval::eval(&client, &args).await,
+        Command::CloseSession(args) => eval::close_session(&client, &args.name).await,
         Command::Info(args) => info::info(&client, args.json).await,
         Command::Put(args) => files::put(&client, &args).await,
         Command::Get(args) => files::get(&client, &args).await,

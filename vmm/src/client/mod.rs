@@ -8,8 +8,10 @@
 //!   the pending-request table.
 //! - [`stream`]: handles for requests in flight; dropping one sends `Cancel`.
 //! - `files`: the file operations (write, read, list, stat, put/get streams).
+//! - `eval`: interpreter sessions (`eval`, `close_session`).
 //! - `machine`: requests about the whole guest (`info`, `resumed`, `shutdown`).
 //! - `confinement`: how the agent confines processes, `ps_detail`, OOM kills.
+//! - `wait`: `wait_for_text`, until a guest file or a process's output holds a string.
 //! - [`error`]: [`ClientError`], which carries the agent's `WireError` as a variant.
 //!
 //! [`Client`] is an `Arc` around the connection: clone it into as many tasks as you
@@ -19,12 +21,14 @@
 mod confinement;
 pub mod connect;
 pub mod error;
+mod eval;
 mod files;
 mod hello;
 pub mod hvsock;
 mod machine;
 mod mux;
 pub mod stream;
+mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;

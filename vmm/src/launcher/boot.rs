@@ -149,17 +149,23 @@ impl Launcher {
         let template = self.template(&spec.template)?;
         let size = spec.size.unwrap_or(template.default_size);
         size.validate()?;
-        let accel = self.accel_for(&template.kernel).await?;
-
         let transport = spec.transport.unwrap_or(self.config.transport);
-        if template.snapshot.is_some() && transport != AgentTransport::Serial {
-            return Err(LaunchError::Snapshot(Box::new(
-                super::snapshot::SnapshotError::NotCapable {
-                    id: template.name.clone(),
-                    why: "a promoted template restores a serial-transport VM".into(),
-                },
-            )));
+        if let Some(snapshot) = &template.snapshot {
+            if transport != AgentTransport::Serial {
+                return Err(LaunchError::Snapshot(Box::new(
+                    super::snapshot::SnapshotError::NotCapable {
+                        id: template.name.clone(),
+                        why: "a promoted template restores a serial-transport VM".into(),
+                    },
+                )));
+            }
+            // Before the accelerator is chosen: the snapshot restores under the one
+            // that made it, so deciding would only run the KVM quick boot of a kernel
+            // this VM never boots (5 s on a host whose KVM cannot boot it, for every
+            // new promoted template).
+            return self.restore_promoted(snapshot, &spec).await;
         }
+        let accel = self.accel_for(&template.kernel).await?;
         let (restored, ready_key) = self
             .try_restore(&template, size, accel.accel, transport, &spec)
             .await?;

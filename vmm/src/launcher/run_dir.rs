@@ -337,6 +337,13 @@ impl RunDir {
         self.lock = None;
         self.path.clone()
     }
+
+    /// The opposite of keeping: the folder goes when this handle is dropped (a woken
+    /// VM that this process owns: the folder was adopted, kept only until the wake
+    /// succeeded).
+    pub(crate) fn remove_on_drop(&mut self) {
+        self.keep = false;
+    }
 }
 
 impl Drop for RunDir {
@@ -374,7 +381,8 @@ pub enum VmStatus {
     Busy,
     /// Nobody owns it and its QEMU is gone: [`sweep`] removes it.
     Stale,
-    /// Hibernated: no QEMU, its image kept in the folder until it is woken or stopped.
+    /// Hibernated: no QEMU, its image kept in the folder until it is woken or stopped
+    /// (for a VM that is not detached, only while the process that owns it lives).
     Hibernated,
 }
 
@@ -546,11 +554,17 @@ fn inspect(path: &Path) -> (RunDirEntry, Option<File>) {
         .and_then(|t| t.elapsed().ok())
         .is_some_and(|age| age < UNRECORDED_GRACE);
     let hibernated = record.as_ref().is_some_and(|r| r.hibernation.is_some());
+    // An owned VM's image waits for its owner, which holds no lock while the VM
+    // sleeps: once that process is gone, the image is as dead as the owner's running
+    // VMs (their QEMUs die with it). A detached VM's image waits for anyone's wake.
+    let orphaned = record
+        .as_ref()
+        .is_some_and(|r| !r.detached && !process_alive(r.owner_pid));
     let status = if qemu_alive {
         VmStatus::Running
     } else if owner_alive || (record.is_none() && young) {
         VmStatus::Busy
-    } else if hibernated {
+    } else if hibernated && !orphaned {
         VmStatus::Hibernated
     } else {
         VmStatus::Stale
@@ -579,6 +593,12 @@ pub(crate) fn read_record(dir: &Path) -> Option<VmRecord> {
 /// The `-name` QEMU gets: how a pid is recognised as this VM's QEMU.
 pub(crate) fn qemu_name(id: &VmId) -> String {
     format!("sandbox-{id}")
+}
+
+/// True when a process `pid` exists (a recycled pid reads as alive: an image then
+/// waits longer, it is never removed early).
+fn process_alive(pid: u32) -> bool {
+    Path::new("/proc").join(pid.to_string()).exists()
 }
 
 /// True when `pid` is alive and one of its arguments contains `needle`.
@@ -721,6 +741,42 @@ mod tests {
         assert_eq!(sweep(&root).unwrap(), vec![id.to_string()]);
         assert!(!path.exists());
         fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn an_owned_hibernated_vm_is_kept_while_its_owner_lives_and_swept_after() {
+        let root = scratch("sleeping");
+        let dir = RunDir::create(&root).unwrap();
+        let id = dir.id().clone();
+        let mut sleeping = record(&id, None);
+        sleeping.hibernation = Some("hibernation-x".into());
+        dir.write_record(&sleeping).unwrap();
+        let path = dir.keep();
+        assert_eq!(list(&root).unwrap()[0].status, VmStatus::Hibernated);
+        assert!(
+            sweep(&root).unwrap().is_empty(),
+            "its owner (this test) lives"
+        );
+        // A detached VM's image outlives whoever started it.
+        let mut detached = sleeping.clone();
+        detached.detached = true;
+        detached.owner_pid = dead_pid();
+        write_record_file(&path, &detached).unwrap();
+        assert!(sweep(&root).unwrap().is_empty());
+        // An owned one goes with its owner, as its QEMU would have.
+        sleeping.owner_pid = dead_pid();
+        write_record_file(&path, &sleeping).unwrap();
+        assert_eq!(list(&root).unwrap()[0].status, VmStatus::Stale);
+        assert_eq!(sweep(&root).unwrap(), vec![id.to_string()]);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// The pid of a process that has exited and been reaped.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
     }
 
     #[test]

@@ -149,6 +149,9 @@ pub struct Template {
     pub default_size: Size,
     /// The snapshot its VMs restore (a promoted template), absolute.
     pub snapshot: Option<PathBuf>,
+    /// What it tells its agent (`Env`, `WorkingDir`, `User`, warm sessions), for
+    /// reports and for a template promoted from one of its VMs.
+    pub image_config: sandbox_protocol::ImageConfig,
 }
 
 impl Template {
@@ -197,6 +200,7 @@ impl Template {
             agent_version: Some(raw.agent_version),
             default_size: raw.default_size,
             snapshot: raw.snapshot.map(|rel| dir.join(rel)),
+            image_config: raw.image_config,
             dir,
         })
     }

@@ -8,6 +8,13 @@
 //! be checkpointed cheaply again), restores into the same run folder, id, token and
 //! agent socket, and then drops the RAM image and the state stream; the disk image and
 //! the kernel links stay, as the woken VM still uses them.
+//!
+//! A VM is hibernated either by id, detached ([`Launcher::hibernate`] and
+//! [`Launcher::wake`], what `sandboxctl` uses), or through the handle of a VM this
+//! process owns ([`Launcher::hibernate_owned`] and [`Launcher::wake_owned`], what a
+//! server that must not leave VMs behind uses). An owned VM stays owned while it
+//! sleeps: its woken QEMU dies with this process again, and if this process dies
+//! first, the next sweep removes the image (see `run_dir`'s `Hibernated`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,6 +25,7 @@ use super::{BranchSpec, SnapshotError};
 use crate::launcher::boot::{stop_foreign, Launcher};
 use crate::launcher::run_dir::{self, qemu_name, VmId, VmRecord, RAM_LINK};
 use crate::launcher::start::IncomingRam;
+use crate::launcher::vm::Vm;
 
 /// How long QEMU gets to exit after a hibernation captured its state.
 const QEMU_EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -40,6 +48,16 @@ pub struct Wake {
     pub record: VmRecord,
     /// From the call until the agent answered with its clock set.
     pub took: Duration,
+}
+
+/// An owned VM that [`Launcher::hibernate_owned`] did not hibernate.
+#[derive(Debug)]
+pub struct NotHibernated {
+    /// Why.
+    pub error: SnapshotError,
+    /// The VM, running as before, when the capture failed; `None` when it was
+    /// captured but its new state could not be recorded (it was stopped then).
+    pub vm: Option<Vm>,
 }
 
 impl Launcher {
@@ -101,10 +119,134 @@ impl Launcher {
         })
     }
 
+    /// Hibernates a VM this process owns (booted without `detached`), through its
+    /// handle: like [`Launcher::hibernate`], but the VM stays this process's. Its
+    /// image waits in its run folder for [`Launcher::wake_owned`] (or `stop`); if
+    /// this process dies first, the next sweep removes it, as it would have killed
+    /// the running VM. A failed capture hands the VM back, running.
+    pub async fn hibernate_owned(&self, mut vm: Vm) -> Result<Hibernation, Box<NotHibernated>> {
+        let started = Instant::now();
+        let id = vm.id().clone();
+        if vm.record.detached {
+            let error = SnapshotError::NotCapable {
+                id: id.to_string(),
+                why: "it is detached: hibernate it by id".into(),
+            };
+            return Err(Box::new(NotHibernated {
+                error,
+                vm: Some(vm),
+            }));
+        }
+        let run = vm.run_path.clone();
+        let image_id = VmId::generate().to_string();
+        let name = format!("hibernation-{image_id}");
+        let folder = run.join(&name);
+        let spec = CheckpointSpec::default();
+        let captured = self
+            .capture(
+                &id,
+                &folder,
+                None,
+                &image_id,
+                &spec,
+                AfterCapture::StayPaused,
+            )
+            .await;
+        let captured = match captured {
+            Ok(captured) => captured,
+            Err(error) => {
+                return Err(Box::new(NotHibernated {
+                    error,
+                    vm: Some(vm),
+                }))
+            }
+        };
+        // Recorded while this process still holds the folder's lock, so no sweep can
+        // take the folder for a stale one in between.
+        let mut record = run_dir::read_record(&run).unwrap_or_else(|| vm.record.clone());
+        record.qemu_pid = None;
+        record.daemon_pid = None;
+        record.hibernation = Some(name);
+        if let Err(error) = run_dir::write_record_file(&run, &record) {
+            // The VM is paused with nowhere to go: dropping it kills it and removes
+            // its folder, image and all.
+            drop(vm);
+            return Err(Box::new(NotHibernated {
+                error: error.into(),
+                vm: None,
+            }));
+        }
+        // Paused, its state on disk: QEMU ends at once, then its relay; the folder
+        // stays, unlocked.
+        if let Some(mut qemu) = vm.qemu.take() {
+            qemu.kill_and_reap();
+        }
+        if let Some(daemon) = vm.daemon.take() {
+            daemon.stop().await;
+        }
+        if let Some(dir) = vm.run_dir.take() {
+            dir.keep();
+        }
+        drop(vm);
+        if let Ok(ram) = std::fs::read_link(run.join(RAM_LINK)) {
+            let _ = std::fs::remove_file(ram);
+        }
+        let _ = std::fs::remove_file(run.join(RAM_LINK));
+        let manifest = &captured.manifest;
+        tracing::info!(vm = %id, pause_ms = manifest.pause_ms, "hibernated (owned)");
+        Ok(Hibernation {
+            bytes_on_disk: manifest.state_bytes + manifest.ram_bytes + manifest.disk_bytes,
+            path: folder,
+            took: started.elapsed(),
+        })
+    }
+
+    /// Wakes a VM hibernated by [`Launcher::hibernate_owned`] as a VM this process
+    /// owns: the same id, token and agent URL, files, processes and logs, the clock
+    /// set from the host. A failed wake keeps the image for another try.
+    pub async fn wake_owned(&self, id: &VmId) -> Result<Vm, SnapshotError> {
+        let started = Instant::now();
+        let (mut vm, folder) = self.restore_hibernated(id, false).await?;
+        vm.record.hibernation = None;
+        run_dir::write_record_file(&vm.run_path, &vm.record)?;
+        // Adopted for the wake and kept while it could fail; owned again from here.
+        if let Some(dir) = vm.run_dir.as_mut() {
+            dir.remove_on_drop();
+        }
+        drop_spent_image(&folder);
+        tracing::info!(vm = %id, took_ms = started.elapsed().as_millis(), "woken (owned)");
+        Ok(vm)
+    }
+
     /// Wakes the hibernated VM `id` (detached, like it was): the same id, token and
     /// agent URL; files, processes and logs as they were; the clock set from the host.
     pub async fn wake(&self, id: &VmId) -> Result<Wake, SnapshotError> {
         let started = Instant::now();
+        let (vm, folder) = self.restore_hibernated(id, true).await?;
+        let run = vm.run_path.clone();
+        let Ok(mut record) = vm.detach() else {
+            return Err(SnapshotError::NotCapable {
+                id: id.to_string(),
+                why: "the woken VM could not be detached".into(),
+            });
+        };
+        record.hibernation = None;
+        run_dir::write_record_file(&run, &record)?;
+        drop_spent_image(&folder);
+        tracing::info!(vm = %id, took_ms = started.elapsed().as_millis(), "woken");
+        Ok(Wake {
+            record,
+            took: started.elapsed(),
+        })
+    }
+
+    /// Restores the hibernated VM `id` in place (its run folder, id and token), its
+    /// clock set; returns it and its image folder. The record still names the image.
+    async fn restore_hibernated(
+        &self,
+        id: &VmId,
+        detached: bool,
+    ) -> Result<(Vm, PathBuf), SnapshotError> {
         let run = self.config.run_root.join(id.as_str());
         let record =
             run_dir::read_record(&run).ok_or_else(|| SnapshotError::NoVm { id: id.to_string() })?;
@@ -117,7 +259,7 @@ impl Launcher {
             why: format!("cannot read its manifest: {error}"),
         })?;
         let spec = BranchSpec {
-            detached: true,
+            detached,
             ..BranchSpec::default()
         };
         let mut start = self.restore_start(&folder, &manifest, &spec)?;
@@ -144,22 +286,14 @@ impl Launcher {
         if let Err(error) = super::restore::fix_clock_of(&vm).await {
             tracing::warn!(vm = %id, %error, "could not set the woken VM's clock");
         }
-        let Ok(mut record) = vm.detach() else {
-            return Err(SnapshotError::NotCapable {
-                id: id.to_string(),
-                why: "the woken VM could not be detached".into(),
-            });
-        };
-        record.hibernation = None;
-        run_dir::write_record_file(&run, &record)?;
-        // The big parts of the image are spent; the disk and kernel links stay.
-        for spent in [RAM_FILE, STATE_FILE] {
-            let _ = std::fs::remove_file(folder.join(spent));
-        }
-        tracing::info!(vm = %id, took_ms = started.elapsed().as_millis(), "woken");
-        Ok(Wake {
-            record,
-            took: started.elapsed(),
-        })
+        Ok((vm, folder))
+    }
+}
+
+/// The big parts of a woken VM's image are spent; the disk and kernel links stay (the
+/// woken VM still uses them).
+fn drop_spent_image(folder: &std::path::Path) {
+    for spent in [RAM_FILE, STATE_FILE] {
+        let _ = std::fs::remove_file(folder.join(spent));
     }
 }

@@ -42,7 +42,7 @@ pub mod restore;
 use std::path::PathBuf;
 
 pub use capture::{Checkpoint, CheckpointSpec};
-pub use hibernate::{Hibernation, Wake};
+pub use hibernate::{Hibernation, NotHibernated, Wake};
 pub use manifest::{CheckpointInfo, Manifest, RamImage};
 pub use ready::Promotion;
 pub use restore::{BranchSpec, Fork};

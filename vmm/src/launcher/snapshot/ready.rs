@@ -61,9 +61,25 @@ impl Launcher {
         )
     }
 
-    /// A boot that may restore instead: from a promoted template's snapshot, or from
-    /// the template's ready snapshot. `Ok(None)`: boot cold (and `Some(key)` in the
-    /// second place: take the ready snapshot after the boot).
+    /// A VM of a promoted template: its snapshot restored, with a new identity.
+    pub(crate) async fn restore_promoted(
+        &self,
+        snapshot: &Path,
+        spec: &BootSpec,
+    ) -> Result<Vm, LaunchError> {
+        let branch = BranchSpec {
+            detached: spec.detached,
+            ready_timeout: spec.ready_timeout,
+        };
+        self.restore_one(snapshot, &branch)
+            .await
+            .map_err(|error| LaunchError::Snapshot(Box::new(error)))
+    }
+
+    /// A boot that may restore the template's ready snapshot instead (a promoted
+    /// template's never gets here: see [`Launcher::restore_promoted`]). `Ok(None)`:
+    /// boot cold (and `Some(key)` in the second place: take the ready snapshot after
+    /// the boot).
     pub(crate) async fn try_restore(
         &self,
         template: &Template,
@@ -76,13 +92,6 @@ impl Launcher {
             detached: spec.detached,
             ready_timeout: spec.ready_timeout,
         };
-        if let Some(snapshot) = &template.snapshot {
-            let vm = self
-                .restore_one(snapshot, &branch)
-                .await
-                .map_err(|error| LaunchError::Snapshot(Box::new(error)))?;
-            return Ok((Some(vm), None));
-        }
         let eligible = transport == AgentTransport::Serial
             && !spec.cold
             && spec.extra_cmdline.trim().is_empty()
@@ -263,6 +272,8 @@ impl Launcher {
             default_size: machine.size,
             created_at: sandbox_rootfs::manifest::now_rfc3339(),
             snapshot: Some(PathBuf::from(PROMOTED_SNAPSHOT_DIR)),
+            // The VM's agent and disk still hold its template's defaults.
+            image_config: source.map(|t| t.image_config.clone()).unwrap_or_default(),
         };
         manifest.save(staging).map_err(|error| {
             write_error(&staging.join(TEMPLATE_FILE), std::io::Error::other(error))
