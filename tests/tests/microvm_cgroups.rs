@@ -15,8 +15,8 @@
 use std::time::{Duration, Instant};
 
 use sandbox_protocol::{
-    Command, ConfinementMode, ExecReply, Pid, ProcessDetail, ProcessSpec, ProcessState,
-    PtyOpenRequest, WindowSize,
+    Command, ConfinementMode, ErrorKind, ExecReply, ExecRequest, Pid, ProcessDetail, ProcessSpec,
+    ProcessState, PtyOpenRequest, User, WindowSize,
 };
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use sandbox_tests::vm::{build_template, VmHost, CONNECT_SECS, POWER_OFF_SECS, READY_TIMEOUT_SECS};
@@ -193,8 +193,12 @@ async fn workloads_are_confined_in_cgroups() {
         confinement.pids_max.unwrap()
     );
     assert_eq!(sh(&client, "cat /proc/1/cgroup").await, "0::/agent\n");
-    let own = sh(&client, "cat /proc/self/cgroup").await;
+    // The child was born in the cgroup its record names (cloned into it).
+    let (reply, _) = exec_timed(&client, "cat /proc/self/cgroup", Duration::from_secs(60)).await;
+    let own = String::from_utf8_lossy(&reply.stdout).into_owned();
     assert!(own.starts_with("0::/workload/exec-"), "{own}");
+    let recorded = detail(&client, reply.pid).await.cgroup.unwrap();
+    assert_eq!(own, format!("0::{recorded}\n"));
 
     // Spawns and terminals get a cgroup of their own too.
     let spawned = client
@@ -218,8 +222,30 @@ async fn workloads_are_confined_in_cgroups() {
             cgroup.starts_with(&format!("0::/workload/{kind}-")),
             "{cgroup}"
         );
+        let recorded = detail(&client, pid).await.cgroup.unwrap();
+        assert_eq!(cgroup, format!("0::{recorded}\n"));
         client.kill(pid, libc::SIGKILL).await.unwrap();
     }
+
+    // What the child does between clone and exec: a user switch (raw calls, never
+    // libc's, which would change every thread of the agent), and an exec that fails.
+    let mut request = exec_sh("id -u; id -g; cat /proc/self/oom_score_adj");
+    request.spec.user = Some(User::Uid(65534));
+    let reply = client.exec(request).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&reply.stdout), "65534\n65534\n0\n");
+    assert_eq!(
+        sh(&client, "id -u").await,
+        "0\n",
+        "the agent's user changed"
+    );
+    let missing = ExecRequest {
+        spec: ProcessSpec::new(Command::Argv(vec!["/no/such/program".into()])),
+        stdin: Vec::new(),
+        timeout_ms: None,
+        stream: false,
+    };
+    let error = client.exec(missing).await.unwrap_err();
+    assert_eq!(error.wire_kind(), Some(ErrorKind::NotFound), "{error}");
     let client2 = client.clone();
     assert!(
         eventually(Duration::from_secs(5), || {

@@ -17,7 +17,9 @@
 //!   start moves to the blocking pool.
 //!
 //! Starts are never concurrent with each other or with reaping; both are short (a
-//! `posix_spawn`, a `waitpid(WNOHANG)` loop), so one mutex costs nothing measurable.
+//! `clone3` or `posix_spawn`, a `waitpid(WNOHANG)` loop), so one mutex costs nothing
+//! measurable. The gate also covers the one other `waitpid`: a child cloned into
+//! its cgroup whose `exec` failed is reaped by its starter (see [`crate::sys::spawn`]).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -75,6 +77,13 @@ pub struct SpawnPermit<'g> {
 }
 
 impl SpawnPermit<'_> {
+    /// Whether the agent shields itself from the OOM killer (learned at the first
+    /// start). A child cloned with [`crate::sys::spawn`] then resets its own score
+    /// before `exec`, one write instead of the three of [`Self::unshield_oom`].
+    pub fn oom_shielded(&mut self) -> bool {
+        self.oom.is_shielded()
+    }
+
     /// Lowers the agent's OOM shield until the returned guard is dropped; a no-op
     /// when the agent has none. Borrowing the permit mutably ties the lowered score
     /// to the lock: it cannot outlive the permit, and no other start can run.
@@ -103,13 +112,16 @@ struct OomShield {
 }
 
 impl OomShield {
+    fn is_shielded(&mut self) -> bool {
+        let score = &self.score;
+        *self
+            .shielded
+            .get_or_insert_with(|| score.read().is_ok_and(|s| s != 0))
+    }
+
     /// Sets the score to 0 if it is not; returns the score to restore.
     fn lower(&mut self) -> Option<i32> {
-        let score = &self.score;
-        let shielded = *self
-            .shielded
-            .get_or_insert_with(|| score.read().is_ok_and(|s| s != 0));
-        if !shielded {
+        if !self.is_shielded() {
             return None;
         }
         let current = match self.score.read() {
@@ -141,8 +153,9 @@ impl OomShield {
 /// borrows the permit, which holds the gate's mutex.
 ///
 /// Resetting the score in the parent after the start left a window, and resetting
-/// it in the child needs fork instead of posix_spawn, which costs milliseconds per
-/// exec in an emulated guest. The agent is briefly unshielded, which is harmless
+/// it in the child needs steps before `exec`: a child cloned into its cgroup does
+/// that (see [`SpawnPermit::oom_shielded`]), while posix_spawn cannot and fork costs
+/// milliseconds per exec in an emulated guest. The agent is briefly unshielded, which is harmless
 /// where shielding happens at all: the kernel never picks the global init (PID 1) as
 /// an OOM victim, whatever its score.
 #[derive(Debug)]

@@ -1,14 +1,23 @@
 //! Starting children: from a [`ProcessSpec`] to a running, tracked process.
 //!
 //! Every child gets a clean environment (below), its own cgroup when the agent
-//! confines in cgroups (joined in the forked child before `exec`, see
-//! [`super::cgroup`]), its own process group (exec, spawn) or its own session with
-//! the terminal as controlling tty (pty), the default OOM score instead of the
-//! agent's shield (lowered for the start under the spawn gate, see
-//! [`super::gate`]), and the requested user. An interpreter session's child also
-//! gets `SIGINT` back at its default action (see [`crate::session`]). Everything that reads files (the
-//! passwd entry, supplementary groups) happens before `fork`; the child only makes
-//! async-signal-safe calls (see [`crate::sys`]).
+//! confines in cgroups (born in it, see [`super::cgroup`]), its own process group
+//! (exec, spawn) or its own session with the terminal as controlling tty (pty), the
+//! default OOM score instead of the agent's shield (reset by a cloned child itself,
+//! else lowered for the start under the spawn gate, see [`super::gate`]), and the
+//! requested user. An interpreter session's child also gets `SIGINT` and `SIGQUIT`
+//! back at their default action (see [`crate::session`]). Everything that reads
+//! files or allocates (the passwd entry, supplementary groups, the C strings of
+//! argv and the environment, the pipes) happens before the child exists; the child
+//! only makes async-signal-safe calls (see [`crate::sys`]).
+//!
+//! # How a child starts
+//! With cgroups, `clone3` into the cgroup, sharing the agent's memory until `exec`
+//! ([`crate::sys::spawn`]): about what `posix_spawn` costs, with the cgroup for
+//! free. Without cgroups, std's `Command`, which uses `posix_spawn` unless a
+//! terminal, a user switch or a session's signals need steps in the child, then
+//! `fork`. A kernel older than 5.7 (no `CLONE_INTO_CGROUP`) gets the fork, with the
+//! child joining its cgroup before `exec`.
 //!
 //! # Default environment
 //! `PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`, `HOME`, `USER`,
@@ -20,20 +29,25 @@
 //! template's, else the agent's own.
 
 use std::ffi::CString;
+use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
 use std::sync::Arc;
 
+use nix::fcntl::OFlag;
 use nix::unistd::{Gid, Uid, User as PasswdUser};
 use sandbox_protocol::{Pid, ProcessKind, ProcessSpec, User};
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
+use super::cgroup::{CgroupTree, Confinement, NewCgroup};
 use super::defaults::ProcessDefaults;
+use super::gate::SpawnPermit;
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
+use crate::sys::spawn::{ChildImage, ChildSession, CloneError};
 use crate::sys::{self, ChildUser, PreExec};
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -303,6 +317,56 @@ pub struct ChildPipes {
     pub stderr: Option<pipe::Receiver>,
 }
 
+/// The child's ends of its standard streams, and the agent's.
+struct Wiring {
+    /// What becomes the child's stdin, stdout and stderr.
+    child: [OwnedFd; 3],
+    pipes: [Option<OwnedFd>; 3],
+    pty: Option<Arc<AsyncFd<OwnedFd>>>,
+    /// Output streams the record waits to drain.
+    open_streams: u8,
+}
+
+/// Opens the pipes (or lends the terminal) a child's streams go through. Every
+/// descriptor is close-on-exec; the child's ends are put in place in the child.
+fn wire(stdio: ChildStdio) -> std::io::Result<Wiring> {
+    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from);
+    match stdio {
+        ChildStdio::Pipes { stdin } => {
+            let (child_in, agent_in) = if stdin {
+                let (read, write) = pipe()?;
+                (read, Some(write))
+            } else {
+                (OwnedFd::from(File::open("/dev/null")?), None)
+            };
+            let (agent_out, child_out) = pipe()?;
+            let (agent_err, child_err) = pipe()?;
+            Ok(Wiring {
+                child: [child_in, child_out, child_err],
+                pipes: [agent_in, Some(agent_out), Some(agent_err)],
+                pty: None,
+                open_streams: 2,
+            })
+        }
+        ChildStdio::Channel { stdin } => {
+            let (agent_out, child_out) = pipe()?;
+            let (agent_err, child_err) = pipe()?;
+            Ok(Wiring {
+                child: [stdin, child_out, child_err],
+                pipes: [None, Some(agent_out), Some(agent_err)],
+                pty: None,
+                open_streams: 2,
+            })
+        }
+        ChildStdio::Terminal { master, slave } => Ok(Wiring {
+            child: [slave.try_clone()?, slave.try_clone()?, slave],
+            pipes: [None, None, None],
+            pty: Some(master),
+            open_streams: 1,
+        }),
+    }
+}
+
 /// Starts `plan` and tracks it in `table`.
 pub fn start(
     table: &ProcessTable,
@@ -317,43 +381,20 @@ pub fn start(
         error,
     };
     let executable = resolve_program(&plan).map_err(start_error)?;
-    let mut command = StdCommand::new(&executable);
-    command
-        .arg0(plan.arg0.as_deref().unwrap_or(&plan.argv[0]))
-        .args(&plan.argv[1..])
-        .env_clear()
-        .envs(plan.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&plan.cwd);
-    let (terminal, pty, open_streams) = match stdio {
-        ChildStdio::Pipes { stdin } => {
-            command
-                .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0);
-            (false, None, 2)
-        }
-        ChildStdio::Channel { stdin } => {
-            command
-                .stdin(stdin)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .process_group(0);
-            (false, None, 2)
-        }
-        ChildStdio::Terminal { master, slave } => {
-            let dup = |fd: &OwnedFd| fd.try_clone().map_err(start_error);
-            command
-                .stdin(dup(&slave)?)
-                .stdout(dup(&slave)?)
-                .stderr(slave);
-            (true, Some(master), 1)
-        }
+    let Wiring {
+        child,
+        pipes: [stdin, stdout, stderr],
+        pty,
+        open_streams,
+    } = wire(stdio).map_err(start_error)?;
+    let setup = Setup {
+        session: if pty.is_some() {
+            ChildSession::Terminal
+        } else {
+            ChildSession::OwnGroup
+        },
+        default_interrupt: kind == ProcessKind::Session,
     };
-    // Without a pre-exec hook std starts the child with posix_spawn (vfork-like), which
-    // is about 100 µs faster than fork on the host and milliseconds faster in an
-    // emulated guest; only cgroups, terminals and user switches need one. (Joining
-    // the cgroup after the start would let a quick child fork outside it first.)
     let cgroup = table
         .confinement()
         .create(kind)
@@ -361,69 +402,127 @@ pub fn start(
             program: program.clone(),
             error,
         })?;
-    let remove_cgroup = |cgroup: &Option<super::cgroup::ProcessCgroup>| {
-        if let Some(cgroup) = cgroup {
-            let _ = cgroup.remove();
-        }
-    };
-    // Open until the start returned: the child writes to it before `exec`.
-    let procs = match cgroup.as_ref().map(|c| c.open_procs()).transpose() {
-        Ok(procs) => procs,
-        Err(error) => {
-            remove_cgroup(&cgroup);
-            return Err(ProcessError::Cgroup { program, error });
-        }
-    };
-    sys::set_pre_exec(
-        &mut command,
-        PreExec {
-            join_cgroup: procs.as_ref().map(AsRawFd::as_raw_fd),
-            take_terminal: terminal,
-            user: plan.identity.clone(),
-            default_interrupt: kind == ProcessKind::Session,
-        },
-    );
 
-    let (record, mut child) = {
+    let record = {
         let mut permit = table.spawn_gate();
-        // Restored when dropped, also when `spawn` fails and `?` returns.
-        let unshield = permit.unshield_oom();
-        let spawned = command.spawn();
-        drop(unshield);
-        drop(procs);
-        let child = match spawned {
-            Ok(child) => child,
+        let started = match (table.confinement(), &cgroup) {
+            (Confinement::Cgroups(tree), Some(cgroup)) => {
+                clone_or_fork(tree, cgroup, &plan, &executable, child, setup, &mut permit)
+            }
+            _ => {
+                // Restored when dropped, also when the start fails.
+                let _unshield = permit.unshield_oom();
+                fork(&plan, &executable, child, setup, None)
+            }
+        };
+        let pid = match started {
+            Ok(pid) => pid,
             Err(error) => {
-                remove_cgroup(&cgroup);
+                if let Some(new) = &cgroup {
+                    table.confinement().discard(&new.cgroup);
+                }
                 return Err(start_error(error));
             }
         };
-        let pid = Pid(i32::try_from(child.id()).unwrap_or(i32::MAX));
+        // The cgroup's directory closes here: the child is in.
         let record = Arc::new(
-            ProcessRecord::new(pid, kind, plan.argv, open_streams, capture, pty)
-                .with_cgroup(cgroup),
+            ProcessRecord::new(Pid(pid), kind, plan.argv, open_streams, capture, pty)
+                .with_cgroup(cgroup.map(|new| new.cgroup)),
         );
         table.insert(record.clone());
-        (record, child)
+        record
     };
     // From here on the child is tracked; failures below only lose its output.
     let pipes = ChildPipes {
-        stdin: child
-            .stdin
-            .take()
-            .and_then(|fd| pipe::Sender::from_owned_fd(OwnedFd::from(fd)).ok()),
-        stdout: child
-            .stdout
-            .take()
-            .and_then(|fd| pipe::Receiver::from_owned_fd(OwnedFd::from(fd)).ok()),
-        stderr: child
-            .stderr
-            .take()
-            .and_then(|fd| pipe::Receiver::from_owned_fd(OwnedFd::from(fd)).ok()),
+        stdin: stdin.and_then(|fd| pipe::Sender::from_owned_fd(fd).ok()),
+        stdout: stdout.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()),
+        stderr: stderr.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()),
     };
-    // Dropping `Child` neither waits nor kills: the reaper owns its exit.
-    drop(child);
     Ok((record, pipes))
+}
+
+/// What the child sets up before `exec`, besides its streams and user.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    session: ChildSession,
+    /// `SIGINT` and `SIGQUIT` back to their default action (interpreter sessions).
+    default_interrupt: bool,
+}
+
+/// Starts the child straight into `cgroup` with `clone3` (see [`crate::sys::spawn`]);
+/// where the kernel cannot, forks it and has it join the cgroup before `exec`.
+fn clone_or_fork(
+    tree: &CgroupTree,
+    cgroup: &NewCgroup,
+    plan: &LaunchPlan,
+    executable: &Path,
+    stdio: [OwnedFd; 3],
+    setup: Setup,
+    permit: &mut SpawnPermit<'_>,
+) -> std::io::Result<i32> {
+    let argv: Vec<&str> = std::iter::once(plan.arg0.as_deref().unwrap_or(&plan.argv[0]))
+        .chain(plan.argv.iter().skip(1).map(String::as_str))
+        .collect();
+    let image = ChildImage::new(
+        executable,
+        &argv,
+        &plan.env,
+        &plan.cwd,
+        stdio,
+        setup.session,
+        plan.identity.clone(),
+    )?
+    .with_oom_score_reset(permit.oom_shielded())
+    .with_default_interrupt(setup.default_interrupt);
+    match tree.clone_into(&image, cgroup) {
+        Ok(pid) => Ok(pid),
+        Err(CloneError::Clone(error) | CloneError::Exec(error)) => Err(error),
+        Err(CloneError::Unsupported) => {
+            // Open until the start returned: the child writes to it before `exec`.
+            let procs = cgroup.cgroup.open_procs()?;
+            let _unshield = permit.unshield_oom();
+            fork(plan, executable, image.into_stdio(), setup, Some(&procs))
+        }
+    }
+}
+
+/// Starts the child with std's `Command`: `posix_spawn` when nothing has to happen
+/// in the child before `exec` (no cgroup to join, no terminal, no user switch, no
+/// session's signals),
+/// else `fork`, the steps, and `exec`.
+fn fork(
+    plan: &LaunchPlan,
+    executable: &Path,
+    [stdin, stdout, stderr]: [OwnedFd; 3],
+    setup: Setup,
+    join_cgroup: Option<&File>,
+) -> std::io::Result<i32> {
+    let mut command = StdCommand::new(executable);
+    command
+        .arg0(plan.arg0.as_deref().unwrap_or(&plan.argv[0]))
+        .args(plan.argv.iter().skip(1))
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&plan.cwd)
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr));
+    if setup.session == ChildSession::OwnGroup {
+        command.process_group(0);
+    }
+    sys::set_pre_exec(
+        &mut command,
+        PreExec {
+            join_cgroup: join_cgroup.map(AsRawFd::as_raw_fd),
+            take_terminal: setup.session == ChildSession::Terminal,
+            user: plan.identity.clone(),
+            default_interrupt: setup.default_interrupt,
+        },
+    );
+    // Dropping `Child` neither waits nor kills: the reaper owns its exit. It holds
+    // no pipes: the streams were given as descriptors.
+    let child = command.spawn()?;
+    Ok(i32::try_from(child.id()).unwrap_or(i32::MAX))
 }
 
 #[cfg(test)]

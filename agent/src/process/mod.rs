@@ -10,6 +10,8 @@
 //! - [`cgroup`]: confinement: the workload cgroup tree with its memory and pids
 //!   limits, one cgroup per process, killing a cgroup, OOM kills; or process groups
 //!   where the agent is not the machine's init.
+//! - [`remover`]: removes the cgroups of forgotten processes on a thread of its own,
+//!   so no sweep holds up the runtime with `rmdir`s.
 //! - [`launch`]: turns a [`ProcessSpec`](sandbox_protocol::ProcessSpec) into a running
 //!   child: clean environment, user, cwd, its own process group or session, its own
 //!   cgroup joined before `exec`.
@@ -19,8 +21,9 @@
 //! - [`exec`], [`pty`], [`logs`]: the request handlers built on the above.
 //!
 //! # Why one reaper
-//! Children are started with `std::process::Command` and their `Child` is dropped
-//! unwaited: only [`reaper`] ever calls `waitpid`, so no two waiters can steal each
+//! Children are started with `clone3` or `std::process::Command` (see [`launch`]),
+//! and never waited for by their starter: only [`reaper`] ever calls `waitpid` on a
+//! child that reached `exec`, so no two waiters can steal each
 //! other's exit status, and orphans re-parented to the agent are reaped too. Starting
 //! a child holds the table's spawn gate ([`gate`]); the reaper holds the same gate
 //! while it calls `waitpid`, so a child is always in the table before its exit status
@@ -36,6 +39,7 @@ pub mod logs;
 pub mod pty;
 pub mod pump;
 pub mod reaper;
+pub mod remover;
 pub mod table;
 
 use std::io;

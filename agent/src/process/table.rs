@@ -449,8 +449,8 @@ impl ProcessTable {
     }
 
     /// Forgets processes that exited more than `forget_after` ago, except those whose
-    /// cgroup still holds processes they left behind, and removes the cgroups of the
-    /// forgotten; returns how many were forgotten.
+    /// cgroup still holds processes they left behind, and has the cgroups of the
+    /// forgotten removed (on the cgroup remover's thread); returns how many were forgotten.
     pub fn forget_expired(&self, now: Instant) -> usize {
         let Some(cutoff) = now.checked_sub(self.forget_after) else {
             return 0;
@@ -468,9 +468,7 @@ impl ProcessTable {
         drop(records);
         for record in &expired {
             if let Some(cgroup) = &record.cgroup {
-                if let Err(error) = cgroup.remove() {
-                    tracing::warn!(pid = %record.pid, cgroup = cgroup.relative(), %error, "cannot remove a cgroup");
-                }
+                self.confinement.discard(cgroup);
             }
         }
         expired.len()

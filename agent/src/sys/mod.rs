@@ -19,6 +19,8 @@
 //! - [`proc`]: the child subreaper, signalling process groups and single processes,
 //!   and what a forked child does before `exec` (join its cgroup, terminal, user
 //!   switch).
+//! - [`spawn`]: starting a child straight into its cgroup (`clone3` with
+//!   `CLONE_INTO_CGROUP`, sharing memory until `exec` as `posix_spawn` does).
 //! - [`cgroup`]: recognising and mounting cgroup2.
 //! - [`net`]: network interface flags (bringing `lo` up).
 //! - [`random`]: random bytes and ids, and feeding and reseeding the kernel's pool.
@@ -38,6 +40,7 @@ pub mod net;
 pub mod proc;
 pub mod pty;
 pub mod random;
+pub mod spawn;
 
 use std::io;
 
@@ -48,7 +51,8 @@ pub use fd::{read, register_async, set_nonblocking, write};
 pub use limits::raise_open_file_limit;
 pub use net::{interface_flags, set_interface_flags};
 pub use proc::{
-    kill_process, kill_process_group, set_child_subreaper, set_pre_exec, ChildUser, PreExec,
+    kill_process, kill_process_group, run_this_thread_when_idle, set_child_subreaper, set_pre_exec,
+    ChildUser, PreExec,
 };
 pub use pty::{open_pty, set_window_size, PtyPair};
 pub use random::{add_entropy_and_reseed, random_bytes, random_hex};

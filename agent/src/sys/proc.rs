@@ -36,6 +36,28 @@ pub fn kill_process(pid: i32, signal: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// Puts the calling thread in `SCHED_IDLE`: it runs only when nothing else on its
+/// CPU wants to (raw call: musl's `sched_setscheduler` always fails, as POSIX says
+/// the policy is per process, where Linux keeps it per thread).
+pub fn run_this_thread_when_idle() -> io::Result<()> {
+    // The kernel's `struct sched_param` is one int (libc's may carry more fields).
+    let priority: libc::c_int = 0;
+    // SAFETY: sched_setscheduler reads one sched_param (an int) from a live value;
+    // pid 0 is the calling thread.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setscheduler,
+            0,
+            libc::c_long::from(libc::SCHED_IDLE),
+            &priority,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The uid, gid and supplementary groups a child switches to, resolved before
 /// `fork` (reading the group database allocates and takes locks).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +75,8 @@ pub struct ChildUser {
 pub struct PreExec {
     /// Write `0` to this open `cgroup.procs` file: the child moves itself into that
     /// cgroup before anything else, so the program and all it forks start there.
+    /// (Only where the kernel cannot clone a child into its cgroup, see
+    /// [`super::spawn`].)
     /// The caller keeps the descriptor open until the start returned (it is
     /// close-on-exec, so the program never sees it).
     pub join_cgroup: Option<RawFd>,
