@@ -10,6 +10,7 @@ use sandbox_vmm::client::ClientError;
 use crate::pool::ClaimError;
 use crate::registry::{Gone, Lookup};
 use crate::render::rfc3339;
+use crate::upload::UploadError;
 use sandbox_vmm::error_chain;
 
 /// A tool call that failed in an ordinary way.
@@ -81,10 +82,13 @@ impl ToolError {
     /// A request the sandbox's agent failed; `op` names the tool for the hints.
     pub fn agent(op: Op, sandbox_id: &str, error: &ClientError) -> Self {
         let text = error_chain(error);
-        let hint = match (op, error.wire_kind()) {
-            (Op::Wait, Some(kind)) => wait_hint(kind),
-            (Op::Wait, None) => UNREACHABLE,
-            (_, kind) => other_hint(op, kind),
+        let hint = match (op, error) {
+            (_, ClientError::Encode(_)) => TOO_LARGE_TO_SEND,
+            (Op::Wait, error) => match error.wire_kind() {
+                Some(kind) => wait_hint(kind),
+                None => UNREACHABLE,
+            },
+            (_, error) => other_hint(op, error.wire_kind()),
         };
         let message = if hint.is_empty() {
             format!("{} failed in sandbox {sandbox_id}: {text}", op.name())
@@ -95,6 +99,29 @@ impl ToolError {
             )
         };
         Self::new(message)
+    }
+
+    /// A part of a `write_file` in parts that was refused, or an upload that failed.
+    pub fn upload(sandbox_id: &str, error: &UploadError) -> Self {
+        match error {
+            UploadError::Failed { error: cause, .. } => {
+                let agent = Self::agent(Op::Write, sandbox_id, cause);
+                Self::new(format!(
+                    "{}: {}. Nothing was written; send the file again from offset 0.",
+                    capitalized(&error.to_string()),
+                    agent.message
+                ))
+            }
+            _ => Self::new(format!("{}.", capitalized(&error.to_string()))),
+        }
+    }
+}
+
+fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
     }
 }
 
@@ -107,7 +134,8 @@ fn wait_hint(kind: ErrorKind) -> &'static str {
         }
         ErrorKind::NotFound => {
             "A process that exited without the text: read its output with logs; an unknown \
-             pid: call ps (exited processes are forgotten 5 minutes after they exit)."
+             pid: call ps with running_only: false (exited processes are forgotten 5 \
+             minutes after they exit)."
         }
         ErrorKind::WrongType => {
             "wait_for_text reads regular files: not a directory, device or pipe, and every \
@@ -128,41 +156,62 @@ fn wait_hint(kind: ErrorKind) -> &'static str {
 
 /// What to do after another failed request.
 fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
-    match kind {
-        Some(ErrorKind::NotFound) => match op {
-            Op::Process => {
-                "Call ps to list tracked processes; exited ones are forgotten 5 minutes \
-                     after they exit."
-            }
-            Op::File => "Check the path with list_dir.",
-            Op::Command => "Check the command and cwd (cwd must exist).",
-            Op::Session => {
-                "Call eval_code again with restart: true for a fresh session (what the \
-                 old one defined is gone), or use language \"sh\" where the sandbox has \
-                 no python3."
-            }
-            Op::Wait | Op::Other => "",
-        },
-        Some(ErrorKind::WrongType) if op == Op::Session => {
+    let Some(kind) = kind else {
+        return UNREACHABLE;
+    };
+    match (op, kind) {
+        (Op::Logs | Op::Kill, ErrorKind::NotFound) => {
+            "Call ps with running_only: false to list tracked processes; exited ones are \
+             forgotten 5 minutes after they exit."
+        }
+        (Op::Logs, ErrorKind::BadRequest) => {
+            "The cursor is past the end of the output: pass the next_cursor the last logs \
+             call returned, or omit cursor for the newest output."
+        }
+        (Op::Read, ErrorKind::NotFound) => {
+            "Check the path with list_dir on its directory (paths are absolute)."
+        }
+        (Op::Read, ErrorKind::WrongType) => {
+            "read_file reads regular files: list a directory with list_dir, and read a \
+             device or pipe with exec (e.g. head -c 4096 PATH)."
+        }
+        (Op::Read, ErrorKind::Conflict) => {
+            "The file changed while it was read: call read_file again."
+        }
+        (Op::Write, ErrorKind::NotFound) => {
+            "Its parent directory does not exist: create it with exec (mkdir -p DIR), then \
+             write_file again."
+        }
+        (Op::Write, ErrorKind::WrongType) => {
+            "write_file writes regular files: the path must name a file, not a directory or \
+             a device, and every parent on it must be a directory (see list_dir)."
+        }
+        (Op::List, ErrorKind::NotFound) => {
+            "Check the path with list_dir on a parent directory (paths are absolute)."
+        }
+        (Op::List, ErrorKind::WrongType) => {
+            "list_dir lists directories: read a file with read_file."
+        }
+        (Op::List, ErrorKind::TooLarge) => {
+            "The directory has too many entries for one reply: list parts of it with exec \
+             (e.g. ls DIR | head -n 1000)."
+        }
+        (Op::Command, ErrorKind::NotFound) => "Check the command and cwd (cwd must exist).",
+        (Op::Session, ErrorKind::NotFound) => {
+            "Call eval_code again with restart: true for a fresh session (what the old one \
+             defined is gone), or use language \"sh\" where the sandbox has no python3."
+        }
+        (Op::Session, ErrorKind::WrongType) => {
             "Each session has one language: pick another session name for this one."
         }
-        Some(ErrorKind::Busy) if op == Op::Session => {
+        (Op::Session, ErrorKind::Busy) => {
             "The sandbox runs the most sessions it keeps: kill the pid of one you no \
-             longer need (ps lists them as kind session)."
+             longer need (ps with kind \"session\" lists them)."
         }
-        Some(ErrorKind::TooLarge) => {
-            "read_file returns at most 1 MiB: read parts with exec (head -c, tail -c, \
-                 sed -n, grep)."
-        }
-        Some(ErrorKind::WrongType) => {
-            "read_file reads regular files: use list_dir for a directory, and exec for \
-                 devices or pipes."
-        }
-        Some(ErrorKind::PermissionDenied) => "The sandbox user may not do this.",
-        Some(ErrorKind::BadRequest) => "Check the arguments (paths must be absolute).",
-        Some(ErrorKind::Busy) => "The sandbox is at a limit; wait or stop processes with kill.",
-        Some(_) => "",
-        None => UNREACHABLE,
+        (_, ErrorKind::PermissionDenied) => "The sandbox user may not do this.",
+        (_, ErrorKind::Busy) => "The sandbox is at a limit; wait or stop processes with kill.",
+        (_, ErrorKind::BadRequest) => "Check the arguments against the tool's description.",
+        _ => "",
     }
 }
 
@@ -170,15 +219,27 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
 const UNREACHABLE: &str = "The sandbox's agent is unreachable (the VM may have crashed or been \
      destroyed): release it and call create_sandbox for a new one.";
 
+/// The hint when a request is over the agent's frame limit: the sandbox is fine.
+const TOO_LARGE_TO_SEND: &str = "The request is larger than the 4 MiB one message to the \
+     sandbox may carry; the sandbox is fine. Send files with write_file (in parts with offset \
+     and more for large ones), and large stdin as a file: write_file it, then exec the \
+     command with < FILE.";
+
 /// What kind of request failed, for hints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// exec, spawn.
     Command,
-    /// logs, kill.
-    Process,
-    /// read_file, write_file, list_dir.
-    File,
+    /// logs.
+    Logs,
+    /// kill, ps.
+    Kill,
+    /// read_file.
+    Read,
+    /// write_file.
+    Write,
+    /// list_dir.
+    List,
     /// wait_for_text.
     Wait,
     /// eval_code.
@@ -191,8 +252,10 @@ impl Op {
     fn name(self) -> &'static str {
         match self {
             Self::Command => "The command",
-            Self::Process => "The process request",
-            Self::File => "The file request",
+            Self::Logs | Self::Kill => "The process request",
+            Self::Read => "read_file",
+            Self::Write => "write_file",
+            Self::List => "list_dir",
             Self::Wait => "The wait",
             Self::Session => "The evaluation",
             Self::Other => "The request",
@@ -222,10 +285,14 @@ mod tests {
 
     #[test]
     fn agent_errors_carry_a_hint_for_their_kind() {
-        let error = ClientError::Agent(WireError::new(ErrorKind::TooLarge, "/big is 2 MiB"));
-        let tool = ToolError::agent(Op::File, "s", &error);
-        assert!(tool.message.contains("/big is 2 MiB"), "{}", tool.message);
-        assert!(tool.message.contains("head -c"), "{}", tool.message);
+        let error = ClientError::Agent(WireError::new(ErrorKind::WrongType, "/x is a file"));
+        let tool = ToolError::agent(Op::List, "s", &error);
+        assert!(tool.message.contains("/x is a file"), "{}", tool.message);
+        assert!(
+            tool.message.contains("read a file with read_file"),
+            "{}",
+            tool.message
+        );
         let lost = ClientError::ConnectionLost {
             reason: "reset".into(),
         };

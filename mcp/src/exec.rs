@@ -2,8 +2,10 @@
 //! that is cut off (its timeout, a lost connection, the tool-call cap) still returns
 //! everything that arrived before the cut.
 //!
-//! Each stream keeps its first [`EXEC_OUTPUT_CAP_BYTES`]; the rest is read and
-//! dropped with `truncated` set, as the agent does for a collected exec. The agent
+//! Each stream goes into a [`Capture`] that keeps its first and last `max_bytes`
+//! (the caller's, at most [`EXEC_MAX_BYTES`]); once the run has ended, the part its
+//! outcome calls for is cut from them ([`Keep::part`]: the tail of a failure). The
+//! last line printed so far is the call's progress message. The agent
 //! kills the command and all it started (its cgroup, or its process group on an agent
 //! without cgroups) at the timeout and replies within [`EXEC_DEADLINE_GRACE_SECS`];
 //! if it does not, this side gives up one second later and cancels the request,
@@ -12,13 +14,26 @@
 
 use std::time::Duration;
 
-use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_OUTPUT_CAP_BYTES};
+use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_OUTPUT_CAP_BYTES, MAX_FRAME_BYTES};
 use sandbox_protocol::{ExecReply, ExecRequest, OomKill, OutputChunk, Stream};
 use sandbox_vmm::client::{Client, ClientError, ExecEvent};
 use tokio::time::Instant;
 
+use crate::output::{size, Capture, Keep};
+use crate::progress::Progress;
 use crate::render::ExecResult;
 use crate::util::millis;
+
+/// What `exec` returns of each stream without `max_bytes`: about a screenful of a
+/// build log's end, a few thousand tokens.
+pub const EXEC_DEFAULT_MAX_BYTES: usize = 16 * 1024;
+
+/// The most `exec` returns of each stream.
+pub const EXEC_MAX_BYTES: usize = EXEC_OUTPUT_CAP_BYTES;
+
+/// The most stdin an `exec` takes: it travels in the one request frame
+/// ([`MAX_FRAME_BYTES`]), with room left for the command and its environment.
+pub const EXEC_STDIN_MAX_BYTES: usize = MAX_FRAME_BYTES - 1024 * 1024;
 
 /// How long a cancel may take to be confirmed before the stream is simply dropped.
 const CANCEL_WAIT_MS: u64 = 1000;
@@ -38,11 +53,13 @@ pub enum End {
 #[derive(Debug)]
 pub struct Collected {
     /// Output so far.
-    pub stdout: Vec<u8>,
+    pub stdout: Capture,
     /// Errors so far.
-    pub stderr: Vec<u8>,
-    /// A stream went past the cap.
-    pub truncated: bool,
+    pub stderr: Capture,
+    /// The most of each stream the result returns.
+    pub max_bytes: usize,
+    /// Which part of a longer stream it returns.
+    pub keep: Keep,
     /// Whether the command started (a `Started` event arrived).
     pub started: bool,
     /// How it ended.
@@ -56,10 +73,23 @@ pub struct Collected {
 impl Collected {
     /// The tool's result, with `error` set for a cut-off run.
     pub fn to_result(&self, timeout: Duration) -> ExecResult {
+        let failed = match &self.end {
+            End::Finished(reply) => {
+                reply.timed_out || reply.exit.is_none_or(|exit| exit.shell_code() != 0)
+            }
+            End::Failed(_) | End::NoReply => true,
+        };
+        let part = self.keep.part(failed);
+        let stdout = self.stdout.keep(part, self.max_bytes);
+        let stderr = self.stderr.keep(part, self.max_bytes);
+        let truncated = stdout.omitted > 0 || stderr.omitted > 0;
         let mut result = ExecResult {
-            stdout: String::from_utf8_lossy(&self.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&self.stderr).into_owned(),
-            truncated: self.truncated,
+            stdout: stdout.text,
+            stderr: stderr.text,
+            stdout_bytes: stdout.total,
+            stderr_bytes: stderr.total,
+            truncated,
+            kept: truncated.then(|| part.as_str().to_owned()),
             duration_ms: millis(self.elapsed),
             ..ExecResult::default()
         };
@@ -74,7 +104,7 @@ impl Collected {
                         "Timed out after {} s and it was killed with all it started; the output \
                          above is what it printed until then. Re-run with a larger \
                          timeout_seconds (at most 300), or start it with spawn and poll \
-                         with logs.",
+                         with logs (or wait_for_text).",
                         timeout.as_secs()
                     ));
                 }
@@ -101,14 +131,31 @@ impl Collected {
     }
 }
 
-/// Runs `request` streamed (its `stream` flag is set here) with `timeout`.
-pub async fn run(client: &Client, mut request: ExecRequest, timeout: Duration) -> Collected {
+/// How a run's output is returned.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// The most of each stream returned.
+    pub max_bytes: usize,
+    /// Which part of a longer one.
+    pub keep: Keep,
+}
+
+/// Runs `request` streamed (its `stream` flag is set here) with `timeout`,
+/// reporting the last line of output as `progress`.
+pub async fn run(
+    client: &Client,
+    mut request: ExecRequest,
+    timeout: Duration,
+    shape: Shape,
+    progress: &Progress,
+) -> Collected {
     let started = Instant::now();
     request.timeout_ms = Some(millis(timeout));
     let mut collected = Collected {
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        truncated: false,
+        stdout: Capture::new(shape.max_bytes),
+        stderr: Capture::new(shape.max_bytes),
+        max_bytes: shape.max_bytes,
+        keep: shape.keep,
         started: false,
         end: End::NoReply,
         oom: None,
@@ -133,8 +180,17 @@ pub async fn run(client: &Client, mut request: ExecRequest, timeout: Duration) -
             }
         };
         match event {
-            Ok(ExecEvent::Started(_)) => collected.started = true,
-            Ok(ExecEvent::Output(chunk)) => collected.push(chunk),
+            Ok(ExecEvent::Started(pid)) => {
+                collected.started = true;
+                progress.set_status(format!("exec: running as pid {}", pid.0));
+            }
+            Ok(ExecEvent::Output(chunk)) => {
+                let stream = chunk.stream;
+                collected.push(&chunk);
+                if progress.is_on() {
+                    progress.set_status(collected.status(stream));
+                }
+            }
             Ok(ExecEvent::Finished(reply)) => {
                 collected.oom = client.exec_oom_kill(&reply).await;
                 collected.end = End::Finished(reply);
@@ -151,16 +207,24 @@ pub async fn run(client: &Client, mut request: ExecRequest, timeout: Duration) -
 }
 
 impl Collected {
-    fn push(&mut self, chunk: OutputChunk) {
-        let buffer = match chunk.stream {
-            Stream::Stdout | Stream::Pty => &mut self.stdout,
-            Stream::Stderr => &mut self.stderr,
-        };
-        let room = EXEC_OUTPUT_CAP_BYTES.saturating_sub(buffer.len());
-        if chunk.data.len() > room {
-            self.truncated = true;
+    fn push(&mut self, chunk: &OutputChunk) {
+        match chunk.stream {
+            Stream::Stdout | Stream::Pty => self.stdout.push(&chunk.data),
+            Stream::Stderr => self.stderr.push(&chunk.data),
         }
-        buffer.extend_from_slice(&chunk.data[..chunk.data.len().min(room)]);
+    }
+
+    /// The progress message after output on `stream`: sizes and its last line.
+    fn status(&self, stream: Stream) -> String {
+        let (name, capture) = match stream {
+            Stream::Stdout | Stream::Pty => ("stdout", &self.stdout),
+            Stream::Stderr => ("stderr", &self.stderr),
+        };
+        let total = self.stdout.total() + self.stderr.total();
+        match capture.last_line() {
+            Some(line) => format!("exec: {} of output; {name}: {line}", size(total)),
+            None => format!("exec: {} of output", size(total)),
+        }
     }
 }
 
@@ -170,9 +234,10 @@ mod tests {
 
     fn empty() -> Collected {
         Collected {
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            truncated: false,
+            stdout: Capture::new(EXEC_MAX_BYTES),
+            stderr: Capture::new(EXEC_MAX_BYTES),
+            max_bytes: EXEC_MAX_BYTES,
+            keep: Keep::Head,
             started: true,
             end: End::NoReply,
             oom: None,
@@ -189,21 +254,61 @@ mod tests {
     }
 
     #[test]
-    fn each_stream_keeps_its_first_mebibyte() {
+    fn each_stream_keeps_its_max_bytes() {
         let mut collected = empty();
-        collected.push(chunk(Stream::Stdout, EXEC_OUTPUT_CAP_BYTES - 1));
-        assert!(!collected.truncated);
-        collected.push(chunk(Stream::Stdout, 2));
-        collected.push(chunk(Stream::Stderr, 5));
-        assert!(collected.truncated);
-        assert_eq!(collected.stdout.len(), EXEC_OUTPUT_CAP_BYTES);
-        assert_eq!(collected.stderr.len(), 5);
+        collected.push(&chunk(Stream::Stdout, EXEC_MAX_BYTES - 1));
+        collected.push(&chunk(Stream::Stdout, 2));
+        collected.push(&chunk(Stream::Stderr, 5));
+        let result = collected.to_result(Duration::from_secs(1));
+        assert!(result.truncated);
+        assert_eq!(result.kept.as_deref(), Some("head"));
+        assert_eq!(result.stdout_bytes, EXEC_MAX_BYTES as u64 + 1);
+        assert!(
+            result.stdout.ends_with("[... 1 byte omitted ...]\n"),
+            "{}",
+            &result.stdout[result.stdout.len() - 40..]
+        );
+        assert_eq!(result.stderr, "xxxxx");
+    }
+
+    #[test]
+    fn a_failed_run_keeps_the_tail_where_the_error_is() {
+        let mut collected = Collected {
+            stdout: Capture::new(32),
+            stderr: Capture::new(32),
+            max_bytes: 32,
+            keep: Keep::Auto,
+            ..empty()
+        };
+        for n in 0..100 {
+            collected.push(&OutputChunk {
+                stream: Stream::Stdout,
+                offset: 0,
+                data: format!("step {n:03}\n").into_bytes(),
+            });
+        }
+        collected.push(&OutputChunk {
+            stream: Stream::Stdout,
+            offset: 0,
+            data: b"error: it broke\n".to_vec(),
+        });
+        let result = collected.to_result(Duration::from_secs(1));
+        assert_eq!(
+            result.kept.as_deref(),
+            Some("tail"),
+            "no reply counts as failed"
+        );
+        assert!(
+            result.stdout.ends_with("step 099\nerror: it broke\n"),
+            "{}",
+            result.stdout
+        );
     }
 
     #[test]
     fn invalid_utf8_is_replaced_not_refused() {
         let mut collected = empty();
-        collected.push(OutputChunk {
+        collected.push(&OutputChunk {
             stream: Stream::Stdout,
             offset: 0,
             data: vec![b'a', 0xff, b'b'],

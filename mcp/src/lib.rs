@@ -46,23 +46,37 @@
 //!   the same engine (the fleet's batches, the snapshot operations).
 //! - [`token`]: the per-sandbox token.
 //! - [`exec`]: the streamed exec behind the `exec` tool (partial output on cut-off).
+//! - [`eval`]: `eval_code`'s checks and result.
+//! - [`processes`]: `ps`, `logs` and `kill`.
+//! - [`files`]: `read_file` in parts, as text, base64 or an image; `write_file`,
+//!   whole or in parts through [`upload`] (one streamed `put` across the calls).
+//! - [`output`]: results sized for a model: head/tail cuts, what the text repeats.
+//! - [`progress`]: progress notifications while a call runs.
+//! - [`schema`]: standard JSON Schema formats in every tool's schemas.
 //! - [`params`], [`render`], [`error`]: tool inputs, outputs and failures.
 
 pub mod config;
 pub mod error;
+pub mod eval;
 pub mod exec;
+pub mod files;
 pub mod fleet;
 pub mod node;
+pub mod output;
 pub mod params;
 pub mod pool;
+pub mod processes;
+pub mod progress;
 pub mod registry;
 pub mod render;
 pub mod sandbox;
 pub mod sandstorm;
+pub mod schema;
 pub mod snapshot;
 pub mod stdio;
 pub mod token;
 pub mod tools;
+pub mod upload;
 pub mod util;
 
 use std::future::Future;

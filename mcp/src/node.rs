@@ -31,7 +31,7 @@ use crate::render::{
     rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo, ReleaseResult,
     TemplateInfo,
 };
-use crate::sandbox::{Backing, Claim, Deadline, Origin, Sandbox, SandboxId};
+use crate::sandbox::{Backing, Claim, Deadline, Lineage, Sandbox, SandboxId};
 use crate::snapshot::SnapshotHost;
 use crate::token::SandboxToken;
 use crate::util::millis;
@@ -67,12 +67,12 @@ pub struct NewVm {
     pub size: Size,
     /// Its lifetime.
     pub ttl: Duration,
-    /// Whether it came warm from the pool.
+    /// Whether a ready VM of the warm pool was waiting for the claim.
     pub warm: bool,
     /// How long it took to have.
     pub claim_duration: Duration,
-    /// Where it came from.
-    pub origin: Origin,
+    /// What it descends from.
+    pub lineage: Lineage,
 }
 
 impl Node {
@@ -203,10 +203,11 @@ impl Node {
         };
         let spec = self.resolve_spec(pool, params.template.as_deref(), size)?;
         let VmSpec { template, size } = spec.clone();
-        let (lease, warm) = pool
+        let (lease, origin) = pool
             .claim(&spec)
             .await
             .map_err(|error| ToolError::claim(&template.to_string(), &error))?;
+        let warm = origin.is_warm();
         let claim_duration = started.elapsed();
         let sandbox = self
             .insert_vm(NewVm {
@@ -216,7 +217,7 @@ impl Node {
                 ttl: Duration::from_secs(ttl_secs),
                 warm,
                 claim_duration,
-                origin: Origin::Template,
+                lineage: Lineage::Template,
             })
             .await?;
         let deadline = sandbox.deadline.map(|deadline| deadline.wall);
@@ -229,6 +230,7 @@ impl Node {
             vcpus: Some(size.vcpus),
             memory_mib: Some(size.memory_mib),
             warm,
+            origin: origin.as_str().to_owned(),
             claim_ms: millis(claim_duration),
             note: None,
         })
@@ -273,7 +275,7 @@ impl Node {
             ttl,
             warm,
             claim_duration,
-            origin,
+            lineage,
         } = vm;
         // On failure the lease is dropped here, which kills the VM.
         let token = new_token()?;
@@ -298,7 +300,7 @@ impl Node {
             deadline: Some(deadline),
             warm,
             duration: claim_duration,
-            origin,
+            lineage,
             token,
         };
         let sandbox = Sandbox::new(id, claim, agent, backing);
@@ -330,6 +332,7 @@ impl Node {
             vcpus: None,
             memory_mib: None,
             warm: true,
+            origin: "attached".to_owned(),
             claim_ms: millis(started.elapsed()),
             note: Some(
                 "Attach mode: this is the one existing agent the server was started with. It \
@@ -357,7 +360,7 @@ impl Node {
             deadline: None,
             warm: true,
             duration: claim_duration,
-            origin: Origin::Attached,
+            lineage: Lineage::Attached,
             token: new_token()?,
         };
         let sandbox = Sandbox::new(

@@ -4,8 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use sandbox_protocol::limits::EXEC_DEADLINE_SECS;
 use schemars::JsonSchema;
 use serde::Deserialize;
+
+use crate::error::ToolError;
+use crate::output::{size, Keep};
 
 /// Network access for a new sandbox.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -94,13 +98,23 @@ pub struct ExecParams {
     #[serde(default)]
     pub env: Option<BTreeMap<String, String>>,
     /// Seconds before the command is killed with everything it started (background
-    /// children too); default and maximum 300. For longer jobs use spawn and poll
-    /// with logs.
+    /// children too): default 60, at most 300 (0 means 300). For longer jobs use
+    /// spawn and poll with logs.
     #[serde(default, alias = "timeout")]
     pub timeout_seconds: Option<u64>,
-    /// Text written to the command's standard input, which is then closed.
+    /// Text written to the command's standard input, which is then closed; at most
+    /// 3 MiB (for more, write_file it and run `command < FILE`).
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Most bytes of each of stdout and stderr to return: default 16384, at most
+    /// 1048576. The rest is read and left out (see keep).
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// Which part of a stream longer than max_bytes to return: "auto" (default: the
+    /// tail of a failed command, where the error is; head and tail of a successful
+    /// one), "head", "tail" or "head_tail".
+    #[serde(default)]
+    pub keep: Keep,
 }
 
 /// `spawn`
@@ -154,12 +168,59 @@ fn default_session() -> String {
     sandbox_protocol::eval::DEFAULT_SESSION.to_owned()
 }
 
-/// Tools that need only a sandbox: `ps`, `release`.
+/// Tools that need only a sandbox: `release`.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxParams {
     /// The sandbox, as returned by create_sandbox.
     pub sandbox_id: String,
+}
+
+/// A process kind `ps` can filter on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KindFilter {
+    /// Commands run by exec.
+    Exec,
+    /// Processes started by spawn.
+    Spawn,
+    /// Terminals.
+    Pty,
+    /// eval_code's interpreters.
+    Session,
+}
+
+/// `ps`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PsParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// List only running processes (default true). false also lists exited ones,
+    /// which are kept 5 minutes after they exit.
+    #[serde(default = "yes")]
+    pub running_only: bool,
+    /// List only processes of this kind: "exec", "spawn", "pty" or "session".
+    #[serde(default)]
+    pub kind: Option<KindFilter>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Which part of a process's output `logs` returns when more than max_bytes is held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LogsKeep {
+    /// The newest output without a cursor; the oldest after a cursor (to page
+    /// forward with next_cursor).
+    #[default]
+    Auto,
+    /// The oldest output from the cursor on.
+    Head,
+    /// The newest output.
+    Tail,
 }
 
 /// `logs`
@@ -170,11 +231,17 @@ pub struct LogsParams {
     pub sandbox_id: String,
     /// The process, as returned by spawn or listed by ps.
     pub pid: i32,
-    /// Return only output after this byte offset: pass the previous call's
-    /// next_cursor to poll for new output. Omit for everything still held (the
-    /// newest 256 KiB).
+    /// Return only output from this byte offset on: pass the previous call's
+    /// next_cursor to poll for new output or to page on. Omit for the newest output.
     #[serde(default)]
     pub cursor: Option<u64>,
+    /// Most bytes to return: default 16384, at most 262144 (the whole ring).
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// With more than max_bytes held: "auto" (default: the newest bytes without a
+    /// cursor, the first ones after a cursor), "head" or "tail".
+    #[serde(default)]
+    pub keep: LogsKeep,
 }
 
 /// `kill`
@@ -191,6 +258,18 @@ pub struct KillParams {
     pub signal: Option<i32>,
 }
 
+/// How file content travels in a tool call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+pub enum Encoding {
+    /// Text (reading replaces invalid UTF-8 with U+FFFD).
+    #[default]
+    #[serde(rename = "utf-8", alias = "utf8", alias = "text")]
+    Utf8,
+    /// Standard base64 (RFC 4648, with padding): any bytes, exactly.
+    #[serde(rename = "base64")]
+    Base64,
+}
+
 /// `write_file`
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -198,17 +277,55 @@ pub struct WriteFileParams {
     /// The sandbox, as returned by create_sandbox.
     pub sandbox_id: String,
     /// Absolute path; the parent directory must exist (create it with exec
-    /// `mkdir -p`). An existing file is replaced atomically.
+    /// `mkdir -p`). An existing file is replaced atomically, once the last part is in.
     pub path: String,
-    /// The whole new content, as text.
+    /// The content (or this part of it), as encoding says.
     pub content: String,
+    /// "utf-8" (default: content is text) or "base64" (content is base64 of any
+    /// bytes).
+    #[serde(default)]
+    pub encoding: Encoding,
     /// Permission bits in octal, like "755"; default keeps an existing file's, or
-    /// 644 for a new one.
+    /// 644 for a new one. With parts, the first part's counts.
     #[serde(default)]
     pub mode: Option<String>,
+    /// For a file sent in parts: where this part starts. 0 (default) starts the file;
+    /// each next part starts where the last ended (the previous call's next_offset).
+    #[serde(default)]
+    pub offset: u64,
+    /// true: more parts follow, so keep the file open; omit or false on the last (or
+    /// only) part, which writes the file. Send parts of a few MiB (each call is one
+    /// message, at most 16 MiB with its base64).
+    #[serde(default)]
+    pub more: bool,
 }
 
-/// `read_file` and `list_dir`
+/// `read_file`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFileParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Absolute path in the sandbox.
+    pub path: String,
+    /// First byte to read: default 0; negative counts from the end (-4096 reads the
+    /// last 4 KiB). Page through a large file with the returned next_offset.
+    #[serde(default)]
+    pub offset: Option<i64>,
+    /// Most bytes to return: default 65536, at most 4194304.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    /// "utf-8" (default: text, invalid UTF-8 replaced) or "base64" (exact bytes).
+    #[serde(default)]
+    pub encoding: Option<Encoding>,
+    /// Return an image (PNG, JPEG, GIF or WebP, at most 3 MiB) as image content the
+    /// model can see. Default: yes for a file that starts like an image when
+    /// offset, max_bytes and encoding are not given; false reads its bytes instead.
+    #[serde(default)]
+    pub as_image: Option<bool>,
+}
+
+/// `list_dir`
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PathParams {
@@ -239,6 +356,42 @@ pub struct WaitForTextParams {
     /// Seconds to wait: default 30, at most 300; 0 only looks once.
     #[serde(default, alias = "timeout")]
     pub timeout_seconds: Option<u64>,
+}
+
+/// The timeout of an `exec` or `eval_code` that names none: an answer (with the
+/// output so far) before the 60 s after which common MCP clients give up on a call.
+/// Up to [`EXEC_DEADLINE_SECS`] when asked.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 55;
+
+/// A tool's `timeout_seconds`: none is [`DEFAULT_TIMEOUT_SECS`], 0 the maximum, more
+/// than it is refused.
+pub fn timeout_secs(asked: Option<u64>) -> Result<u64, ToolError> {
+    match asked {
+        None => Ok(DEFAULT_TIMEOUT_SECS),
+        Some(0) => Ok(EXEC_DEADLINE_SECS),
+        Some(secs) if secs > EXEC_DEADLINE_SECS => Err(ToolError::new(format!(
+            "timeout_seconds may be at most {EXEC_DEADLINE_SECS}; got {secs}. For longer \
+             jobs, start the command with spawn and poll its output with logs."
+        ))),
+        Some(secs) => Ok(secs),
+    }
+}
+
+/// A tool's `max_bytes`: `default` when not given, at least 1, at most `cap`.
+pub fn max_bytes(asked: Option<u64>, default: usize, cap: usize) -> Result<usize, ToolError> {
+    match asked {
+        None => Ok(default),
+        Some(0) => Err(ToolError::new(format!(
+            "max_bytes must be at least 1; omit it for {default}."
+        ))),
+        Some(bytes) if bytes > cap as u64 => Err(ToolError::new(format!(
+            "max_bytes may be at most {cap} ({}); got {bytes}. For more output, redirect it \
+             to a file in the command (> /tmp/out.log) and page through it with read_file \
+             (offset, max_bytes).",
+            size(cap as u64)
+        ))),
+        Some(bytes) => Ok(usize::try_from(bytes).unwrap_or(cap)),
+    }
 }
 
 /// Parses an octal mode like `"755"`, `"0755"` or `"0o755"`.
@@ -337,5 +490,13 @@ mod tests {
         let params: ExecParams =
             serde_json::from_str(r#"{"sandbox_id":"a","argv":["ls","-l"]}"#).unwrap();
         assert_eq!((params.command, params.argv.unwrap().len()), (None, 2));
+    }
+
+    #[test]
+    fn timeouts_default_below_client_deadlines() {
+        assert_eq!(timeout_secs(None), Ok(DEFAULT_TIMEOUT_SECS));
+        const { assert!(DEFAULT_TIMEOUT_SECS < 60) };
+        assert_eq!(timeout_secs(Some(0)), Ok(EXEC_DEADLINE_SECS));
+        assert!(timeout_secs(Some(301)).is_err());
     }
 }

@@ -1,17 +1,22 @@
-//! The MCP server: one method per tool, each turning its parameters into client
-//! calls and the answers into [`crate::render`] results. `call_tool` wraps every call
-//! in the per-call cap and the client's cancellation.
+//! The MCP server: one method per tool, each checking its parameters and handing
+//! the work to the module that does it ([`crate::exec`], [`crate::files`],
+//! [`crate::processes`], the node), then turning the answer into a
+//! [`crate::render`] result. `call_tool` wraps every call in the per-call cap, the
+//! client's cancellation and progress reporting ([`crate::progress`]).
 //!
 //! Tools, as the README's table lists them: `create_sandbox`, `exec`, `eval_code`,
 //! `spawn`, `ps`, `logs`, `kill`, `wait_for_text`, `write_file`, `read_file`, `list_dir`,
 //! `release`, `node_info`; the snapshot tools are a second router, in
 //! [`crate::snapshot::tools`], and the fleet tools a third, in [`crate::fleet::tools`].
 //! Under `--profile sandstorm` the server offers only [`crate::sandstorm`]'s router.
+//! Every tool's schemas are made standard JSON Schema ([`crate::schema`]) once the
+//! routers are combined.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rmcp::handler::server::common::Extension;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::{schema_for_output, ToolCallContext};
 use rmcp::handler::server::wrapper::Parameters;
@@ -23,27 +28,29 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, ErrorData, RoleServer, ServerHandler};
 use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS};
 use sandbox_protocol::wait::{WAIT_DEFAULT_TIMEOUT_MS, WAIT_MAX_TIMEOUT_MS};
-use sandbox_protocol::{
-    Command, EvalReply, EvalRequest, ExecRequest, FileKind, Language, Pid, ProcessKind,
-    ProcessSpec, ProcessState, Stream, WaitTarget,
-};
+use sandbox_protocol::{Command, ExecRequest, FileKind, ProcessSpec, WaitTarget};
 use tokio::time::Instant;
 
 use crate::config::Profile;
 use crate::error::{Op, ToolError};
-use crate::exec::{self, End};
+use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC_STDIN_MAX_BYTES};
 use crate::node::Node;
+use crate::output::{size, stream_name};
 use crate::params::{
-    parse_mode, CreateSandboxParams, EvalCodeParams, ExecParams, KillParams, LogsParams,
-    PathParams, SandboxParams, SpawnParams, WaitForTextParams, WriteFileParams,
+    max_bytes, timeout_secs, CreateSandboxParams, EvalCodeParams, ExecParams, KillParams,
+    LogsParams, PathParams, PsParams, ReadFileParams, SandboxParams, SpawnParams,
+    WaitForTextParams, WriteFileParams,
 };
+use crate::progress::Progress;
 use crate::render::{
-    failure_with, rfc3339_ms, success, CreateSandboxResult, DirEntryRow, EvalCodeResult,
-    ExceptionInfo, ExecResult, KillResult, ListDirResult, LogsResult, NodeInfoResult, ProcessRow,
-    PsResult, ReadFileResult, ReleaseResult, SpawnResult, WaitForTextResult, WriteFileResult,
+    failure_with, success, CreateSandboxResult, DirEntryRow, EvalCodeResult, ExecResult,
+    KillResult, ListDirResult, LogsResult, NodeInfoResult, PsResult, ReadFileResult, ReleaseResult,
+    SpawnResult, WaitForTextResult, WriteFileResult,
 };
 use crate::sandbox::Sandbox;
+use crate::upload::Uploads;
 use crate::util::millis;
+use crate::{eval, files, processes, schema};
 
 /// The cap on one tool call: five minutes, plus the grace an exec that hits it gets
 /// to return what it collected.
@@ -64,7 +71,9 @@ code. Call create_sandbox (create_sandboxes for several), pass its sandbox_id to
 command, or an argv list), eval_code (Python or \
 sh in a session whose state persists between calls, like a notebook), spawn/logs/kill \
 (background processes), wait_for_text (until a server's output or a file shows a line), \
-write_file/read_file/list_dir (files), and release it when done. \
+write_file/read_file/list_dir (files, any size, text or base64), and release it when done. \
+Results are cut to a model's size (max_bytes raises it); exec keeps the end of a failed \
+command's output, where the error is. \
 Each sandbox is destroyed at its deadline (default one hour, never renewed) and when this \
 session ends; sandboxes have no network access. fork clones a sandbox into children; \
 checkpoint saves its state for branch_checkpoint (checkpoints outlive the session); \
@@ -78,19 +87,32 @@ pub struct SandboxServer {
     pub(crate) node: Arc<Node>,
     tool_router: ToolRouter<Self>,
     instructions: &'static str,
+    uploads: Arc<Uploads>,
 }
 
 #[tool_router]
 impl SandboxServer {
-    /// A server over `node` offering `profile`'s tools. In the default profile the
-    /// snapshot tools, and the fleet tools that claim or list templates, are offered
-    /// only when it launches microVMs: an attached agent cannot be snapshotted and is
-    /// the only sandbox. The sandstorm profile offers only its own tools.
+    /// A server over `node` offering `profile`'s tools.
     pub fn new(node: Arc<Node>, profile: Profile) -> Self {
-        let (tool_router, instructions) = match profile {
+        let (tool_router, instructions) = Self::router(profile, node.snapshots().is_some());
+        Self {
+            node,
+            tool_router,
+            instructions,
+            uploads: Arc::new(Uploads::default()),
+        }
+    }
+
+    /// Every tool `profile` offers, with standard schemas, and what the server tells
+    /// the model at initialization. In the default profile the snapshot tools, and
+    /// the fleet tools that claim or list templates, come only with `snapshots` (a
+    /// server that launches microVMs): an attached agent cannot be snapshotted and is
+    /// the only sandbox. The sandstorm profile offers only its own tools.
+    fn router(profile: Profile, snapshots: bool) -> (ToolRouter<Self>, &'static str) {
+        let (mut router, instructions) = match profile {
             Profile::Default => {
                 let mut router = Self::tool_router() + Self::fleet_router();
-                if node.snapshots().is_some() {
+                if snapshots {
                     router += Self::snapshot_router();
                 } else {
                     for name in crate::fleet::tools::LAUNCH_ONLY {
@@ -101,56 +123,97 @@ impl SandboxServer {
             }
             Profile::Sandstorm => (Self::sandstorm_router(), crate::sandstorm::INSTRUCTIONS),
         };
-        Self {
-            node,
-            tool_router,
-            instructions,
+        for route in router.map.values_mut() {
+            schema::standardize_tool(&mut route.attr);
         }
+        (router, instructions)
     }
 
     #[tool(
+        title = "Create a sandbox",
         description = "Claim a fresh Linux microVM sandbox and return its sandbox_id and \
         deadline. Optional: template (default: the server's; see node_info), size (small \
         default, medium, large, xlarge, 2xlarge), net (\"none\" default; \"egress\" is not \
         available yet), ttl_seconds (0 or omitted = one hour, max 86400). Default template \
-        and size come from a warm pool in milliseconds; others boot in seconds. Nothing \
+        and size come from a warm pool in milliseconds (warm: true); others boot in \
+        seconds, with progress notifications when the client asks for them. Nothing \
         renews the deadline: at it the VM and its files are destroyed. Release it when done.",
-        output_schema = schema_for_output::<CreateSandboxResult>()
+        output_schema = schema_for_output::<CreateSandboxResult>(),
+        annotations(
+            title = "Create a sandbox",
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn create_sandbox(
         &self,
         Parameters(params): Parameters<CreateSandboxParams>,
+        Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
+        progress.set_status("create_sandbox: waiting for a VM (a warm one, or a boot)");
         Ok(success(&self.node.create(params).await?))
     }
 
     #[tool(
+        title = "Run a command",
         description = "Run a command in a sandbox to completion and return stdout, stderr, \
         exit_code and truncated: command is a shell line (/bin/sh -c), or argv a program and \
-        its arguments run without a shell. Optional: cwd, env, stdin, timeout_seconds \
-        (default and max 300). Each stream keeps its first 1 MiB (truncated is set past \
-        that). A non-zero exit_code is a normal result. A run cut off by its timeout or a \
-        lost connection is an error result that still carries the output collected so far. \
+        its arguments run without a shell (exactly one of the two). Optional: cwd, env, \
+        stdin (at most 3 MiB), timeout_seconds (default 55, so the answer beats common 60 s \
+        client deadlines; up to 300 when asked), max_bytes (of each stream returned: \
+        default 16384, at most 1048576) and keep (\"auto\" default: the tail of a failed \
+        command's output, where the error is, head and tail of a successful one; \"head\", \
+        \"tail\", \"head_tail\"); stdout_bytes and stderr_bytes say how much there was. A \
+        non-zero exit_code is a normal result. A run cut off by its timeout or a lost \
+        connection is an error result that still carries the output collected so far. \
         Background children (cmd &) are killed at the timeout too; a command the OOM killer \
-        ended has oom_killed set. For servers or jobs longer than 5 minutes use spawn.",
-        output_schema = schema_for_output::<ExecResult>()
+        ended has oom_killed set. With a progress token, the last line printed comes as \
+        progress. For servers or jobs longer than 5 minutes use spawn.",
+        output_schema = schema_for_output::<ExecResult>(),
+        annotations(
+            title = "Run a command",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn exec(
         &self,
         Parameters(params): Parameters<ExecParams>,
+        Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         let timeout_secs = timeout_secs(params.timeout_seconds)?;
         let command = command_of(params.command, params.argv)?;
+        let max_bytes = max_bytes(params.max_bytes, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES)?;
+        let stdin = params.stdin.unwrap_or_default().into_bytes();
+        if stdin.len() > EXEC_STDIN_MAX_BYTES {
+            return Err(ToolError::new(format!(
+                "stdin is {} ({} bytes); exec takes at most {} ({EXEC_STDIN_MAX_BYTES} bytes), \
+                 since it travels in one message to the sandbox. Write it to a file with \
+                 write_file (in parts with offset and more: true when it is large), then run \
+                 the command with < FILE.",
+                size(stdin.len() as u64),
+                stdin.len(),
+                size(EXEC_STDIN_MAX_BYTES as u64)
+            )));
+        }
         let client = client(&sandbox, Op::Command).await?;
         let request = ExecRequest {
             spec: process_spec(command, params.cwd, params.env),
-            stdin: params.stdin.unwrap_or_default().into_bytes(),
+            stdin,
             timeout_ms: None,
             stream: true,
         };
         let timeout = Duration::from_secs(timeout_secs);
-        let collected = exec::run(&client, request, timeout).await;
+        let shape = Shape {
+            max_bytes,
+            keep: params.keep,
+        };
+        let collected = exec::run(&client, request, timeout, shape, &progress).await;
         if let End::Failed(error) = &collected.end {
             if !collected.started {
                 return Err(ToolError::agent(Op::Command, sandbox.id.as_str(), error));
@@ -164,51 +227,39 @@ impl SandboxServer {
     }
 
     #[tool(
+        title = "Evaluate code in a session",
         description = "Evaluate code in a named interpreter session of a sandbox, like a \
         notebook cell: variables, imports, functions and the working directory persist from \
         one call to the next. language: \"python\" (default; the sandbox needs python3) or \
         \"sh\"; session: its name (default \"default\"). Returns stdout and stderr \
         (subprocesses included, first 1 MiB each), value (the repr of a last Python \
         expression), status ($? for sh) and the session's pid. Optional timeout_seconds \
-        (default and max 300) interrupts the code: Python raises KeyboardInterrupt and the \
-        session keeps its state. An exception, a timeout or a session that died (exit(), a \
-        crash, a kill) is an error result that still carries the output; a dead session \
-        answers not found until you pass restart: true. Code reading stdin gets end of file.",
-        output_schema = schema_for_output::<EvalCodeResult>()
+        (default 55, at most 300) interrupts the code: Python raises KeyboardInterrupt and \
+        the session keeps its state. An exception, a timeout or a session that died \
+        (exit(), a crash, a kill) is an error result that still carries the output; a dead \
+        session answers not found until you pass restart: true. Code reading stdin gets \
+        end of file.",
+        output_schema = schema_for_output::<EvalCodeResult>(),
+        annotations(
+            title = "Evaluate code in a session",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn eval_code(
         &self,
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let Some(language) = Language::parse(&params.language) else {
-            return Err(ToolError::new(format!(
-                "language {:?} is not one eval_code runs: use \"python\" or \"sh\".",
-                params.language
-            )));
-        };
-        if !sandbox_protocol::is_valid_session_name(&params.session) {
-            return Err(ToolError::new(format!(
-                "session {:?} is not a session name: use 1 to {} letters, digits, '-', '_' or \
-                 '.', or omit it for \"default\".",
-                params.session,
-                sandbox_protocol::eval::MAX_SESSION_NAME_BYTES
-            )));
-        }
-        let timeout_secs = timeout_secs(params.timeout_seconds)?;
+        let (request, timeout_secs) = eval::request(params)?;
         let client = client(&sandbox, Op::Session).await?;
-        let request = EvalRequest {
-            session: params.session,
-            language,
-            code: params.code,
-            timeout_ms: Some(timeout_secs * 1000),
-            restart: params.restart,
-        };
         let reply = client
             .eval(request)
             .await
             .map_err(|error| ToolError::agent(Op::Session, sandbox.id.as_str(), &error))?;
-        let result = eval_result(reply, timeout_secs);
+        let result = eval::result(reply, timeout_secs);
         Ok(match &result.error {
             Some(message) => failure_with(&result, message),
             None => success(&result),
@@ -216,11 +267,19 @@ impl SandboxServer {
     }
 
     #[tool(
+        title = "Start a background process",
         description = "Start a shell command (/bin/sh -c) detached in a sandbox and return its \
         pid at once. Its stdout and stderr go to a 256 KiB ring that logs replays; use it for \
-        servers and long jobs. Optional: cwd, env. The process runs until it exits, is \
-        killed, or the sandbox is destroyed.",
-        output_schema = schema_for_output::<SpawnResult>()
+        servers and long jobs (wait_for_text waits for a line it prints). Optional: cwd, \
+        env. The process runs until it exits, is killed, or the sandbox is destroyed.",
+        output_schema = schema_for_output::<SpawnResult>(),
+        annotations(
+            title = "Start a background process",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn spawn(
         &self,
@@ -237,90 +296,76 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "List the processes a sandbox tracks (from exec, spawn and terminals) \
-        with pid, state (running or exited), exit code and start time. Exited processes are \
-        forgotten 5 minutes after they exit.",
+        title = "List processes",
+        description = "List the processes a sandbox tracks (from exec, spawn, terminals and \
+        eval_code sessions) with pid, kind, state (running or exited), exit code and start \
+        time. By default only running ones; running_only: false lists exited ones too (kept \
+        5 minutes after they exit). Optional kind: \"exec\", \"spawn\", \"pty\" or \
+        \"session\". hidden counts what the filters left out.",
         output_schema = schema_for_output::<PsResult>(),
-        annotations(read_only_hint = true)
+        annotations(
+            title = "List processes",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn ps(
         &self,
-        Parameters(params): Parameters<SandboxParams>,
+        Parameters(params): Parameters<PsParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let client = client(&sandbox, Op::Other).await?;
-        let list = client
-            .ps()
-            .await
-            .map_err(|error| ToolError::agent(Op::Other, sandbox.id.as_str(), &error))?;
-        let processes = list
-            .into_iter()
-            .map(|info| {
-                let (state, exit) = match info.state {
-                    ProcessState::Running => ("running", None),
-                    ProcessState::Exited(status) => ("exited", Some(status)),
-                };
-                ProcessRow {
-                    pid: info.pid.0,
-                    kind: info.kind.as_str().to_owned(),
-                    command: match info.kind {
-                        ProcessKind::Session => session_line(&info.argv),
-                        _ => command_line(&info.argv),
-                    },
-                    state: state.to_owned(),
-                    exit_code: exit.map(|status| status.shell_code()),
-                    signal: exit.and_then(|status| status.signal),
-                    started_at: rfc3339_ms(info.started_at_ms),
-                    ended_at: info.ended_at_ms.map(rfc3339_ms),
-                }
-            })
-            .collect();
-        Ok(success(&PsResult { processes }))
+        let client = client(&sandbox, Op::Kill).await?;
+        Ok(success(
+            &processes::ps(&client, sandbox.id.as_str(), &params).await?,
+        ))
     }
 
     #[tool(
-        description = "Return a tracked process's output: the newest 256 KiB of its stdout and \
-        stderr, whether it still runs, and its exit code once ended. Pass the returned \
-        next_cursor as cursor on the next call to get only new output (poll a spawned job).",
+        title = "Read a process's output",
+        description = "Return a tracked process's output, stdout and stderr in the order it \
+        was written (one run per stream switch), whether it still runs, and its exit code \
+        once ended. Without a cursor: the newest max_bytes (default 16384, at most 262144). \
+        Pass the returned next_cursor as cursor to get only newer output (poll a spawned \
+        job), or to page on through older output from a cursor (from/end/omitted_bytes say \
+        where you are; the ring keeps the newest 256 KiB). keep: \"auto\" (default), \
+        \"head\" or \"tail\".",
         output_schema = schema_for_output::<LogsResult>(),
-        annotations(read_only_hint = true)
+        annotations(
+            title = "Read a process's output",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn logs(
         &self,
         Parameters(params): Parameters<LogsParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let client = client(&sandbox, Op::Process).await?;
-        let reply = client
-            .logs(Pid(params.pid), params.cursor)
-            .await
-            .map_err(|error| ToolError::agent(Op::Process, sandbox.id.as_str(), &error))?;
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        for chunk in reply.batch.chunks {
-            match chunk.stream {
-                Stream::Stdout | Stream::Pty => stdout.extend_from_slice(&chunk.data),
-                Stream::Stderr => stderr.extend_from_slice(&chunk.data),
-            }
-        }
-        Ok(success(&LogsResult {
-            pid: params.pid,
-            stdout: String::from_utf8_lossy(&stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&stderr).into_owned(),
-            running: reply.exit.is_none(),
-            exit_code: reply.exit.map(|status| status.shell_code()),
-            signal: reply.exit.and_then(|status| status.signal),
-            dropped_bytes: reply.batch.dropped,
-            next_cursor: reply.batch.end,
-        }))
+        let client = client(&sandbox, Op::Logs).await?;
+        Ok(success(
+            &processes::logs(&client, sandbox.id.as_str(), &params).await?,
+        ))
     }
 
     #[tool(
+        title = "Signal a process",
         description = "Send a signal to a tracked process and everything it started (its \
         cgroup: background and setsid'd children too, also after the process itself \
-        exited). signal: 15 (SIGTERM, default), 2 (SIGINT), 9 or 0 (SIGKILL). Killing what \
-        already exited is a successful no-op.",
+        exited). signal: 15 (SIGTERM, default), 2 (SIGINT), 9 or 0 (SIGKILL). A process \
+        that had already exited is reported as such (already_exited, exit_code); the \
+        signal then goes only to what it left running, if anything (sent says whether).",
         output_schema = schema_for_output::<KillResult>(),
-        annotations(destructive_hint = true)
+        annotations(
+            title = "Signal a process",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn kill(
         &self,
@@ -336,18 +381,14 @@ impl SandboxServer {
         }
         // This tool promises "0 means SIGKILL"; the wire carries the explicit signal.
         let sent = if signal == 0 { SIGKILL } else { signal };
-        let client = client(&sandbox, Op::Process).await?;
-        client
-            .kill(Pid(params.pid), sent)
-            .await
-            .map_err(|error| ToolError::agent(Op::Process, sandbox.id.as_str(), &error))?;
-        Ok(success(&KillResult {
-            pid: params.pid,
-            signal: sent,
-        }))
+        let client = client(&sandbox, Op::Kill).await?;
+        Ok(success(
+            &processes::kill(&client, sandbox.id.as_str(), params.pid, sent).await?,
+        ))
     }
 
     #[tool(
+        title = "Wait for text",
         description = "Wait until a file in a sandbox, or a tracked process's output, contains \
         a text, and return where: offset, stream (stdout or stderr, for a process), the line \
         holding it and waited_ms. Give exactly one of path (absolute; the file and even its \
@@ -357,7 +398,13 @@ impl SandboxServer {
         timeout_seconds (default 30, max 300; 0 only looks once). An error result when the \
         time runs out or the process exits without printing the text.",
         output_schema = schema_for_output::<WaitForTextResult>(),
-        annotations(read_only_hint = true)
+        annotations(
+            title = "Wait for text",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn wait_for_text(
         &self,
@@ -369,7 +416,7 @@ impl SandboxServer {
                 absolute(path)?;
                 WaitTarget::File(path.clone().into_bytes())
             }
-            (None, Some(pid)) => WaitTarget::Output(Pid(pid)),
+            (None, Some(pid)) => WaitTarget::Output(sandbox_protocol::Pid(pid)),
             _ => {
                 return Err(ToolError::new(
                     "Give exactly one of path (a file to wait on) and pid (a process whose \
@@ -404,10 +451,22 @@ impl SandboxServer {
     }
 
     #[tool(
-        description = "Write a whole text file in a sandbox, replacing it atomically. path \
-        must be absolute and its parent directory must exist (mkdir -p with exec first). \
-        Optional mode in octal, like \"755\".",
-        output_schema = schema_for_output::<WriteFileResult>()
+        title = "Write a file",
+        description = "Write a file in a sandbox, replacing it atomically. path must be \
+        absolute and its parent directory must exist (mkdir -p with exec first). content is \
+        text, or any bytes with encoding \"base64\". Optional mode in octal, like \"755\". \
+        One call carries at most one 16 MiB message: send a larger file in parts, each with \
+        its offset (0 first, then the next_offset returned) and more: true, and the last \
+        part with more omitted; the file appears when the last part arrives. Parts of 4 MiB \
+        are a good size.",
+        output_schema = schema_for_output::<WriteFileResult>(),
+        annotations(
+            title = "Write a file",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn write_file(
         &self,
@@ -415,61 +474,52 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         absolute(&params.path)?;
-        let mode = match params.mode.as_deref() {
-            None => None,
-            Some(text) => Some(parse_mode(text).ok_or_else(|| {
-                ToolError::new(format!(
-                    "mode {text:?} is not octal permission bits; pass something like \"644\" \
-                     or \"755\", or omit it."
-                ))
-            })?),
-        };
-        let client = client(&sandbox, Op::File).await?;
-        let bytes = params.content.len() as u64;
-        client
-            .write_file(&params.path, params.content.into_bytes(), mode)
-            .await
-            .map_err(|error| ToolError::agent(Op::File, sandbox.id.as_str(), &error))?;
-        Ok(success(&WriteFileResult {
-            path: params.path,
-            bytes,
-        }))
+        let client = client(&sandbox, Op::Write).await?;
+        let result = files::write(&self.uploads, &client, sandbox.id.as_str(), params).await?;
+        Ok(success(&result))
     }
 
     #[tool(
-        description = "Read a whole regular file (at most 1 MiB) from a sandbox as text; \
-        invalid UTF-8 is replaced with U+FFFD. A larger file, a directory, a device and a \
-        missing path are errors: use exec (head, tail, grep) for parts of big files and \
-        list_dir for directories.",
+        title = "Read a file",
+        description = "Read a regular file from a sandbox: as text (invalid UTF-8 replaced, \
+        lossy set), as base64 of its exact bytes (encoding \"base64\"), or as an image the \
+        model can see (PNG, JPEG, GIF, WebP up to 3 MiB: by default for a file that starts \
+        like one, unless offset, max_bytes or encoding is given; as_image: false reads its \
+        bytes). Returns at most max_bytes (default 65536, at most 4194304) from offset \
+        (default 0; negative counts from the end, -4096 is the last 4 KiB); size is the \
+        file's, and next_offset is set when the file goes on: pass it as offset to read \
+        the next part. Files of any size can be read this way.",
         output_schema = schema_for_output::<ReadFileResult>(),
-        annotations(read_only_hint = true)
+        annotations(
+            title = "Read a file",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn read_file(
         &self,
-        Parameters(params): Parameters<PathParams>,
+        Parameters(params): Parameters<ReadFileParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         absolute(&params.path)?;
-        let client = client(&sandbox, Op::File).await?;
-        let data = client
-            .read_file(&params.path)
-            .await
-            .map_err(|error| ToolError::agent(Op::File, sandbox.id.as_str(), &error))?;
-        let content = String::from_utf8_lossy(&data);
-        let lossy = matches!(content, std::borrow::Cow::Owned(_));
-        Ok(success(&ReadFileResult {
-            content: content.into_owned(),
-            path: params.path,
-            bytes: data.len() as u64,
-            lossy,
-        }))
+        let client = client(&sandbox, Op::Read).await?;
+        files::read(&client, sandbox.id.as_str(), params).await
     }
 
     #[tool(
+        title = "List a directory",
         description = "List one level of a directory in a sandbox: name, kind (file, dir, \
-        symlink, other) and size of each entry, sorted by name.",
+        symlink, other) and size of each entry, sorted by name. Read a file with read_file.",
         output_schema = schema_for_output::<ListDirResult>(),
-        annotations(read_only_hint = true)
+        annotations(
+            title = "List a directory",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn list_dir(
         &self,
@@ -477,11 +527,11 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         absolute(&params.path)?;
-        let client = client(&sandbox, Op::File).await?;
+        let client = client(&sandbox, Op::List).await?;
         let entries = client
             .list_dir(&params.path)
             .await
-            .map_err(|error| ToolError::agent(Op::File, sandbox.id.as_str(), &error))?;
+            .map_err(|error| ToolError::agent(Op::List, sandbox.id.as_str(), &error))?;
         let entries = entries
             .into_iter()
             .map(|entry| DirEntryRow {
@@ -497,11 +547,18 @@ impl SandboxServer {
     }
 
     #[tool(
+        title = "Release a sandbox",
         description = "Destroy a sandbox and everything in it, now. Its sandbox_id becomes \
         unknown: releasing it again is an error. (In attach mode the agent is only forgotten, \
         not stopped.)",
         output_schema = schema_for_output::<ReleaseResult>(),
-        annotations(destructive_hint = true)
+        annotations(
+            title = "Release a sandbox",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn release(
         &self,
@@ -511,11 +568,18 @@ impl SandboxServer {
     }
 
     #[tool(
+        title = "Describe the sandbox host",
         description = "Describe this sandbox host: mode, the warm pool (ready and booting VMs), \
         templates that create_sandbox accepts, this session's live claims with their \
         deadlines, and capacity (how many more sandboxes can be claimed).",
         output_schema = schema_for_output::<NodeInfoResult>(),
-        annotations(read_only_hint = true)
+        annotations(
+            title = "Describe the sandbox host",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn node_info(&self) -> Result<CallToolResult, ToolError> {
         Ok(success(&self.node.info()))
@@ -547,16 +611,21 @@ impl ServerHandler for SandboxServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
+        mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
         let cancelled = context.ct.clone();
         let started = Instant::now();
+        // Every call reports progress when asked; tools that know more (exec, a
+        // claim) say it through the status.
+        let progress = Progress::for_call(&context, format!("{name}: running"));
+        context.extensions.insert(progress.clone());
         let call = self
             .tool_router
             .call(ToolCallContext::new(self, request, context));
         let cap = Duration::from_secs(TOOL_CALL_CAP_SECS);
         let response = tokio::select! {
+            () = progress.run() => unreachable!("the progress ticker never ends"),
             response = tokio::time::timeout(cap, call) => match response {
                 Ok(response) => response,
                 Err(_) => Ok(ToolError::new(format!(
@@ -578,69 +647,6 @@ impl ServerHandler for SandboxServer {
         };
         tracing::info!(tool = %name, ms = millis(started.elapsed()), is_error, "tool call");
         response
-    }
-}
-
-/// A tool's `timeout_seconds`: 0 or none is the maximum, more is refused.
-fn timeout_secs(asked: Option<u64>) -> Result<u64, ToolError> {
-    match asked {
-        None | Some(0) => Ok(EXEC_DEADLINE_SECS),
-        Some(secs) if secs > EXEC_DEADLINE_SECS => Err(ToolError::new(format!(
-            "timeout_seconds may be at most {EXEC_DEADLINE_SECS}; got {secs}. For longer \
-             jobs, start the command with spawn and poll its output with logs."
-        ))),
-        Some(secs) => Ok(secs),
-    }
-}
-
-/// The `eval_code` result, with `error` set when the code raised, timed out or
-/// the session died.
-fn eval_result(reply: EvalReply, timeout_secs: u64) -> EvalCodeResult {
-    let name = reply.session.name.clone();
-    let error = match (&reply.died, reply.timed_out, &reply.exception) {
-        (Some(_), true, _) => Some(format!(
-            "Interrupted after {timeout_secs} s and it did not come back, so session {name:?} \
-             was killed: its state is gone. Call again with restart: true for a fresh session."
-        )),
-        (Some(status), false, _) => Some(format!(
-            "Session {name:?} died during the evaluation (exit code {}): its state is gone. \
-             Call again with restart: true for a fresh session.",
-            status.shell_code()
-        )),
-        (None, true, _) => Some(format!(
-            "Interrupted after {timeout_secs} s; session {name:?} keeps its state. Pass a \
-             larger timeout_seconds (at most 300), or run long jobs with spawn and poll them \
-             with logs."
-        )),
-        (None, false, Some(raised)) => Some(format!(
-            "The code raised {}: {}",
-            raised.type_name, raised.message
-        )),
-        (None, false, None) => None,
-    };
-    EvalCodeResult {
-        session: name,
-        language: reply.session.language.as_str().to_owned(),
-        pid: reply.session.pid.0,
-        started: reply.session.started,
-        evaluations: reply.session.evaluations,
-        stdout: String::from_utf8_lossy(&reply.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&reply.stderr).into_owned(),
-        truncated: reply.stdout_truncated || reply.stderr_truncated,
-        value: reply.value,
-        value_truncated: reply.value_truncated,
-        exception: reply.exception.map(|raised| ExceptionInfo {
-            type_name: raised.type_name,
-            message: raised.message,
-            traceback: raised.traceback,
-        }),
-        status: reply.status,
-        timed_out: reply.timed_out,
-        died: reply.died.is_some(),
-        exit_code: reply.died.map(|status| status.shell_code()),
-        signal: reply.died.and_then(|status| status.signal),
-        duration_ms: reply.duration_ms,
-        error,
     }
 }
 
@@ -690,34 +696,6 @@ fn absolute(path: &str) -> Result<(), ToolError> {
     }
 }
 
-/// A process's command as one line: the shell line for `sh -c LINE`, else the argv.
-fn command_line(argv: &[String]) -> String {
-    match argv {
-        [sh, flag, line] if sh.ends_with("sh") && flag == "-c" => line.clone(),
-        _ => argv.join(" "),
-    }
-}
-
-/// A stream as the results name it.
-fn stream_name(stream: Stream) -> &'static str {
-    match stream {
-        Stream::Stdout => "stdout",
-        Stream::Stderr => "stderr",
-        Stream::Pty => "pty",
-    }
-}
-
-/// An `eval_code` session's interpreter as `ps` shows it: its name and program, not
-/// the bootstrap that loads its driver (the session's name is its last argument).
-fn session_line(argv: &[String]) -> String {
-    match (argv.first(), argv.last()) {
-        (Some(program), Some(name)) if argv.len() > 1 => {
-            format!("eval_code session {name} ({program})")
-        }
-        _ => command_line(argv),
-    }
-}
-
 fn kind_name(kind: FileKind) -> &'static str {
     kind.as_str()
 }
@@ -725,14 +703,6 @@ fn kind_name(kind: FileKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shell_commands_show_their_line() {
-        let argv = ["/bin/sh", "-c", "sleep 1"].map(String::from);
-        assert_eq!(command_line(&argv), "sleep 1");
-        let argv = ["python3", "-m", "http.server"].map(String::from);
-        assert_eq!(command_line(&argv), "python3 -m http.server");
-    }
 
     #[test]
     fn exec_takes_a_shell_line_or_an_argv_but_not_both() {
@@ -750,12 +720,6 @@ mod tests {
         assert!(command_of(None, None).is_err());
         assert!(command_of(None, Some(Vec::new())).is_err());
         assert!(command_of(None, Some(vec![String::new()])).is_err());
-    }
-
-    #[test]
-    fn sessions_show_their_name_not_their_bootstrap() {
-        let argv = ["python3", "-u", "-c", "import sys;exec(...)", "work"].map(String::from);
-        assert_eq!(session_line(&argv), "eval_code session work (python3)");
     }
 
     #[test]
@@ -794,6 +758,57 @@ mod tests {
                 "{} needs a description a model can act on",
                 tool.name
             );
+        }
+    }
+
+    #[test]
+    fn every_tool_has_a_title_and_all_four_hints() {
+        let tools = [Profile::Default, Profile::Sandstorm]
+            .into_iter()
+            .flat_map(|profile| SandboxServer::router(profile, true).0.list_all());
+        for tool in tools {
+            assert!(tool.title.is_some(), "{} has no title", tool.name);
+            let hints = tool
+                .annotations
+                .as_ref()
+                .unwrap_or_else(|| panic!("{}", tool.name));
+            assert!(hints.title.is_some(), "{}", tool.name);
+            assert!(hints.read_only_hint.is_some(), "{}", tool.name);
+            assert!(hints.open_world_hint.is_some(), "{}", tool.name);
+            if hints.read_only_hint == Some(false) {
+                assert!(hints.destructive_hint.is_some(), "{}", tool.name);
+                assert!(hints.idempotent_hint.is_some(), "{}", tool.name);
+            }
+        }
+    }
+
+    #[test]
+    fn schemas_use_only_standard_formats() {
+        // What schemars writes has them (uint64, int32...): the transform is needed.
+        let raw: Vec<String> = (SandboxServer::tool_router() + SandboxServer::snapshot_router())
+            .list_all()
+            .into_iter()
+            .flat_map(|tool| {
+                schema::formats(&serde_json::Value::Object((*tool.input_schema).clone()))
+            })
+            .filter(|format| !schema::is_standard(format))
+            .collect();
+        assert!(!raw.is_empty());
+        let tools = [Profile::Default, Profile::Sandstorm]
+            .into_iter()
+            .flat_map(|profile| SandboxServer::router(profile, true).0.list_all());
+        for tool in tools {
+            let input = serde_json::Value::Object((*tool.input_schema).clone());
+            let output = tool
+                .output_schema
+                .map(|schema| serde_json::Value::Object((*schema).clone()));
+            for schema in std::iter::once(input).chain(output) {
+                let odd: Vec<String> = schema::formats(&schema)
+                    .into_iter()
+                    .filter(|format| !schema::is_standard(format))
+                    .collect();
+                assert!(odd.is_empty(), "{}: {odd:?} in {schema}", tool.name);
+            }
         }
     }
 }

@@ -136,7 +136,7 @@ async fn exec_spawn_ps_logs_and_kill() {
         let logs = server
             .ok("logs", json!({"sandbox_id": "attached", "pid": pid}))
             .await;
-        (logs["stdout"] == "started\n").then_some(logs)
+        (logs["output"][0]["text"] == "started\n").then_some(logs)
     })
     .await;
     assert_eq!(logs["running"], true);
@@ -147,12 +147,18 @@ async fn exec_spawn_ps_logs_and_kill() {
             json!({"sandbox_id": "attached", "pid": pid, "cursor": cursor}),
         )
         .await;
-    assert_eq!(newer["stdout"], "", "a cursor returns only newer output");
+    assert_eq!(
+        newer["output"],
+        json!([]),
+        "a cursor returns only newer output"
+    );
 
     let kill = server
         .ok("kill", json!({"sandbox_id": "attached", "pid": pid}))
         .await;
     assert_eq!(kill["signal"], 15);
+    assert_eq!(kill["sent"], true);
+    assert_eq!(kill["already_exited"], false);
     let ended = eventually(Duration::from_secs(5), "the process to exit", || async {
         let logs = server
             .ok("logs", json!({"sandbox_id": "attached", "pid": pid}))
@@ -161,13 +167,21 @@ async fn exec_spawn_ps_logs_and_kill() {
     })
     .await;
     assert_eq!(ended["signal"], 15);
-    // Killing an exited process is a no-op success, with any signal.
-    server
-        .ok(
+    // Killing an exited process is a success that says it had exited, and sends
+    // nothing when it left nothing running. Regression: it said the signal was sent.
+    let late = server
+        .call(
             "kill",
             json!({"sandbox_id": "attached", "pid": pid, "signal": 0}),
         )
         .await;
+    let body = late.structured_content.clone().unwrap();
+    assert_eq!(body["already_exited"], true, "{body}");
+    assert_eq!(body["sent"], false, "{body}");
+    assert_eq!(body["exit_code"], 143, "{body}");
+    let text = support::text(&late);
+    assert!(text.contains("had already exited"), "{text}");
+    assert!(!text.contains("signal 9 sent"), "{text}");
 
     let missing = server
         .err("logs", json!({"sandbox_id": "attached", "pid": 999_999}))
@@ -251,14 +265,24 @@ async fn files_round_trip_and_read_file_refuses_what_it_should() {
             json!({"sandbox_id": "attached", "command": format!("head -c 1048577 /dev/zero > {big}")}),
         )
         .await;
-    let too_large = server
-        .err("read_file", json!({"sandbox_id": "attached", "path": big}))
+    // Regression: over 1 MiB read_file failed, advising a `get` that is no tool.
+    let first = server
+        .ok("read_file", json!({"sandbox_id": "attached", "path": big}))
         .await;
-    assert!(too_large.contains("too_large"), "{too_large}");
-    assert!(
-        too_large.contains("head -c"),
-        "says what to do: {too_large}"
+    assert_eq!(first["size"], 1_048_577);
+    assert_eq!(first["bytes"], 65_536);
+    assert_eq!(first["next_offset"], 65_536);
+    let last = server
+        .ok(
+            "read_file",
+            json!({"sandbox_id": "attached", "path": big, "offset": -1, "encoding": "base64"}),
+        )
+        .await;
+    assert_eq!(
+        (&last["content"], &last["offset"]),
+        (&json!("AA=="), &json!(1_048_576))
     );
+    assert!(last["next_offset"].is_null());
     let directory = server
         .err("read_file", json!({"sandbox_id": "attached", "path": dir}))
         .await;
@@ -269,7 +293,10 @@ async fn files_round_trip_and_read_file_refuses_what_it_should() {
             json!({"sandbox_id": "attached", "path": "/dev/null"}),
         )
         .await;
-    assert!(device.contains("regular"), "{device}");
+    assert!(
+        device.contains("device") && device.contains("exec"),
+        "{device}"
+    );
     let missing = server
         .err(
             "read_file",
@@ -480,7 +507,7 @@ async fn a_timed_out_exec_returns_its_partial_output_next_to_an_error() {
         "{text}"
     );
 
-    // Output past 1 MiB per stream is cut, and flagged.
+    // Output past max_bytes (16 KiB by default) is cut, and flagged.
     let big = server
         .ok(
             "exec",
@@ -488,7 +515,9 @@ async fn a_timed_out_exec_returns_its_partial_output_next_to_an_error() {
         )
         .await;
     assert_eq!(big["truncated"], true);
-    assert_eq!(big["stdout"].as_str().unwrap().len(), 1024 * 1024);
+    assert_eq!(big["stdout_bytes"], 1_100_000);
+    assert_eq!(big["kept"], "head_tail");
+    assert!(big["stdout"].as_str().unwrap().len() < 16 * 1024 + 100);
     server.disconnect(Duration::from_secs(10)).await;
 }
 
@@ -617,7 +646,10 @@ async fn concurrent_calls_run_side_by_side() {
     );
     let (info, ps) = tokio::join!(
         server.ok("node_info", json!({})),
-        server.ok("ps", json!({"sandbox_id": "attached"}))
+        server.ok(
+            "ps",
+            json!({"sandbox_id": "attached", "running_only": false})
+        )
     );
     assert_eq!(info["capacity"]["live_claims"], 1);
     assert!(ps["processes"].as_array().unwrap().len() >= 4);

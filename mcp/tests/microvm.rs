@@ -1,9 +1,12 @@
 //! `sandbox-mcp` booting real QEMU microVMs, driven by rmcp's MCP client: a warm
 //! claim, `uname -a`, files, two sandboxes at once, TTL expiry, release twice, and
 //! that after the client disconnects no QEMU, `vhost-device-vsock` or run folder is
-//! left; and, driven by hand-written JSON lines through a relay that stands in for
-//! the client, that a SIGKILLed client's sandbox is destroyed within 2 s even with an
-//! `exec` in flight. Claim latency and the exec round trip are measured by `benches/mcp.rs`.
+//! left; a claim that waits for a boot (not warm, with progress), a 20 MiB binary
+//! file in parts both ways and 3 MiB of output cut to max_bytes over the VM's
+//! transport; and, driven by hand-written JSON lines through a relay that stands in
+//! for the client, that a SIGKILLed client's sandbox is destroyed within 2 s even
+//! with an `exec` in flight. Claim latency and the exec round trip are measured by
+//! `benches/mcp.rs`.
 //!
 //! Needs what `sandbox_tests::vm::gate` checks: a missing prerequisite fails the test
 //! with what to install; `SANDBOX_SKIP_VM_TESTS=1` marks them ignored (this target
@@ -35,6 +38,12 @@ fn main() -> std::process::ExitCode {
             run: || block_on(max_sandboxes_counts_warm_vms_and_claims_evict_them()),
         },
         VmTest {
+            name: "a_booting_claim_reports_progress_and_big_files_cross_the_vm_transport",
+            run: || {
+                block_on(a_booting_claim_reports_progress_and_big_files_cross_the_vm_transport())
+            },
+        },
+        VmTest {
             name: "a_killed_client_has_its_sandbox_destroyed_within_two_seconds",
             run: || block_on(a_killed_client_has_its_sandbox_destroyed_within_two_seconds()),
         },
@@ -50,6 +59,127 @@ fn prerequisites(tag: &str) -> Option<PathBuf> {
 
 fn str_of(value: &Value) -> &str {
     value.as_str().unwrap()
+}
+
+/// `len` bytes that are the same on every run and compress badly (xorshift).
+fn noise(len: usize) -> Vec<u8> {
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Regression: the first claim, which waited for the pool's boot, was labelled warm.
+async fn a_booting_claim_reports_progress_and_big_files_cross_the_vm_transport() {
+    use base64::Engine as _;
+    use sha2::{Digest, Sha256};
+    let Some(run) = prerequisites("big") else {
+        return;
+    };
+    let run_text = run.display().to_string();
+    let log = PathBuf::from(format!("{run_text}.log"));
+    let server = McpServer::start(
+        &["--pool", "1", "--max-sandboxes", "2"],
+        &[("SANDBOX_RUN_DIR", &run_text)],
+        &log,
+    )
+    .await;
+    // Claimed at once: the pool's first boot is still in flight.
+    let (claim, progress) = server.call_with_progress("create_sandbox", json!({})).await;
+    assert_ne!(claim.is_error, Some(true), "{}", support::text(&claim));
+    let claim = claim.structured_content.unwrap();
+    let claim_ms = claim["claim_ms"].as_u64().unwrap();
+    eprintln!(
+        "first claim: {claim_ms} ms, {} progress notifications",
+        progress.len()
+    );
+    assert_eq!(claim["warm"], false, "{claim}");
+    assert_eq!(claim["origin"], "pool_boot", "{claim}");
+    if claim_ms > 1500 {
+        assert!(
+            !progress.is_empty(),
+            "a {claim_ms} ms claim sent no progress"
+        );
+        assert!(
+            progress[0]
+                .message
+                .as_deref()
+                .unwrap_or("")
+                .contains("create_sandbox"),
+            "{progress:?}"
+        );
+    }
+    let id = str_of(&claim["sandbox_id"]).to_owned();
+
+    let data = noise(20 * 1024 * 1024);
+    let part = 4 * 1024 * 1024;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let started = Instant::now();
+    for (n, chunk) in data.chunks(part).enumerate() {
+        let offset = n * part;
+        server
+            .ok(
+                "write_file",
+                json!({"sandbox_id": id, "path": "/tmp/blob", "encoding": "base64",
+                       "content": b64.encode(chunk), "offset": offset,
+                       "more": offset + chunk.len() < data.len()}),
+            )
+            .await;
+    }
+    let wrote = started.elapsed();
+    let digest = format!("{:x}", Sha256::digest(&data));
+    let sum = server
+        .ok(
+            "exec",
+            json!({"sandbox_id": id, "command": "sha256sum /tmp/blob"}),
+        )
+        .await;
+    assert!(str_of(&sum["stdout"]).starts_with(&digest), "{sum}");
+    let started = Instant::now();
+    let mut back = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let read = server
+            .ok(
+                "read_file",
+                json!({"sandbox_id": id, "path": "/tmp/blob", "encoding": "base64",
+                       "offset": offset, "max_bytes": part}),
+            )
+            .await;
+        back.extend(b64.decode(str_of(&read["content"])).unwrap());
+        match read["next_offset"].as_u64() {
+            Some(next) => offset = next,
+            None => break,
+        }
+    }
+    eprintln!(
+        "20 MiB in parts: written in {wrote:?}, read in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(format!("{:x}", Sha256::digest(&back)), digest);
+
+    let cut = server
+        .ok(
+            "exec",
+            json!({"sandbox_id": id, "command": "seq 1 470000; echo 'error: boom'; exit 2",
+                   "max_bytes": 4096}),
+        )
+        .await;
+    assert_eq!(cut["stdout_bytes"], 3_178_907);
+    assert_eq!(cut["kept"], "tail");
+    assert!(
+        str_of(&cut["stdout"]).ends_with("470000\nerror: boom\n"),
+        "{cut}"
+    );
+    let status = server.disconnect(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+    support::assert_nothing_left(&run);
 }
 
 async fn microvm_session_from_claim_to_disconnect() {
@@ -121,7 +251,7 @@ async fn microvm_session_from_claim_to_disconnect() {
         let logs = server
             .ok("logs", json!({"sandbox_id": id, "pid": pid}))
             .await;
-        (logs["stdout"] == "up\n").then_some(())
+        (logs["output"][0]["text"] == "up\n").then_some(())
     })
     .await;
     server

@@ -131,6 +131,38 @@ impl<V: Machine> Lease<V> {
     }
 }
 
+/// Where a claimed VM came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Booted and waiting in the pool: the claim took milliseconds.
+    WarmPool,
+    /// The pool's boot in flight, which the claim waited for.
+    PoolBoot,
+    /// Booted (or restored) for this claim.
+    NewVm,
+}
+
+impl Origin {
+    /// Whether a ready VM was waiting for the claim.
+    pub fn is_warm(self) -> bool {
+        self == Self::WarmPool
+    }
+
+    /// Whether the VM came from the pool, ready or not.
+    pub fn from_pool(self) -> bool {
+        self != Self::NewVm
+    }
+
+    /// The name results report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WarmPool => "warm_pool",
+            Self::PoolBoot => "pool_boot",
+            Self::NewVm => "new_vm",
+        }
+    }
+}
+
 /// Why a VM could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum ClaimError<E> {

@@ -112,8 +112,8 @@ mod tests {
     async fn the_pool_refills_after_a_claim() {
         let (pool, counters) = started_pool(1, 2);
         until("a warm VM", || pool.status().warm == 1).await;
-        let (_claimed, warm) = pool.claim(&default_spec()).await.unwrap();
-        assert!(warm);
+        let (_claimed, origin) = pool.claim(&default_spec()).await.unwrap();
+        assert!(origin.is_warm());
         until("the refill", || pool.status().warm == 1).await;
         assert_eq!(get(&counters.boots), 2);
         assert_eq!(pool.used(), 2);

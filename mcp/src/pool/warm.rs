@@ -17,7 +17,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{refill, ClaimError, Lease, Machine, PoolStatus, VmFactory, VmSpec};
+use super::{refill, ClaimError, Lease, Machine, Origin, PoolStatus, VmFactory, VmSpec};
 use crate::util::{join_all, lock};
 
 /// Boots VMs, keeps the warm pool, enforces the capacity.
@@ -148,13 +148,16 @@ impl<F: VmFactory> Pool<F> {
     }
 
     /// A VM of `spec`: from the pool when it keeps that kind, else booted now.
-    /// Returns the VM and whether it came warm. A failed boot frees its slot before
+    /// Returns the VM and where it came from. A failed boot frees its slot before
     /// the error is returned.
-    pub async fn claim(&self, spec: &VmSpec) -> Result<(Lease<F::Vm>, bool), ClaimError<F::Error>> {
+    pub async fn claim(
+        &self,
+        spec: &VmSpec,
+    ) -> Result<(Lease<F::Vm>, Origin), ClaimError<F::Error>> {
         let shared = &self.shared;
         if shared.target > 0 && *spec == shared.spec {
-            if let Some(lease) = self.take_warm().await? {
-                return Ok((lease, true));
+            if let Some(taken) = self.take_warm().await? {
+                return Ok(taken);
             }
         }
         let slot = self.slot_for_cold_boot().await?;
@@ -164,7 +167,7 @@ impl<F: VmFactory> Pool<F> {
             .boot(spec, shared.boot_timeout)
             .await
             .map_err(ClaimError::Boot)?;
-        Ok((Lease::new(vm, slot), false))
+        Ok((Lease::new(vm, slot), Origin::NewVm))
     }
 
     /// `count` slots at once for VMs made outside the pool (fork and branch
@@ -224,10 +227,12 @@ impl<F: VmFactory> Pool<F> {
     }
 
     /// A warm VM that is still usable, waiting up to a boot timeout for an in-flight
-    /// pool boot if there is one; `None` when the pool has nothing coming.
-    async fn take_warm(&self) -> Result<Option<Lease<F::Vm>>, ClaimError<F::Error>> {
+    /// pool boot if there is one (then the VM is a [`Origin::PoolBoot`]); `None`
+    /// when the pool has nothing coming.
+    async fn take_warm(&self) -> Result<Option<(Lease<F::Vm>, Origin)>, ClaimError<F::Error>> {
         let shared = &self.shared;
         let deadline = Instant::now() + shared.boot_timeout;
+        let mut origin = Origin::WarmPool;
         loop {
             // Registered before the state is read, so a boot ending in between is seen.
             let booted = shared.booted.notified();
@@ -263,7 +268,7 @@ impl<F: VmFactory> Pool<F> {
                 shared.wanted.notify_one();
             }
             if let Some(lease) = found {
-                return Ok(Some(lease));
+                return Ok(Some((lease, origin)));
             }
             if booting == 0 {
                 return Ok(None);
@@ -271,6 +276,7 @@ impl<F: VmFactory> Pool<F> {
             if tokio::time::timeout_at(deadline, booted).await.is_err() {
                 return Ok(None);
             }
+            origin = Origin::PoolBoot;
         }
     }
 
@@ -346,8 +352,8 @@ mod tests {
         let (pool, counters) = started_pool(1, 2);
         until("a warm VM", || pool.status().warm == 1).await;
         let started = Instant::now();
-        let (lease, warm) = pool.claim(&default_spec()).await.unwrap();
-        assert!(warm);
+        let (lease, origin) = pool.claim(&default_spec()).await.unwrap();
+        assert_eq!(origin, Origin::WarmPool);
         assert_eq!(started.elapsed(), Duration::ZERO);
         assert_eq!(lease.vm().id(), "fake-1");
         assert!(get(&counters.boots) >= 1);
@@ -357,8 +363,8 @@ mod tests {
     async fn a_claim_without_a_pool_boots_cold() {
         let (pool, counters) = started_pool(0, 2);
         let started = Instant::now();
-        let (_lease, warm) = pool.claim(&default_spec()).await.unwrap();
-        assert!(!warm);
+        let (_lease, origin) = pool.claim(&default_spec()).await.unwrap();
+        assert_eq!(origin, Origin::NewVm);
         assert_eq!(started.elapsed(), Duration::from_millis(BOOT_MS));
         assert_eq!(get(&counters.boots), 1);
         assert_eq!(pool.used(), 1);
@@ -368,8 +374,8 @@ mod tests {
     async fn a_claim_of_another_kind_boots_cold_next_to_the_warm_vm() {
         let (pool, counters) = started_pool(1, 2);
         until("a warm VM", || pool.status().warm == 1).await;
-        let (lease, warm) = pool.claim(&other_spec()).await.unwrap();
-        assert!(!warm);
+        let (lease, origin) = pool.claim(&other_spec()).await.unwrap();
+        assert_eq!(origin, Origin::NewVm);
         assert_eq!(lease.vm().id(), "fake-2");
         assert_eq!(pool.status().warm, 1, "the warm VM stays");
         assert_eq!(get(&counters.destroyed), 0);
@@ -381,8 +387,13 @@ mod tests {
         let (pool, counters) = started_pool(1, 2);
         until("the pool boot to start", || pool.status().booting == 1).await;
         let started = Instant::now();
-        let (lease, warm) = pool.claim(&default_spec()).await.unwrap();
-        assert!(warm, "the claim takes the pool's VM");
+        let (lease, origin) = pool.claim(&default_spec()).await.unwrap();
+        // Regression: this claim waited for a boot and was labelled warm.
+        assert_eq!(
+            origin,
+            Origin::PoolBoot,
+            "the claim takes the pool's VM, not warm"
+        );
         assert_eq!(lease.vm().id(), "fake-1");
         assert!(started.elapsed() <= Duration::from_millis(BOOT_MS));
         assert!(counters.specs.lock().unwrap().len() <= 2);
@@ -416,8 +427,8 @@ mod tests {
     async fn a_claim_at_capacity_evicts_a_warm_vm_instead_of_failing() {
         let (pool, counters) = started_pool(1, 1);
         until("a warm VM", || pool.status().warm == 1).await;
-        let (lease, warm) = pool.claim(&other_spec()).await.unwrap();
-        assert!(!warm);
+        let (lease, origin) = pool.claim(&other_spec()).await.unwrap();
+        assert_eq!(origin, Origin::NewVm);
         assert_eq!(lease.vm().id(), "fake-2");
         until("the evicted VM to stop", || get(&counters.destroyed) == 1).await;
         assert_eq!(pool.used(), 1);
@@ -461,8 +472,8 @@ mod tests {
     async fn a_claim_at_capacity_waits_for_the_pool_boot_and_evicts_it() {
         let (pool, counters) = started_pool(1, 1);
         until("the pool boot to start", || pool.status().booting == 1).await;
-        let (lease, warm) = pool.claim(&other_spec()).await.unwrap();
-        assert!(!warm);
+        let (lease, origin) = pool.claim(&other_spec()).await.unwrap();
+        assert_eq!(origin, Origin::NewVm);
         assert_eq!(lease.vm().id(), "fake-2");
         until("the evicted VM to stop", || get(&counters.destroyed) == 1).await;
         assert_eq!(pool.status().warm, 0);
@@ -481,11 +492,11 @@ mod tests {
         // Capacity is now full: one claim, one pool boot in flight.
         let waiter = tokio::spawn({
             let pool = pool.clone();
-            async move { pool.claim(&other_spec()).await.map(|(_, warm)| warm) }
+            async move { pool.claim(&other_spec()).await.map(|(_, origin)| origin) }
         });
         tokio::time::sleep(Duration::from_secs(1)).await;
         drop(held);
-        assert!(!waiter.await.unwrap().unwrap());
+        assert_eq!(waiter.await.unwrap().unwrap(), Origin::NewVm);
     }
 
     #[tokio::test(start_paused = true)]
@@ -510,11 +521,11 @@ mod tests {
             };
             dead.vm().lost.store(true, Ordering::SeqCst);
         }
-        let (lease, warm) = pool.claim(&default_spec()).await.unwrap();
+        let (lease, origin) = pool.claim(&default_spec()).await.unwrap();
         assert_ne!(lease.vm().id(), "fake-1");
         assert!(!lease.vm().lost.load(Ordering::SeqCst));
         // Nothing was in flight when the dead VM was found, so the claim booted cold.
-        assert!(!warm);
+        assert_eq!(origin, Origin::NewVm);
         until("the dead VM to stop", || get(&counters.destroyed) == 1).await;
     }
 
@@ -585,10 +596,10 @@ mod tests {
                     Duration::from_millis(300 * u64::try_from(n.saturating_sub(5)).unwrap());
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
-                    let (lease, warm) = pool.claim(&spec).await?;
+                    let (lease, origin) = pool.claim(&spec).await?;
                     assert!(lease.vm().lost().is_none());
                     tokio::time::sleep(Duration::from_millis(700)).await;
-                    Ok::<_, ClaimError<_>>(warm)
+                    Ok::<_, ClaimError<_>>(origin.from_pool())
                 })
             })
             .collect();

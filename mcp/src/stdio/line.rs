@@ -99,10 +99,10 @@ pub fn too_large(scan: &IdScan, line_bytes: u64) -> Option<Vec<u8>> {
     let message = format!(
         "Request too large: this message was {line_bytes} bytes, and sandbox-mcp reads at \
          most {MAX_LINE_BYTES} bytes ({mib} MiB) per JSON-RPC message, so it was discarded \
-         unread. Send big content in parts: write_file each part of at most {part_mib} MiB \
-         to its own file, numbered so they sort (/tmp/part.00, /tmp/part.01, ...), then join \
-         them with exec (cat /tmp/part.* > FILE && rm /tmp/part.*); or create the content \
-         inside the sandbox with exec."
+         unread. Send a big file in parts of at most {part_mib} MiB: write_file each with its \
+         offset (0 first, then the next_offset returned) and more: true, and the last part \
+         with more: false; the file appears when the last part arrives. Or create the \
+         content inside the sandbox with exec."
     );
     let data = json!({"limit_bytes": MAX_LINE_BYTES, "line_bytes": line_bytes});
     Some(response(
@@ -215,7 +215,7 @@ mod tests {
         assert_eq!(body["error"]["data"]["line_bytes"], 17 << 20);
         let message = body["error"]["message"].as_str().expect("a message");
         assert!(message.contains("16777216 bytes (16 MiB)"), "{message}");
-        assert!(message.contains("write_file") && message.contains("exec"));
+        assert!(message.contains("write_file") && message.contains("more: true"));
 
         let mut notification = IdScan::default();
         notification.feed(br#"{"jsonrpc":"2.0","method":"notifications/x","params":{}}"#);

@@ -43,19 +43,20 @@ use self::scan::IdScan;
 
 /// Longest JSON-RPC message (one line, without its line ending) the server reads.
 ///
-/// Four times the agent's frame limit ([`MAX_FRAME_BYTES`], 4 MiB). That frame is
-/// what any one tool call carries into a sandbox (a `write_file`'s content or an
-/// `exec`'s stdin travel in one), so no useful request is larger than it plus its
+/// Four times the agent's frame limit ([`MAX_FRAME_BYTES`], 4 MiB). An `exec`'s
+/// stdin travels in one such frame, so no useful `exec` is larger than it plus its
 /// JSON string escaping, which this leaves room for even when it doubles every
-/// byte. It also bounds what one line can make the server hold in memory (the
-/// line, then its parse). It equals rmcp's own default cap, and the transport is
-/// given this plus one for the newline, so every line forwarded is one rmcp reads.
+/// byte; a `write_file` streams, and a larger file goes in parts of
+/// [`ADVISED_PART_BYTES`]. It also bounds what one line can make the server hold in
+/// memory (the line, then its parse). It equals rmcp's own default cap, and the
+/// transport is given this plus one for the newline, so every line forwarded is one
+/// rmcp reads.
 pub const MAX_LINE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 
-/// The part size the too-large answer advises for `write_file`: one file chunk
-/// ([`FILE_CHUNK_BYTES`], 1 MiB), well inside the agent frame a `write_file` travels
-/// in, and a round number a model can follow.
-pub const ADVISED_PART_BYTES: usize = FILE_CHUNK_BYTES;
+/// The part size the too-large answer advises for `write_file` in parts: four file
+/// chunks ([`FILE_CHUNK_BYTES`], 1 MiB each), so a part is whole chunks of the
+/// `put`, and even base64 (4/3) with JSON escaping stays far inside the line cap.
+pub const ADVISED_PART_BYTES: usize = 4 * FILE_CHUNK_BYTES;
 
 /// Buffer of each direction of the in-memory pipe to rmcp. Lines stream through it,
 /// so it bounds only how far one side can run ahead of the other.

@@ -1,19 +1,24 @@
 //! Test harness: the real `sandbox-mcp` binary as a child process, driven by rmcp's
-//! own MCP client over its stdin and stdout. The server's stderr goes to a log file
-//! that is printed when a test fails. [`RawServer`] drives it with JSON lines written
-//! by hand instead. Also the microVM prerequisites, checked with what to install or
+//! own MCP client over its stdin and stdout; the client records the progress
+//! notifications it gets ([`Recorder`]). The server's stderr goes to a log file that
+//! is printed when a test fails. [`RawServer`] drives it with JSON lines written by
+//! hand instead. Also the microVM prerequisites, checked with what to install or
 //! build. Shared by `tests/` and `benches/`.
+//!
+//! `SANDBOX_MCP_BIN` runs the suites against another build of the server (an
+//! installed one, or an older one to compare results with) instead of this crate's.
 
 // Each test crate uses a different part of this harness.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, CallToolResult};
-use rmcp::service::RunningService;
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ProgressNotificationParam};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use sandbox_vmm::launcher::LauncherConfig;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -31,9 +36,26 @@ const SERVER_ENV: &[&str] = &[
     "SANDBOX_MCP_PROFILE",
 ];
 
+/// The test client's handler: records the progress notifications it receives.
+#[derive(Debug, Clone, Default)]
+pub struct Recorder {
+    progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+}
+
+impl ClientHandler for Recorder {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.lock().unwrap().push(params);
+    }
+}
+
 /// A running `sandbox-mcp` and an initialized MCP client session with it.
 pub struct McpServer {
-    client: Option<RunningService<RoleClient, ()>>,
+    client: Option<RunningService<RoleClient, Recorder>>,
+    recorder: Recorder,
     child: Child,
     log: PathBuf,
 }
@@ -46,7 +68,8 @@ impl McpServer {
             .expect("cannot start sandbox-mcp");
         let stdout = child.stdout.take().expect("no stdout pipe");
         let stdin = child.stdin.take().expect("no stdin pipe");
-        let client = match ().serve((stdout, stdin)).await {
+        let recorder = Recorder::default();
+        let client = match recorder.clone().serve((stdout, stdin)).await {
             Ok(client) => client,
             Err(error) => panic!(
                 "MCP initialization failed: {error}\nserver log:\n{}",
@@ -55,6 +78,7 @@ impl McpServer {
         };
         Self {
             client: Some(client),
+            recorder,
             child,
             log: log.to_owned(),
         }
@@ -66,7 +90,7 @@ impl McpServer {
     }
 
     /// The MCP session.
-    pub fn session(&self) -> &RunningService<RoleClient, ()> {
+    pub fn session(&self) -> &RunningService<RoleClient, Recorder> {
         self.client.as_ref().expect("disconnected")
     }
 
@@ -89,6 +113,21 @@ impl McpServer {
                 self.log()
             ),
         }
+    }
+
+    /// Calls a tool and returns the result and the progress notifications that
+    /// arrived while it ran. (rmcp's client sends a progress token with every
+    /// request, so every call may get them; the calls of a test that uses this must
+    /// not overlap.)
+    pub async fn call_with_progress(
+        &self,
+        tool: &str,
+        args: Value,
+    ) -> (CallToolResult, Vec<ProgressNotificationParam>) {
+        let before = self.recorder.progress.lock().unwrap().len();
+        let result = self.call(tool, args).await;
+        let progress = self.recorder.progress.lock().unwrap()[before..].to_vec();
+        (result, progress)
     }
 
     /// Calls a tool that must succeed; returns its structured content.
@@ -168,7 +207,9 @@ impl Drop for McpServer {
 /// log in `log`.
 fn server_command(args: &[&str], envs: &[(&str, &str)], log: &Path, stdin: Stdio) -> Command {
     let log_file = std::fs::File::create(log).expect("cannot create the server log");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sandbox-mcp"));
+    let binary = std::env::var_os("SANDBOX_MCP_BIN")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_sandbox-mcp").into());
+    let mut command = Command::new(binary);
     command
         .args(args)
         .env("RUST_LOG", "info,rmcp=warn")

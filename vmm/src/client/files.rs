@@ -164,6 +164,39 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Reads at most `len` bytes of the guest file `path` from byte `offset`, through
+    /// the streamed `get`: bytes before `offset` arrive and are dropped, and the
+    /// request is cancelled (by dropping its stream) once `len` bytes are in, so the
+    /// rest of a large file is never sent. Shorter than `len` when the file ends.
+    pub async fn get_range(
+        &self,
+        path: impl AsRef<Path>,
+        offset: u64,
+        len: usize,
+    ) -> Result<Vec<u8>, ClientError> {
+        let mut stream = self.stream(Request::Get(path_request(path)))?;
+        let mut out = Vec::with_capacity(len.min(FILE_CHUNK_BYTES));
+        let mut seen = 0u64;
+        while out.len() < len {
+            match stream.next().await? {
+                Step::Event(Event::Data(data)) => {
+                    let start = offset.saturating_sub(seen).min(data.len() as u64);
+                    seen += data.len() as u64;
+                    // `start` is at most `data.len()`, a usize.
+                    let start = usize::try_from(start).unwrap_or(data.len());
+                    let take = (len - out.len()).min(data.len() - start);
+                    out.extend_from_slice(&data[start..start + take]);
+                }
+                Step::Event(other) => tracing::debug!(?other, "ignored an event during get"),
+                Step::Reply(Reply::Transferred { .. }) => return Ok(out),
+                Step::Reply(other) => return Err(unexpected("get", other)),
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn path_request(path: impl AsRef<Path>) -> PathRequest {
     PathRequest {
         path: bytes(path.as_ref()),

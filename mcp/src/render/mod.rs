@@ -2,9 +2,21 @@
 //! `outputSchema`), its text rendering, and the `CallToolResult` that carries both.
 //!
 //! Successful results put the JSON in `structuredContent` and a rendering meant for
-//! a model's eyes in the text content. Failures are `isError` results with text
-//! only (see [`crate::error`]); the one exception is a cut-off `exec`, whose
-//! structured result keeps the output collected so far next to its `error` field.
+//! a model's eyes in the text content; a field too large to carry twice is in the
+//! JSON only, named in the text (see [`crate::output`]). Failures are `isError`
+//! results with text only (see [`crate::error`]); the exceptions are a cut-off
+//! `exec` and an `eval_code` that raised, whose structured results keep the output
+//! collected so far next to their `error` field.
+//!
+//! # Layout
+//! - this file: [`Render`], the result constructors, and the results of the
+//!   sandbox-level tools (`create_sandbox`, `eval_code`, `wait_for_text`,
+//!   `release`, `node_info`).
+//! - [`process`]: `exec`, `spawn`, `ps`, `logs`, `kill`.
+//! - [`files`]: `read_file`, `write_file`, `list_dir`.
+
+pub mod files;
+pub mod process;
 
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -12,6 +24,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::Serialize;
+
+pub use files::{DirEntryRow, ListDirResult, ReadFileResult, WriteFileResult};
+pub use process::{ExecResult, KillResult, LogsResult, ProcessRow, PsResult, SpawnResult};
 
 /// A tool result with a text rendering.
 pub trait Render: Serialize {
@@ -28,6 +43,16 @@ pub fn success<T: Render>(value: &T) -> CallToolResult {
 pub fn failure_with<T: Render>(value: &T, message: &str) -> CallToolResult {
     let text = format!("{}\nerror: {message}", value.render());
     with_text(value, true, text)
+}
+
+/// A successful result whose content is an image (base64 `data` of `mime_type`)
+/// and the rendering; the JSON describes the image.
+pub fn success_with_image<T: Render>(value: &T, data: String, mime_type: &str) -> CallToolResult {
+    let mut result = success(value);
+    result
+        .content
+        .insert(0, ContentBlock::image(data, mime_type.to_owned()));
+    result
 }
 
 fn with_text<T: Serialize>(value: &T, is_error: bool, text: String) -> CallToolResult {
@@ -64,8 +89,12 @@ pub struct CreateSandboxResult {
     pub vcpus: Option<u16>,
     /// Memory in MiB; null when unknown.
     pub memory_mib: Option<u32>,
-    /// Whether it came booted from the warm pool.
+    /// Whether a warm VM was ready for it (claimed in milliseconds).
     pub warm: bool,
+    /// Where its VM came from: "warm_pool" (booted and waiting), "pool_boot" (the
+    /// claim waited for the warm pool's boot in flight), "new_vm" (booted, or
+    /// restored from a promoted template, for this claim) or "attached".
+    pub origin: String,
     /// How long the claim took, in milliseconds.
     pub claim_ms: u64,
     /// Anything else worth knowing.
@@ -85,64 +114,15 @@ impl Render for CreateSandboxResult {
         if let (Some(size), Some(vcpus), Some(mib)) = (&self.size, self.vcpus, self.memory_mib) {
             let _ = write!(out, ", size: {size} ({vcpus} vCPU, {mib} MiB)");
         }
-        let origin = if self.warm { "warm pool" } else { "fresh boot" };
+        let origin = match self.origin.as_str() {
+            "warm_pool" => "warm pool",
+            "pool_boot" => "waited for the warm pool's VM to boot",
+            "attached" => "attached agent",
+            _ => "new VM",
+        };
         let _ = write!(out, "\nclaimed in {} ms ({origin})", self.claim_ms);
         if let Some(note) = &self.note {
             let _ = write!(out, "\nnote: {note}");
-        }
-        out
-    }
-}
-
-/// `exec`
-#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
-pub struct ExecResult {
-    /// Standard output (invalid UTF-8 replaced), at most its first 1 MiB.
-    pub stdout: String,
-    /// Standard error (invalid UTF-8 replaced), at most its first 1 MiB.
-    pub stderr: String,
-    /// The exit code (128+N when killed by signal N); null if it never ended.
-    pub exit_code: Option<i32>,
-    /// The signal that ended it, if one did.
-    pub signal: Option<i32>,
-    /// A stream went past 1 MiB; the rest was read and dropped.
-    pub truncated: bool,
-    /// The timeout passed and the command was killed with all it started.
-    pub timed_out: bool,
-    /// Wall time in milliseconds.
-    pub duration_ms: u64,
-    /// Set when the run was cut off (timeout, lost connection): the output above is
-    /// what was collected until then.
-    pub error: Option<String>,
-    /// Set when the OOM killer ended it: "killed by the OOM killer (memory limit N
-    /// MiB)".
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub oom_killed: Option<String>,
-}
-
-impl Render for ExecResult {
-    fn render(&self) -> String {
-        let mut out = match (self.exit_code, self.signal) {
-            (_, Some(_)) if self.oom_killed.is_some() => {
-                self.oom_killed.clone().unwrap_or_default()
-            }
-            (_, Some(signal)) => format!("killed by signal {signal}"),
-            (Some(code), None) => format!("exit_code: {code}"),
-            (None, None) => "exit_code: none (did not finish)".to_owned(),
-        };
-        if self.truncated {
-            out.push_str(" (output truncated at 1 MiB per stream)");
-        }
-        for (name, text) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
-            if !text.is_empty() {
-                let _ = write!(out, "\n--- {name} ---\n{text}");
-                if !text.ends_with('\n') {
-                    out.push('\n');
-                }
-            }
-        }
-        if self.stdout.is_empty() && self.stderr.is_empty() {
-            out.push_str("\n(no output)");
         }
         out
     }
@@ -259,217 +239,6 @@ status: {status}"
                 exception.traceback
             );
         }
-        out
-    }
-}
-
-/// `spawn`
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct SpawnResult {
-    /// The process id, for logs, kill and ps.
-    pub pid: i32,
-}
-
-impl Render for SpawnResult {
-    fn render(&self) -> String {
-        format!(
-            "started pid {} (read its output with logs, stop it with kill)",
-            self.pid
-        )
-    }
-}
-
-/// One tracked process.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct ProcessRow {
-    /// Process id (also its process group).
-    pub pid: i32,
-    /// How it was started: exec, spawn, pty, or session (an eval_code interpreter).
-    pub kind: String,
-    /// What it runs.
-    pub command: String,
-    /// "running" or "exited".
-    pub state: String,
-    /// Exit code once exited (128+N when killed by signal N).
-    pub exit_code: Option<i32>,
-    /// The signal that ended it, if one did.
-    pub signal: Option<i32>,
-    /// Start time (RFC 3339, UTC).
-    pub started_at: String,
-    /// End time (RFC 3339, UTC), once exited.
-    pub ended_at: Option<String>,
-}
-
-/// `ps`
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct PsResult {
-    /// Tracked processes; exited ones are forgotten 5 minutes after exit.
-    pub processes: Vec<ProcessRow>,
-}
-
-impl Render for PsResult {
-    fn render(&self) -> String {
-        if self.processes.is_empty() {
-            return "no tracked processes".to_owned();
-        }
-        let mut out = String::from("PID\tKIND\tSTATE\tSTARTED\tCOMMAND");
-        for p in &self.processes {
-            let state = match (p.state.as_str(), p.exit_code) {
-                ("exited", Some(code)) => format!("exited({code})"),
-                (state, _) => state.to_owned(),
-            };
-            let _ = write!(
-                out,
-                "\n{}\t{}\t{}\t{}\t{}",
-                p.pid, p.kind, state, p.started_at, p.command
-            );
-        }
-        out
-    }
-}
-
-/// `logs`
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct LogsResult {
-    /// The process.
-    pub pid: i32,
-    /// Its standard output from the cursor (or a terminal's output).
-    pub stdout: String,
-    /// Its standard error from the cursor.
-    pub stderr: String,
-    /// Whether it still runs.
-    pub running: bool,
-    /// Exit code once exited (128+N when killed by signal N).
-    pub exit_code: Option<i32>,
-    /// The signal that ended it, if one did.
-    pub signal: Option<i32>,
-    /// Bytes between the cursor and the oldest byte held that the 256 KiB ring lost.
-    pub dropped_bytes: u64,
-    /// Pass as cursor next time to get only newer output.
-    pub next_cursor: u64,
-}
-
-impl Render for LogsResult {
-    fn render(&self) -> String {
-        let mut out = match (self.running, self.exit_code) {
-            (true, _) => format!("pid {} running", self.pid),
-            (false, Some(code)) => format!("pid {} exited with code {code}", self.pid),
-            (false, None) => format!("pid {} ended", self.pid),
-        };
-        let _ = write!(out, "; next_cursor: {}", self.next_cursor);
-        if self.dropped_bytes > 0 {
-            let _ = write!(
-                out,
-                " ({} older bytes were dropped from the 256 KiB ring)",
-                self.dropped_bytes
-            );
-        }
-        for (name, text) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
-            if !text.is_empty() {
-                let _ = write!(out, "\n--- {name} ---\n{text}");
-            }
-        }
-        if self.stdout.is_empty() && self.stderr.is_empty() {
-            out.push_str("\n(no new output)");
-        }
-        out
-    }
-}
-
-/// `kill`
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct KillResult {
-    /// The process.
-    pub pid: i32,
-    /// The signal sent (9 when 0 was asked); nothing is sent to an exited process.
-    pub signal: i32,
-}
-
-impl Render for KillResult {
-    fn render(&self) -> String {
-        format!(
-            "signal {} sent to process {} and everything it started (a no-op if all of \
-             it had already exited)",
-            self.signal, self.pid
-        )
-    }
-}
-
-/// `write_file`
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct WriteFileResult {
-    /// The file.
-    pub path: String,
-    /// Bytes written.
-    pub bytes: u64,
-}
-
-impl Render for WriteFileResult {
-    fn render(&self) -> String {
-        format!("wrote {} bytes to {}", self.bytes, self.path)
-    }
-}
-
-/// `read_file`
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct ReadFileResult {
-    /// The file.
-    pub path: String,
-    /// Its content as text; invalid UTF-8 sequences are replaced with U+FFFD.
-    pub content: String,
-    /// Its size in bytes.
-    pub bytes: u64,
-    /// Whether any invalid UTF-8 was replaced.
-    pub lossy: bool,
-}
-
-impl Render for ReadFileResult {
-    fn render(&self) -> String {
-        if self.lossy {
-            format!(
-                "{} ({} bytes; invalid UTF-8 replaced with U+FFFD):\n{}",
-                self.path, self.bytes, self.content
-            )
-        } else {
-            self.content.clone()
-        }
-    }
-}
-
-/// One directory entry.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct DirEntryRow {
-    /// The name (invalid UTF-8 replaced).
-    pub name: String,
-    /// file, dir, symlink or other.
-    pub kind: String,
-    /// Size in bytes (of the link itself for symlinks).
-    pub size: u64,
-}
-
-/// `list_dir`
-#[derive(Debug, Clone, Serialize, JsonSchema)]
-pub struct ListDirResult {
-    /// The directory.
-    pub path: String,
-    /// Its entries, sorted by name (one level, symlinks not followed).
-    pub entries: Vec<DirEntryRow>,
-}
-
-impl Render for ListDirResult {
-    fn render(&self) -> String {
-        if self.entries.is_empty() {
-            return format!("{} is empty", self.path);
-        }
-        let mut out = String::new();
-        for entry in &self.entries {
-            let name = match entry.kind.as_str() {
-                "dir" => format!("{}/", entry.name),
-                _ => entry.name.clone(),
-            };
-            let _ = writeln!(out, "{}\t{}\t{}", entry.kind, entry.size, name);
-        }
-        out.pop();
         out
     }
 }
@@ -665,47 +434,6 @@ mod tests {
     }
 
     #[test]
-    fn exec_rendering_shows_code_and_non_empty_streams() {
-        let result = ExecResult {
-            stdout: "hi".into(),
-            exit_code: Some(3),
-            ..ExecResult::default()
-        };
-        assert_eq!(result.render(), "exit_code: 3\n--- stdout ---\nhi\n");
-        let silent = ExecResult {
-            exit_code: Some(0),
-            ..ExecResult::default()
-        };
-        assert_eq!(silent.render(), "exit_code: 0\n(no output)");
-    }
-
-    #[test]
-    fn an_oom_kill_is_named_instead_of_the_bare_signal() {
-        let oom = sandbox_protocol::OomKill {
-            pid: sandbox_protocol::Pid(5),
-            kills: 1,
-            memory_max_bytes: Some(32 << 20),
-        };
-        let result = ExecResult {
-            exit_code: Some(137),
-            signal: Some(9),
-            oom_killed: Some(oom.to_string()),
-            ..ExecResult::default()
-        };
-        assert_eq!(
-            result.render(),
-            "killed by the OOM killer (memory limit 32 MiB)\n(no output)"
-        );
-        let json = serde_json::to_value(&result).unwrap();
-        assert_eq!(
-            json["oom_killed"],
-            "killed by the OOM killer (memory limit 32 MiB)"
-        );
-        let plain = serde_json::to_value(ExecResult::default()).unwrap();
-        assert!(plain.get("oom_killed").is_none());
-    }
-
-    #[test]
     fn a_found_text_says_where() {
         let found = WaitForTextResult {
             path: None,
@@ -764,20 +492,5 @@ mod tests {
         );
         let json = serde_json::to_value(&raised).unwrap();
         assert_eq!(json["exception"]["type"], "ValueError");
-    }
-
-    #[test]
-    fn a_cut_off_exec_is_an_error_that_keeps_its_output() {
-        let partial = ExecResult {
-            stdout: "partial".into(),
-            timed_out: true,
-            error: Some("Timed out".into()),
-            ..ExecResult::default()
-        };
-        let result = failure_with(&partial, "Timed out");
-        assert_eq!(result.is_error, Some(true));
-        let json = result.structured_content.unwrap();
-        assert_eq!(json["stdout"], "partial");
-        assert_eq!(json["error"], "Timed out");
     }
 }
