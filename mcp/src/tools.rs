@@ -37,8 +37,8 @@ use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC
 use crate::node::Node;
 use crate::output::{size, stream_name};
 use crate::params::{
-    max_bytes, timeout_secs, CreateSandboxParams, EvalCodeParams, ExecParams, KillParams,
-    LogsParams, PathParams, PsParams, ReadFileParams, SandboxParams, SpawnParams,
+    command_of, max_bytes, timeout_secs, CreateSandboxParams, EvalCodeParams, ExecParams,
+    KillParams, LogsParams, PathParams, PsParams, ReadFileParams, SandboxParams, SpawnParams,
     WaitForTextParams, WriteFileParams,
 };
 use crate::progress::Progress;
@@ -658,23 +658,6 @@ async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolEr
         .map_err(|error| ToolError::unreachable(op, sandbox.id.as_str(), &error))
 }
 
-/// `exec`'s command: a shell line or an argv, exactly one of them.
-fn command_of(line: Option<String>, argv: Option<Vec<String>>) -> Result<Command, ToolError> {
-    match (line, argv) {
-        (Some(line), None) => Ok(Command::Shell(line)),
-        (None, Some(argv)) if argv.first().is_some_and(|program| !program.is_empty()) => {
-            Ok(Command::Argv(argv))
-        }
-        (None, Some(_)) => Err(ToolError::new(
-            "argv must start with a program name, like [\"ls\", \"-l\", \"/tmp\"].",
-        )),
-        _ => Err(ToolError::new(
-            "Give exactly one of command (a shell line, like \"ls -l /tmp | head\") and argv \
-             (a program and its arguments, run without a shell, like [\"ls\", \"-l\", \"/tmp\"]).",
-        )),
-    }
-}
-
 fn process_spec(
     command: Command,
     cwd: Option<String>,
@@ -703,24 +686,6 @@ fn kind_name(kind: FileKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exec_takes_a_shell_line_or_an_argv_but_not_both() {
-        assert_eq!(
-            command_of(Some("ls | wc".into()), None).unwrap(),
-            Command::Shell("ls | wc".into())
-        );
-        let argv = vec!["echo".to_owned(), "a b".to_owned()];
-        assert_eq!(
-            command_of(None, Some(argv.clone())).unwrap(),
-            Command::Argv(argv.clone())
-        );
-        let both = command_of(Some("ls".into()), Some(argv)).unwrap_err();
-        assert!(both.message.contains("exactly one"), "{}", both.message);
-        assert!(command_of(None, None).is_err());
-        assert!(command_of(None, Some(Vec::new())).is_err());
-        assert!(command_of(None, Some(vec![String::new()])).is_err());
-    }
 
     #[test]
     fn the_tool_table_is_exactly_the_documented_one() {
