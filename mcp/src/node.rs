@@ -31,7 +31,7 @@ use crate::render::{
     rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo, ReleaseResult,
     TemplateInfo,
 };
-use crate::sandbox::{Backing, Claim, Deadline, Origin, Sandbox, SandboxId};
+use crate::sandbox::{Backing, Claim, Deadline, Lineage, Sandbox, SandboxId};
 use crate::snapshot::SnapshotHost;
 use crate::token::SandboxToken;
 use crate::util::millis;
@@ -71,8 +71,8 @@ pub struct NewVm {
     pub warm: bool,
     /// How long it took to have.
     pub claim_duration: Duration,
-    /// Where it came from.
-    pub origin: Origin,
+    /// What it descends from.
+    pub lineage: Lineage,
 }
 
 impl Node {
@@ -217,7 +217,7 @@ impl Node {
                 ttl: Duration::from_secs(ttl_secs),
                 warm,
                 claim_duration,
-                origin: Origin::Template,
+                lineage: Lineage::Template,
             })
             .await?;
         let deadline = sandbox.deadline.map(|deadline| deadline.wall);
@@ -275,7 +275,7 @@ impl Node {
             ttl,
             warm,
             claim_duration,
-            origin,
+            lineage,
         } = vm;
         // On failure the lease is dropped here, which kills the VM.
         let token = new_token()?;
@@ -300,7 +300,7 @@ impl Node {
             deadline: Some(deadline),
             warm,
             duration: claim_duration,
-            origin,
+            lineage,
             token,
         };
         let sandbox = Sandbox::new(id, claim, agent, backing);
@@ -360,7 +360,7 @@ impl Node {
             deadline: None,
             warm: true,
             duration: claim_duration,
-            origin: Origin::Attached,
+            lineage: Lineage::Attached,
             token: new_token()?,
         };
         let sandbox = Sandbox::new(

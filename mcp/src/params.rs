@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use sandbox_protocol::limits::EXEC_DEADLINE_SECS;
+use sandbox_protocol::Command;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -394,6 +395,23 @@ pub fn max_bytes(asked: Option<u64>, default: usize, cap: usize) -> Result<usize
     }
 }
 
+/// `exec`'s command: a shell line or an argv, exactly one of them.
+pub fn command_of(line: Option<String>, argv: Option<Vec<String>>) -> Result<Command, ToolError> {
+    match (line, argv) {
+        (Some(line), None) => Ok(Command::Shell(line)),
+        (None, Some(argv)) if argv.first().is_some_and(|program| !program.is_empty()) => {
+            Ok(Command::Argv(argv))
+        }
+        (None, Some(_)) => Err(ToolError::new(
+            "argv must start with a program name, like [\"ls\", \"-l\", \"/tmp\"].",
+        )),
+        _ => Err(ToolError::new(
+            "Give exactly one of command (a shell line, like \"ls -l /tmp | head\") and argv \
+             (a program and its arguments, run without a shell, like [\"ls\", \"-l\", \"/tmp\"]).",
+        )),
+    }
+}
+
 /// Parses an octal mode like `"755"`, `"0755"` or `"0o755"`.
 pub fn parse_mode(mode: &str) -> Option<u32> {
     let digits = mode.trim();
@@ -498,5 +516,23 @@ mod tests {
         const { assert!(DEFAULT_TIMEOUT_SECS < 60) };
         assert_eq!(timeout_secs(Some(0)), Ok(EXEC_DEADLINE_SECS));
         assert!(timeout_secs(Some(301)).is_err());
+    }
+
+    #[test]
+    fn exec_takes_a_shell_line_or_an_argv_but_not_both() {
+        assert_eq!(
+            command_of(Some("ls | wc".into()), None).unwrap(),
+            Command::Shell("ls | wc".into())
+        );
+        let argv = vec!["echo".to_owned(), "a b".to_owned()];
+        assert_eq!(
+            command_of(None, Some(argv.clone())).unwrap(),
+            Command::Argv(argv.clone())
+        );
+        let both = command_of(Some("ls".into()), Some(argv)).unwrap_err();
+        assert!(both.message.contains("exactly one"), "{}", both.message);
+        assert!(command_of(None, None).is_err());
+        assert!(command_of(None, Some(Vec::new())).is_err());
+        assert!(command_of(None, Some(vec![String::new()])).is_err());
     }
 }

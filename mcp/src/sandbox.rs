@@ -217,9 +217,9 @@ impl<V: Machine> Backing<V> {
     }
 }
 
-/// Where a sandbox came from.
+/// What a sandbox descends from (where its VM came from is `crate::pool::Origin`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Origin {
+pub enum Lineage {
     /// Booted or restored from its template, or claimed warm.
     Template,
     /// A child of a fork of this sandbox.
@@ -273,8 +273,8 @@ pub struct Claim {
     pub warm: bool,
     /// How long the claim took.
     pub duration: Duration,
-    /// Where it came from.
-    pub origin: Origin,
+    /// What it descends from.
+    pub lineage: Lineage,
     /// Its token.
     pub token: SandboxToken,
 }
@@ -289,7 +289,7 @@ impl Claim {
             deadline,
             warm: false,
             duration: Duration::ZERO,
-            origin: Origin::Template,
+            lineage: Lineage::Template,
             token: SandboxToken::generate().expect("no random bytes"),
         }
     }
@@ -312,8 +312,8 @@ pub struct Sandbox<V = LaunchedVm> {
     pub warm: bool,
     /// How long the claim took.
     pub claim_duration: Duration,
-    /// Where it came from.
-    pub origin: Origin,
+    /// What it descends from.
+    pub lineage: Lineage,
     /// Its token: handed out once by the tools that make sandboxes under
     /// `--profile sandstorm`, and required back by those that reach the guest.
     pub token: SandboxToken,
@@ -339,7 +339,7 @@ impl<V: Machine> Sandbox<V> {
             deadline: claim.deadline,
             warm: claim.warm,
             claim_duration: claim.duration,
-            origin: claim.origin,
+            lineage: claim.lineage,
             token: claim.token,
             agent: Agent {
                 url,

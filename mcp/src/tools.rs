@@ -37,8 +37,8 @@ use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC
 use crate::node::Node;
 use crate::output::{size, stream_name};
 use crate::params::{
-    max_bytes, timeout_secs, CreateSandboxParams, EvalCodeParams, ExecParams, KillParams,
-    LogsParams, PathParams, PsParams, ReadFileParams, SandboxParams, SpawnParams,
+    command_of, max_bytes, timeout_secs, CreateSandboxParams, EvalCodeParams, ExecParams,
+    KillParams, LogsParams, PathParams, PsParams, ReadFileParams, SandboxParams, SpawnParams,
     WaitForTextParams, WriteFileParams,
 };
 use crate::progress::Progress;
@@ -86,17 +86,13 @@ there is.";
 pub struct SandboxServer {
     pub(crate) node: Arc<Node>,
     tool_router: ToolRouter<Self>,
-    uploads: Arc<Uploads>,
     instructions: &'static str,
+    uploads: Arc<Uploads>,
 }
 
 #[tool_router]
 impl SandboxServer {
-    /// A server over `node` offering `profile`'s tools. In the default profile the
-    /// snapshot tools, and the fleet tools that claim or list templates, are offered
-    /// only when it launches microVMs: an attached agent cannot be snapshotted and is
-    /// the only sandbox. The sandstorm profile offers only its own tools. Every
-    /// tool's schemas are made standard JSON Schema.
+    /// A server over `node` offering `profile`'s tools.
     pub fn new(node: Arc<Node>, profile: Profile) -> Self {
         let (tool_router, instructions) = Self::router(profile, node.snapshots().is_some());
         Self {
@@ -107,10 +103,13 @@ impl SandboxServer {
         }
     }
 
-    /// `profile`'s tools (with the snapshot tools or not) with standard schemas, and
-    /// the instructions that go with them.
+    /// Every tool `profile` offers, with standard schemas, and what the server tells
+    /// the model at initialization. In the default profile the snapshot tools, and
+    /// the fleet tools that claim or list templates, come only with `snapshots` (a
+    /// server that launches microVMs): an attached agent cannot be snapshotted and is
+    /// the only sandbox. The sandstorm profile offers only its own tools.
     fn router(profile: Profile, snapshots: bool) -> (ToolRouter<Self>, &'static str) {
-        let (mut tool_router, instructions) = match profile {
+        let (mut router, instructions) = match profile {
             Profile::Default => {
                 let mut router = Self::tool_router() + Self::fleet_router();
                 if snapshots {
@@ -124,10 +123,10 @@ impl SandboxServer {
             }
             Profile::Sandstorm => (Self::sandstorm_router(), crate::sandstorm::INSTRUCTIONS),
         };
-        for route in tool_router.map.values_mut() {
+        for route in router.map.values_mut() {
             schema::standardize_tool(&mut route.attr);
         }
-        (tool_router, instructions)
+        (router, instructions)
     }
 
     #[tool(
@@ -161,17 +160,17 @@ impl SandboxServer {
         title = "Run a command",
         description = "Run a command in a sandbox to completion and return stdout, stderr, \
         exit_code and truncated: command is a shell line (/bin/sh -c), or argv a program and \
-        its arguments run without a shell. Optional: cwd, env, stdin (at most 3 MiB), \
-        timeout_seconds (default 55, so the answer beats common 60 s client deadlines; up \
-        to 300 when asked), max_bytes (of each stream returned: default 16384, at most \
-        1048576) and keep (\"auto\" default: the tail of a failed command's output, where \
-        the error is, head and tail of a successful one; \"head\", \"tail\", \"head_tail\"); \
-        stdout_bytes and stderr_bytes say how much there was. A non-zero exit_code is a \
-        normal result. A run cut off by its timeout or a lost connection is an error \
-        result that still carries the output collected so far. Background children \
-        (cmd &) are killed at the timeout too; a command the OOM killer ended has \
-        oom_killed set. With a progress token, the last line printed comes as progress. \
-        For servers or jobs longer than 5 minutes use spawn.",
+        its arguments run without a shell (exactly one of the two). Optional: cwd, env, \
+        stdin (at most 3 MiB), timeout_seconds (default 55, so the answer beats common 60 s \
+        client deadlines; up to 300 when asked), max_bytes (of each stream returned: \
+        default 16384, at most 1048576) and keep (\"auto\" default: the tail of a failed \
+        command's output, where the error is, head and tail of a successful one; \"head\", \
+        \"tail\", \"head_tail\"); stdout_bytes and stderr_bytes say how much there was. A \
+        non-zero exit_code is a normal result. A run cut off by its timeout or a lost \
+        connection is an error result that still carries the output collected so far. \
+        Background children (cmd &) are killed at the timeout too; a command the OOM killer \
+        ended has oom_killed set. With a progress token, the last line printed comes as \
+        progress. For servers or jobs longer than 5 minutes use spawn.",
         output_schema = schema_for_output::<ExecResult>(),
         annotations(
             title = "Run a command",
@@ -188,6 +187,7 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         let timeout_secs = timeout_secs(params.timeout_seconds)?;
+        let command = command_of(params.command, params.argv)?;
         let max_bytes = max_bytes(params.max_bytes, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES)?;
         let stdin = params.stdin.unwrap_or_default().into_bytes();
         if stdin.len() > EXEC_STDIN_MAX_BYTES {
@@ -659,23 +659,6 @@ async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolEr
         .map_err(|error| ToolError::unreachable(op, sandbox.id.as_str(), &error))
 }
 
-/// `exec`'s command: a shell line or an argv, exactly one of them.
-fn command_of(line: Option<String>, argv: Option<Vec<String>>) -> Result<Command, ToolError> {
-    match (line, argv) {
-        (Some(line), None) => Ok(Command::Shell(line)),
-        (None, Some(argv)) if argv.first().is_some_and(|program| !program.is_empty()) => {
-            Ok(Command::Argv(argv))
-        }
-        (None, Some(_)) => Err(ToolError::new(
-            "argv must start with a program name, like [\"ls\", \"-l\", \"/tmp\"].",
-        )),
-        _ => Err(ToolError::new(
-            "Give exactly one of command (a shell line, like \"ls -l /tmp | head\") and argv \
-             (a program and its arguments, run without a shell, like [\"ls\", \"-l\", \"/tmp\"]).",
-        )),
-    }
-}
-
 fn process_spec(
     command: Command,
     cwd: Option<String>,
@@ -704,24 +687,6 @@ fn kind_name(kind: FileKind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn exec_takes_a_shell_line_or_an_argv_but_not_both() {
-        assert_eq!(
-            command_of(Some("ls | wc".into()), None).unwrap(),
-            Command::Shell("ls | wc".into())
-        );
-        let argv = vec!["echo".to_owned(), "a b".to_owned()];
-        assert_eq!(
-            command_of(None, Some(argv.clone())).unwrap(),
-            Command::Argv(argv.clone())
-        );
-        let both = command_of(Some("ls".into()), Some(argv)).unwrap_err();
-        assert!(both.message.contains("exactly one"), "{}", both.message);
-        assert!(command_of(None, None).is_err());
-        assert!(command_of(None, Some(Vec::new())).is_err());
-        assert!(command_of(None, Some(vec![String::new()])).is_err());
-    }
 
     #[test]
     fn the_tool_table_is_exactly_the_documented_one() {
@@ -764,7 +729,10 @@ mod tests {
 
     #[test]
     fn every_tool_has_a_title_and_all_four_hints() {
-        for tool in SandboxServer::router(Profile::Default, true).0.list_all() {
+        let tools = [Profile::Default, Profile::Sandstorm]
+            .into_iter()
+            .flat_map(|profile| SandboxServer::router(profile, true).0.list_all());
+        for tool in tools {
             assert!(tool.title.is_some(), "{} has no title", tool.name);
             let hints = tool
                 .annotations
@@ -792,7 +760,10 @@ mod tests {
             .filter(|format| !schema::is_standard(format))
             .collect();
         assert!(!raw.is_empty());
-        for tool in SandboxServer::router(Profile::Default, true).0.list_all() {
+        let tools = [Profile::Default, Profile::Sandstorm]
+            .into_iter()
+            .flat_map(|profile| SandboxServer::router(profile, true).0.list_all());
+        for tool in tools {
             let input = serde_json::Value::Object((*tool.input_schema).clone());
             let output = tool
                 .output_schema

@@ -10,15 +10,15 @@ use sandbox_vmm::launcher::{Size, TemplateRef};
 
 use super::BatchError;
 use crate::node::{NewVm, Node};
-use crate::pool::{Lease, VmSpec};
-use crate::sandbox::{Origin, Sandbox, Status, Unreachable};
+use crate::pool::{Lease, Origin, VmSpec};
+use crate::sandbox::{Lineage, Sandbox, Status, Unreachable};
 use crate::util::{join_all, millis};
 
 /// Sandboxes made by one batch, in the order they were claimed (warm ones first).
 #[derive(Debug)]
 pub struct Batch {
-    /// The sandboxes.
-    pub sandboxes: Vec<Arc<Sandbox>>,
+    /// The sandboxes, each with where its VM came from.
+    pub sandboxes: Vec<(Arc<Sandbox>, Origin)>,
     /// What each runs.
     pub spec: VmSpec,
     /// From the call until every VM answered.
@@ -82,21 +82,21 @@ impl Node {
         let took = started.elapsed();
         let mut sandboxes = Vec::with_capacity(wanted);
         let mut leases = leases.into_iter();
-        while let Some((lease, warm)) = leases.next() {
+        while let Some((lease, origin)) = leases.next() {
             let new = NewVm {
                 lease,
                 template: spec.template.to_string(),
                 size: spec.size,
                 ttl,
-                warm,
+                warm: origin.is_warm(),
                 claim_duration: took,
-                origin: Origin::Template,
+                lineage: Lineage::Template,
             };
             match self.insert_vm(new).await {
-                Ok(sandbox) => sandboxes.push(sandbox),
+                Ok(sandbox) => sandboxes.push((sandbox, origin)),
                 Err(error) => {
                     join_all(leases.map(|(lease, _)| Lease::destroy(lease))).await;
-                    for sandbox in sandboxes {
+                    for (sandbox, _) in sandboxes {
                         let _ = self.registry().release(sandbox.id.as_str()).await;
                     }
                     return Err(BatchError::Insert(error));

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::ops::{Batch, Ping, TemplateEntry};
 use crate::render::{rfc3339, CreateSandboxResult, Render};
-use crate::sandbox::{Origin, Sandbox};
+use crate::sandbox::{Lineage, Sandbox};
 use crate::util::millis;
 
 /// `create_sandboxes`
@@ -32,7 +32,7 @@ impl CreateSandboxesResult {
         let sandboxes: Vec<CreateSandboxResult> = batch
             .sandboxes
             .iter()
-            .map(|sandbox| CreateSandboxResult {
+            .map(|(sandbox, origin)| CreateSandboxResult {
                 sandbox_id: sandbox.id.to_string(),
                 deadline: sandbox.deadline.map(|deadline| rfc3339(deadline.wall)),
                 ttl_seconds: Some(ttl_secs),
@@ -40,14 +40,8 @@ impl CreateSandboxesResult {
                 size: Some(size.to_string()),
                 vcpus: Some(size.vcpus),
                 memory_mib: Some(size.memory_mib),
-                warm: sandbox.warm,
-                origin: if sandbox.warm {
-                    crate::pool::Origin::WarmPool
-                } else {
-                    crate::pool::Origin::NewVm
-                }
-                .as_str()
-                .to_owned(),
+                warm: origin.is_warm(),
+                origin: origin.as_str().to_owned(),
                 claim_ms: millis(sandbox.claim_duration),
                 note: None,
             })
@@ -113,10 +107,10 @@ pub struct SandboxRow {
 impl SandboxRow {
     /// The row of `sandbox`.
     pub fn new(sandbox: &Sandbox) -> Self {
-        let (forked_from, checkpoint_id) = match &sandbox.origin {
-            Origin::Fork(parent) => (Some(parent.to_string()), None),
-            Origin::Checkpoint { id, .. } => (None, Some(id.clone())),
-            Origin::Template | Origin::Attached => (None, None),
+        let (forked_from, checkpoint_id) = match &sandbox.lineage {
+            Lineage::Fork(parent) => (Some(parent.to_string()), None),
+            Lineage::Checkpoint { id, .. } => (None, Some(id.clone())),
+            Lineage::Template | Lineage::Attached => (None, None),
         };
         let now = SystemTime::now();
         Self {

@@ -10,11 +10,11 @@
 use tokio::task::JoinSet;
 
 use super::warm::Pool;
-use super::{ClaimError, Lease, Machine, VmFactory, VmSpec};
+use super::{ClaimError, Lease, Machine, Origin, VmFactory, VmSpec};
 use crate::util::{join_all, lock};
 
 impl<F: VmFactory> Pool<F> {
-    /// `count` VMs of `spec` at once, each with whether it came warm; all or none.
+    /// `count` VMs of `spec` at once, each with where it came from; all or none.
     /// Warm VMs go first (when the pool keeps that kind), the rest boot side by side
     /// on slots taken as [`Pool::slots`] takes them. The room is checked before
     /// anything is taken, so a batch that cannot fit fails at once with nothing
@@ -25,7 +25,7 @@ impl<F: VmFactory> Pool<F> {
         &self,
         spec: &VmSpec,
         count: usize,
-    ) -> Result<Vec<(Lease<F::Vm>, bool)>, ClaimError<F::Error>> {
+    ) -> Result<Vec<(Lease<F::Vm>, Origin)>, ClaimError<F::Error>> {
         let shared = &self.shared;
         let (warm, dead) = {
             let mut state = lock(&shared.state);
@@ -92,9 +92,9 @@ impl<F: VmFactory> Pool<F> {
             return Err(failure.unwrap_or(ClaimError::Closed));
         }
         booted.sort_by_key(|(index, _)| *index);
-        let warm = warm.into_iter().map(|lease| (lease, true));
+        let warm = warm.into_iter().map(|lease| (lease, Origin::WarmPool));
         Ok(warm
-            .chain(booted.into_iter().map(|(_, lease)| (lease, false)))
+            .chain(booted.into_iter().map(|(_, lease)| (lease, Origin::NewVm)))
             .collect())
     }
 }
@@ -115,8 +115,8 @@ mod tests {
         until("a warm VM", || pool.status().warm == 1).await;
         let started = Instant::now();
         let batch = pool.claim_many(&default_spec(), 3).await.unwrap();
-        let warm: Vec<bool> = batch.iter().map(|(_, warm)| *warm).collect();
-        assert_eq!(warm, [true, false, false]);
+        let origins: Vec<Origin> = batch.iter().map(|(_, origin)| *origin).collect();
+        assert_eq!(origins, [Origin::WarmPool, Origin::NewVm, Origin::NewVm]);
         assert_eq!(
             started.elapsed(),
             Duration::from_millis(BOOT_MS),

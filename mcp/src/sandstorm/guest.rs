@@ -18,8 +18,10 @@ use super::render::{
 };
 use super::{EVAL_TIMEOUT_SECS, EXCERPT_BYTES};
 use crate::error::ToolError;
-use crate::exec::{self, End};
+use crate::exec::{self, End, Shape, EXEC_MAX_BYTES};
 use crate::node::Node;
+use crate::output::Keep;
+use crate::progress::Progress;
 use crate::sandbox::Sandbox;
 use crate::util::millis;
 
@@ -29,6 +31,7 @@ pub async fn exec_command(
     sandbox: &Sandbox,
     args: Vec<String>,
     timeout_secs: f64,
+    progress: &Progress,
 ) -> Result<CallToolResult, ToolError> {
     if args.first().is_none_or(String::is_empty) {
         return Err(ToolError::new(
@@ -44,48 +47,31 @@ pub async fn exec_command(
         timeout_ms: None,
         stream: true,
     };
-    // Seed 001's shape: the first 1 MiB of each stream, `truncated` past it.
-    let shape = exec::Shape {
-        max_bytes: sandbox_protocol::limits::EXEC_OUTPUT_CAP_BYTES,
-        keep: crate::output::Keep::Head,
+    // sandstorm returns whole streams: each keeps its first 1 MiB, the server's cap.
+    let shape = Shape {
+        max_bytes: EXEC_MAX_BYTES,
+        keep: Keep::Head,
     };
-    let collected = exec::run(
-        &client,
-        request,
-        timeout,
-        shape,
-        &crate::progress::Progress::default(),
-    )
-    .await;
-    let stdout = collected
-        .stdout
-        .keep(crate::output::Part::Head, shape.max_bytes);
-    let stderr = collected
-        .stderr
-        .keep(crate::output::Part::Head, shape.max_bytes);
-    let mut result = ExecCommandResult {
-        stdout: stdout.text,
-        stderr: stderr.text,
-        exit_code: None,
-        signal: None,
-        truncated: stdout.omitted > 0 || stderr.omitted > 0,
-        timed_out: false,
-        duration_ms: millis(collected.elapsed),
+    let collected = exec::run(&client, request, timeout, shape, progress).await;
+    let full = collected.to_result(timeout);
+    let result = ExecCommandResult {
+        stdout: full.stdout,
+        stderr: full.stderr,
+        exit_code: full.exit_code,
+        signal: full.signal,
+        truncated: full.truncated,
+        timed_out: full.timed_out,
+        duration_ms: full.duration_ms,
     };
     let cut = match &collected.end {
-        End::Finished(reply) => {
-            result.exit_code = reply.exit.map(|exit| exit.shell_code());
-            result.signal = reply.exit.and_then(|exit| exit.signal);
-            result.timed_out = reply.timed_out;
-            reply.timed_out.then(|| {
-                format!(
-                    "Timed out after {} s and killed with all it started; stdout and stderr \
-                     hold what it printed until then. Call again with a larger timeout_secs \
-                     (at most {EXEC_DEADLINE_SECS}).",
-                    timeout.as_secs_f64()
-                )
-            })
-        }
+        End::Finished(reply) => reply.timed_out.then(|| {
+            format!(
+                "Timed out after {} s and killed with all it started; stdout and stderr hold \
+                 what it printed until then. Call again with a larger timeout_secs (at most \
+                 {EXEC_DEADLINE_SECS}).",
+                timeout.as_secs_f64()
+            )
+        }),
         End::Failed(error) if !collected.started => {
             let id = sandbox.id.as_str();
             let error = errors::agent("exec_command", id, error);
@@ -97,14 +83,11 @@ pub async fn exec_command(
              ping_sandbox fails, kill_sandbox this sandbox and spawn a new one.",
             sandbox_vmm::error_chain(error)
         )),
-        End::NoReply => {
-            result.timed_out = true;
-            Some(
-                "The agent did not answer past the timeout; the run was cancelled (killed with \
-                 all it started). stdout and stderr hold what arrived before."
-                    .to_owned(),
-            )
-        }
+        End::NoReply => Some(
+            "The agent did not answer past the timeout; the run was cancelled (killed with all \
+             it started). stdout and stderr hold what arrived before."
+                .to_owned(),
+        ),
     };
     Ok(match cut {
         Some(message) => object_error(&result, &message),

@@ -84,7 +84,13 @@ pub async fn spawn(
         Source::Template(_) => node
             .claim_batch(Some(tag), None, ttl, params.n)
             .await
-            .map(|batch| batch.sandboxes)
+            .map(|batch| {
+                batch
+                    .sandboxes
+                    .into_iter()
+                    .map(|(sandbox, _)| sandbox)
+                    .collect()
+            })
             .map_err(|error| errors::batch(&error, tag, params.n)),
         Source::Checkpoint(manifest) => {
             let max = host.max_fork_count().min(host.pool().max());

@@ -15,7 +15,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::sandbox::{Origin, Sandbox};
+use crate::sandbox::{Lineage, Sandbox};
 
 /// A list result: what FastMCP makes of a returned list.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -48,9 +48,9 @@ pub struct SandboxInfo {
 impl SandboxInfo {
     /// What listings show of `sandbox`: never its token.
     pub fn new(sandbox: &Sandbox) -> Self {
-        let snapshot_tag = match &sandbox.origin {
-            Origin::Checkpoint { id, name } => name.clone().unwrap_or_else(|| id.clone()),
-            Origin::Template | Origin::Fork(_) | Origin::Attached => sandbox.template.clone(),
+        let snapshot_tag = match &sandbox.lineage {
+            Lineage::Checkpoint { id, name } => name.clone().unwrap_or_else(|| id.clone()),
+            Lineage::Template | Lineage::Fork(_) | Lineage::Attached => sandbox.template.clone(),
         };
         Self {
             id: sandbox.id.to_string(),

@@ -4,6 +4,7 @@
 //! checks the token where sandstorm requires one and forwards to [`super::ops`] or
 //! [`super::guest`].
 
+use rmcp::handler::server::common::Extension;
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
@@ -19,19 +20,21 @@ use super::render::{
 };
 use super::{guest, ops};
 use crate::error::ToolError;
+use crate::progress::Progress;
 use crate::tools::SandboxServer;
 
 #[tool_router(router = sandstorm_router, vis = "pub(crate)")]
 impl SandboxServer {
     #[tool(
         name = "list_snapshots",
+        title = "List templates and snapshots",
         description = "List what sandboxes can be spawned from: templates (built or promoted \
         on this host; default marks the one kept warm, and warm how many of it spawn in \
         milliseconds now) and snapshots (running sandboxes captured by branch_sandbox, kept after the \
         session), each with its tag for spawn_sandboxes, kind, creation time, template, \
         vCPUs and memory.",
         output_schema = schema_for_output::<Listing<SnapshotInfo>>(),
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(title = "List templates and snapshots", read_only_hint = true, open_world_hint = false)
     )]
     async fn sandstorm_list_snapshots(&self) -> Result<CallToolResult, ToolError> {
         Ok(list(ops::snapshots(&self.node)?))
@@ -39,6 +42,7 @@ impl SandboxServer {
 
     #[tool(
         name = "spawn_sandboxes",
+        title = "Spawn sandboxes",
         description = "Start n sandboxes (default 1) from snapshot_tag: a template, or a \
         snapshot from branch_sandbox, whose sandboxes each start from the captured state and \
         diverge. All or nothing. Returns each sandbox's id and token: keep the token, \
@@ -47,7 +51,7 @@ impl SandboxServer {
         one hour at most, and is destroyed when this session ends; kill_sandbox ends one \
         sooner. n is bounded by the server's sandbox limit (kill sandboxes to make room).",
         output_schema = schema_for_output::<Listing<SpawnedSandbox>>(),
-        annotations(
+        annotations(title = "Spawn sandboxes", 
             read_only_hint = false,
             destructive_hint = false,
             idempotent_hint = false,
@@ -69,6 +73,7 @@ impl SandboxServer {
 
     #[tool(
         name = "branch_sandbox",
+        title = "Branch a sandbox into a snapshot",
         description = "Capture a running sandbox's exact state (memory, processes, files) as \
         a new snapshot tag, pausing it only for a moment; it keeps running. \
         spawn_sandboxes with that tag then starts any number of sandboxes from this \
@@ -77,7 +82,7 @@ impl SandboxServer {
         captures one way, and the snapshot is ready when the call returns. Snapshots stay \
         on the host after the session.",
         output_schema = schema_for_output::<BranchInfo>(),
-        annotations(
+        annotations(title = "Branch a sandbox into a snapshot", 
             read_only_hint = false,
             destructive_hint = false,
             idempotent_hint = false,
@@ -93,11 +98,12 @@ impl SandboxServer {
 
     #[tool(
         name = "list_sandboxes",
+        title = "List sandboxes",
         description = "List this session's live sandboxes: id, the snapshot_tag it was \
         spawned from, state, creation and expiry times (Unix seconds), vCPUs and memory. \
         Tokens are not shown: spawn_sandboxes returned them.",
         output_schema = schema_for_output::<Listing<SandboxInfo>>(),
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(title = "List sandboxes", read_only_hint = true, open_world_hint = false)
     )]
     async fn sandstorm_list_sandboxes(&self) -> Result<CallToolResult, ToolError> {
         let sandboxes = self.node.registry().list();
@@ -111,11 +117,12 @@ impl SandboxServer {
 
     #[tool(
         name = "get_sandbox",
+        title = "Describe a sandbox",
         description = "Describe one sandbox by id: the snapshot_tag it was spawned from, \
         state, creation and expiry times (Unix seconds), vCPUs and memory. Its token is not \
         shown. An unknown or killed id is an error that lists the live ones.",
         output_schema = schema_for_output::<SandboxInfo>(),
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(title = "Describe a sandbox", read_only_hint = true, open_world_hint = false)
     )]
     async fn sandstorm_get_sandbox(
         &self,
@@ -127,6 +134,7 @@ impl SandboxServer {
 
     #[tool(
         name = "exec_command",
+        title = "Run a program",
         description = "Run a program in a sandbox and return stdout, stderr and exit_code. \
         args is the program and its arguments, run without a shell (use [\"sh\", \"-c\", \
         \"LINE\"] for pipes and redirections). Requires sandbox_token. timeout_secs \
@@ -134,7 +142,7 @@ impl SandboxServer {
         an error result that still carries its output. Each stream keeps its first 1 MiB \
         (truncated is set past that). A non-zero exit_code is a normal result.",
         output_schema = schema_for_output::<ExecCommandResult>(),
-        annotations(
+        annotations(title = "Run a program", 
             read_only_hint = false,
             destructive_hint = true,
             idempotent_hint = false,
@@ -144,17 +152,19 @@ impl SandboxServer {
     async fn sandstorm_exec_command(
         &self,
         Parameters(params): Parameters<ExecCommandParams>,
+        Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = ops::authorized(
             &self.node,
             &params.sandbox_id,
             params.sandbox_token.as_deref(),
         )?;
-        guest::exec_command(&sandbox, params.args, params.timeout_secs).await
+        guest::exec_command(&sandbox, params.args, params.timeout_secs, &progress).await
     }
 
     #[tool(
         name = "eval_code",
+        title = "Evaluate Python",
         description = "Evaluate Python in the sandbox's resident interpreter, like a notebook \
         cell: variables and imports persist between calls, and a template that starts the \
         interpreter at boot (list_snapshots) answers in milliseconds. Returns result (the \
@@ -162,7 +172,7 @@ impl SandboxServer {
         printed. Requires sandbox_token. Code running past 60 s is interrupted; an \
         interpreter that died is started afresh by the next call.",
         output_schema = schema_for_output::<EvalCodeResult>(),
-        annotations(
+        annotations(title = "Evaluate Python", 
             read_only_hint = false,
             destructive_hint = true,
             idempotent_hint = false,
@@ -183,6 +193,7 @@ impl SandboxServer {
 
     #[tool(
         name = "wait_for_text",
+        title = "Wait for text in a file",
         description = "Wait until a file in a sandbox contains marker (exact text), for \
         example a READY line an agent writes to its log. The file may not exist yet; it is \
         watched, so the marker is seen as soon as it is written. Returns found, elapsed_ms \
@@ -190,7 +201,7 @@ impl SandboxServer {
         did not appear within timeout_secs: default 60, at most 300). Requires \
         sandbox_token.",
         output_schema = schema_for_output::<WaitForTextResult>(),
-        annotations(read_only_hint = true, open_world_hint = false)
+        annotations(title = "Wait for text in a file", read_only_hint = true, open_world_hint = false)
     )]
     async fn sandstorm_wait_for_text(
         &self,
@@ -206,11 +217,12 @@ impl SandboxServer {
 
     #[tool(
         name = "ping_sandbox",
+        title = "Ping a sandbox",
         description = "Health-check a sandbox: a round trip to its in-guest agent, with the \
         agent's version, uptime, load, free memory and running processes. Requires \
         sandbox_token. An agent that does not answer is an error result.",
         output_schema = schema_for_output::<PingInfo>(),
-        annotations(
+        annotations(title = "Ping a sandbox", 
             read_only_hint = true,
             idempotent_hint = true,
             open_world_hint = false
@@ -230,11 +242,12 @@ impl SandboxServer {
 
     #[tool(
         name = "kill_sandbox",
+        title = "Kill a sandbox",
         description = "Destroy one sandbox now: its VM stops, and its files and processes \
         are gone; its id becomes unknown and its token useless. Snapshots branched from it \
         are kept. Takes no sandbox_token.",
         output_schema = schema_for_output::<KillInfo>(),
-        annotations(
+        annotations(title = "Kill a sandbox", 
             read_only_hint = false,
             destructive_hint = true,
             idempotent_hint = false,

@@ -25,7 +25,7 @@ use crate::node::{NewVm, Node, DEFAULT_TTL_SECS};
 use crate::pool::launcher::LaunchedVm;
 use crate::pool::Lease;
 use crate::render::rfc3339;
-use crate::sandbox::{Origin, Sandbox, SandboxId, Slept};
+use crate::sandbox::{Lineage, Sandbox, SandboxId, Slept};
 use crate::util::millis;
 
 impl Node {
@@ -67,7 +67,7 @@ impl Node {
                 fork.children,
                 slots,
                 &parent.template,
-                Origin::Fork(parent.id.clone()),
+                Lineage::Fork(parent.id.clone()),
                 started,
             )
             .await?;
@@ -187,11 +187,11 @@ impl Node {
             .branch(&manifest.id, slots.len(), host.branch_spec())
             .await
             .map_err(|error| ToolError::snapshot(what, &error))?;
-        let origin = Origin::Checkpoint {
+        let lineage = Lineage::Checkpoint {
             id: manifest.id.clone(),
             name: manifest.name.clone(),
         };
-        self.adopt(vms, slots, &manifest.machine.template, origin, started)
+        self.adopt(vms, slots, &manifest.machine.template, lineage, started)
             .await
     }
 
@@ -338,7 +338,7 @@ impl Node {
         vms: Vec<Vm>,
         slots: Vec<OwnedSemaphorePermit>,
         template: &str,
-        origin: Origin,
+        lineage: Lineage,
         started: Instant,
     ) -> Result<Vec<Arc<Sandbox>>, ToolError> {
         let mut leases = Vec::with_capacity(vms.len());
@@ -363,7 +363,7 @@ impl Node {
                     ttl: Duration::from_secs(DEFAULT_TTL_SECS),
                     warm: false,
                     claim_duration,
-                    origin: origin.clone(),
+                    lineage: lineage.clone(),
                 })
                 .await?;
             children.push(child);
