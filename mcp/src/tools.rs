@@ -201,7 +201,6 @@ impl SandboxServer {
                 size(EXEC_STDIN_MAX_BYTES as u64)
             )));
         }
-        let command = command_of(params.command, params.argv)?;
         let client = client(&sandbox, Op::Command).await?;
         let request = ExecRequest {
             spec: process_spec(command, params.cwd, params.env),
