@@ -2,7 +2,7 @@
 //! what users rely on checked in the guests: children see the parent's files and
 //! processes at the fork point and diverge afterwards; each child draws its own random
 //! numbers, has its own machine id, hostname and token; the guest clock is within
-//! 50 ms of the host's after every restore; a checkpoint made by one process is
+//! 250 ms of the host's after every restore; a checkpoint made by one process is
 //! branched by another (`sandboxctl vm branch`); deleting a checkpoint in use is
 //! refused; a failed fork leaves no VM, daemon or file; a VM on an ext4 root disk
 //! checkpoints and branches too.
