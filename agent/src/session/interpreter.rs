@@ -344,6 +344,14 @@ impl Session {
         let timer = tokio::time::sleep(deadline);
         tokio::pin!(timer);
         let mut interrupted = false;
+        // A shell that takes the interrupt between two commands only runs its trap
+        // and starts the next one (`touch x; sleep 60`): during the grace it gets
+        // the interrupt again until it answers.
+        let mut again = tokio::time::interval_at(
+            tokio::time::Instant::now() + REINTERRUPT_EVERY,
+            REINTERRUPT_EVERY,
+        );
+        let shell = self.language == Language::Shell;
         loop {
             tokio::select! {
                 biased;
@@ -361,12 +369,15 @@ impl Session {
                     interrupted = true;
                     self.interrupt();
                     grace(timer.as_mut());
+                    again.reset();
                 }
                 () = cancel.fired(), if !interrupted => {
                     interrupted = true;
                     self.interrupt();
                     grace(timer.as_mut());
+                    again.reset();
                 }
+                _ = again.tick(), if interrupted && shell => self.interrupt(),
             }
         }
     }
@@ -505,6 +516,10 @@ async fn ended(
     }
     Err(error)
 }
+
+/// How often a shell that has not answered an interrupt gets it again (see
+/// `Session::wait_result`); its driver clears a stale one before the next code.
+const REINTERRUPT_EVERY: Duration = Duration::from_millis(500);
 
 /// Moves `timer` to the end of the interrupt's grace.
 fn grace(timer: std::pin::Pin<&mut tokio::time::Sleep>) {
