@@ -68,6 +68,9 @@ async fn peak_rss(pid: u32, time: Duration) -> u64 {
 /// How much a flood may leave behind once its client is gone (allocator slack).
 const RESIDUAL_BOUND_BYTES: u64 = 8 * MIB;
 
+/// Within this of its idle size the agent counts as having let go of a flood.
+const SETTLED_BYTES: u64 = 2 * MIB;
+
 /// One flood: 600 read_file requests of 1 MiB pipelined on one connection, replies
 /// never read. Returns the peak RSS while it stands and the RSS after it is gone.
 async fn flood(agent: &TestAgent, file: &std::path::Path, idle: u64) -> (u64, u64) {
@@ -90,11 +93,13 @@ async fn flood(agent: &TestAgent, file: &std::path::Path, idle: u64) -> (u64, u6
     let peak = peak_rss(pid, Duration::from_secs(3)).await;
     writer.abort();
     let _ = writer.await;
-    // The agent notices the hang-up once its writer fails; give it time to let go.
+    // The agent notices the hang-up once its writer fails; give it time to let go,
+    // down to near its idle size (so two floods' residues compare like with like),
+    // or until the deadline, whatever it kept then being the residue.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let now = rss(pid);
-        if now.saturating_sub(idle) <= RESIDUAL_BOUND_BYTES || Instant::now() > deadline {
+        if now.saturating_sub(idle) <= SETTLED_BYTES || Instant::now() > deadline {
             return (peak, now);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
