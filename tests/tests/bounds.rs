@@ -442,6 +442,76 @@ async fn ten_thousand_execs_and_a_thousand_spawns_leak_nothing() {
     );
 }
 
+/// Many running processes that each fill more than a ring: their rings together stay
+/// within the agent's one ring pool (before it, 600 full rings held 150 MiB), and
+/// what did not fit is reported as dropped, never silently lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_chatty_running_processes_share_one_ring_pool() {
+    const PROCESSES: usize = 600;
+    const PRINTED: u64 = 300_000;
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let client = agent.client().await;
+    let idle = rss(pid);
+    let script = format!("head -c {PRINTED} /dev/zero; exec sleep 60");
+    let mut spawns = tokio::task::JoinSet::new();
+    for _ in 0..PROCESSES {
+        let client = client.clone();
+        let spec = sandbox_tests::shell(&script);
+        spawns.spawn(async move { client.spawn(spec).await.unwrap() });
+    }
+    let pids = spawns.join_all().await;
+    // Every process has printed all of its output (the rings saw it all).
+    let mut peak = rss(pid);
+    for &spawned in &pids {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let logs = client.logs(spawned, None).await.unwrap();
+            if logs.batch.end >= PRINTED {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{spawned:?} printed too little"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        peak = peak.max(rss(pid));
+    }
+    peak = peak.max(peak_rss(pid, Duration::from_secs(1)).await);
+    let mut dropped = 0;
+    let mut kept = 0;
+    for &spawned in &pids {
+        let logs = client.logs(spawned, Some(0)).await.unwrap();
+        let held: u64 = logs.batch.chunks.iter().map(|c| c.data.len() as u64).sum();
+        assert_eq!(
+            logs.batch.dropped + held,
+            PRINTED,
+            "every byte is held or counted"
+        );
+        assert!(held >= 4096, "each ring keeps at least its floor");
+        dropped += logs.batch.dropped;
+        kept += held;
+    }
+    eprintln!(
+        "{PROCESSES} chatty processes: agent RSS idle {} MiB, peak {} MiB; rings kept {} MiB, \
+         dropped {} MiB",
+        idle / MIB,
+        peak / MIB,
+        kept / MIB,
+        dropped / MIB
+    );
+    assert!(kept <= 40 * MIB, "the rings held {} MiB", kept / MIB);
+    assert!(
+        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
+        "the agent grew by {} MiB",
+        peak.saturating_sub(idle) / MIB
+    );
+    for spawned in pids {
+        client.kill(spawned, libc::SIGKILL).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn empty_put_frames_cost_their_share_and_overrun_the_window() {
     let agent = TestAgent::start();
