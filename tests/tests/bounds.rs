@@ -512,6 +512,54 @@ async fn many_chatty_running_processes_share_one_ring_pool() {
     }
 }
 
+/// Every session at once printing its whole output cap on both streams, replies
+/// never read: the captures wait for the agent's budget like exec output does
+/// (before, 32 sessions could hold 64 MiB of output outside it).
+#[tokio::test]
+async fn sessions_printing_their_caps_into_an_unread_connection_stay_in_the_budget() {
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let idle = rss(pid);
+    let mut raw = hello(&agent).await;
+    let mut bytes = Vec::new();
+    let sessions = sandbox_protocol::eval::MAX_SESSIONS as u64;
+    for id in 1..=sessions {
+        bytes.extend(frame(
+            id,
+            ClientMsg::Request(Request::Eval(sandbox_protocol::EvalRequest {
+                session: format!("s{id}"),
+                language: sandbox_protocol::Language::Shell,
+                code: "head -c 1100000 /dev/zero; head -c 1100000 /dev/zero >&2".into(),
+                timeout_ms: Some(60_000),
+                restart: false,
+            })),
+        ));
+    }
+    let flood = tokio::spawn(async move {
+        let _ = raw.try_write(&bytes).await;
+        std::future::pending::<()>().await;
+    });
+    let peak = peak_rss(pid, Duration::from_secs(8)).await;
+    // Another client is still answered meanwhile.
+    let client = agent.client().await;
+    tokio::time::timeout(Duration::from_secs(10), client.ps())
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "{sessions} sessions printing 2.2 MB each into an unread connection: agent RSS idle \
+         {} MiB, peak {} MiB",
+        idle / MIB,
+        peak / MIB
+    );
+    assert!(
+        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
+        "the agent grew by {} MiB",
+        peak.saturating_sub(idle) / MIB
+    );
+    flood.abort();
+}
+
 #[tokio::test]
 async fn empty_put_frames_cost_their_share_and_overrun_the_window() {
     let agent = TestAgent::start();
