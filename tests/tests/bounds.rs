@@ -693,3 +693,63 @@ async fn more_large_replies_than_the_budget_holds_all_arrive() {
         assert!(reply.stdout_truncated);
     }
 }
+
+/// File waits are capped (each holds an inotify instance, of which the kernel gives
+/// the agent and a root workload 128 together): the wait past the cap is refused at
+/// once with `busy`, and a slot is free again as soon as a wait ends.
+#[tokio::test]
+async fn file_waits_past_the_cap_are_refused_as_busy_and_slots_come_back() {
+    const CAP: usize = 64;
+    let agent = TestAgent::start();
+    let path = agent.dir().join("never-written");
+    let ready = agent.dir().join("ready");
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(agent.client().await);
+    }
+    let mut waits = tokio::task::JoinSet::new();
+    for i in 0..CAP {
+        let client = clients[i % 3].clone();
+        let path = path.clone();
+        waits.spawn(async move {
+            client
+                .wait_for_file_text(&path, "never", Some(Duration::from_secs(60)))
+                .await
+        });
+    }
+    // Every wait is in the agent (one that reached it is parked on its file).
+    let probe = agent.client().await;
+    let busy = loop {
+        match probe
+            .wait_for_file_text(&ready, "x", Some(Duration::from_millis(1)))
+            .await
+        {
+            Err(error) if error.wire_kind() == Some(sandbox_protocol::ErrorKind::Busy) => {
+                break error
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    assert!(busy.to_string().contains("64 waits for files"), "{busy}");
+    // One ends; the next wait is accepted and finds its text.
+    waits.abort_all();
+    while waits.join_next().await.is_some() {}
+    std::fs::write(&ready, "x").unwrap();
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match probe
+                .wait_for_file_text(&ready, "x", Some(Duration::from_secs(5)))
+                .await
+            {
+                Ok(found) => break found,
+                Err(error) if error.wire_kind() == Some(sandbox_protocol::ErrorKind::Busy) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+    })
+    .await
+    .expect("the slots came back");
+    assert_eq!(found.offset, 0);
+}
