@@ -187,6 +187,8 @@ async fn a_booting_claim_reports_progress_and_big_files_cross_the_vm_transport()
     let status = server.disconnect(Duration::from_secs(30)).await;
     assert!(status.success(), "{status}");
     support::assert_nothing_left(&run);
+    let _ = std::fs::remove_dir_all(&run);
+    let _ = std::fs::remove_file(&log);
 }
 
 /// Issue 12's "progress notifications received during a long exec" and "a request
@@ -311,6 +313,8 @@ async fn a_long_exec_reports_progress_and_oversize_requests_get_errors() {
     let status = server.disconnect(Duration::from_secs(30)).await;
     assert!(status.success(), "{status}");
     support::assert_nothing_left(&run);
+    let _ = std::fs::remove_dir_all(&run);
+    let _ = std::fs::remove_file(&log);
 }
 
 async fn microvm_session_from_claim_to_disconnect() {
