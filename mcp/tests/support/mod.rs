@@ -25,7 +25,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// Variables the server reads that must not leak in from the developer's shell.
-const SERVER_ENV: &[&str] = &[
+pub const SERVER_ENV: &[&str] = &[
     "SANDBOX_TEMPLATE",
     "SANDBOX_POOL",
     "SANDBOX_MAX",
