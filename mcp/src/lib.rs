@@ -40,6 +40,7 @@
 //!   profile offers.
 //! - [`snapshot`]: the snapshot tools (fork, checkpoint, branch, hibernate, promote)
 //!   and what hibernates and wakes sandboxes.
+//! - [`host`]: copies between the host and sandboxes, under `--host-dir`s only.
 //! - [`fleet`]: many sandboxes in one claim (`create_sandboxes`, over
 //!   `pool::Pool::claim_many`), listing, describing and pinging them, the templates.
 //! - [`sandstorm`]: `--profile sandstorm`, seed 001's tools and per-sandbox tokens on
@@ -61,6 +62,7 @@ pub mod eval;
 pub mod exec;
 pub mod files;
 pub mod fleet;
+pub mod host;
 pub mod node;
 pub mod output;
 pub mod params;
@@ -106,8 +108,9 @@ pub enum ServeError {
 /// destroyed at once, which also ends those calls.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
     let profile = config.profile;
+    let host = config.host.clone();
     let node = node::Node::start(config).await;
-    let server = tools::SandboxServer::new(node.clone(), profile);
+    let server = tools::SandboxServer::new(node.clone(), profile, host);
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let (mut front, transport) = stdio::Front::start(stdin, stdout);
     tokio::pin!(shutdown);

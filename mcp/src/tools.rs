@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use crate::config::Profile;
 use crate::error::{Op, ToolError};
 use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC_STDIN_MAX_BYTES};
+use crate::host::HostDirs;
 use crate::node::Node;
 use crate::output::{size, stream_name};
 use crate::params::{
@@ -88,18 +89,20 @@ pub struct SandboxServer {
     tool_router: ToolRouter<Self>,
     instructions: &'static str,
     uploads: Arc<Uploads>,
+    pub(crate) host: Arc<HostDirs>,
 }
 
 #[tool_router]
 impl SandboxServer {
     /// A server over `node` offering `profile`'s tools.
-    pub fn new(node: Arc<Node>, profile: Profile) -> Self {
-        let (tool_router, instructions) = Self::router(profile, node.snapshots().is_some());
+    pub fn new(node: Arc<Node>, profile: Profile, host: Arc<HostDirs>) -> Self {
+        let (tool_router, instructions) = Self::router(profile, node.snapshots().is_some(), &host);
         Self {
             node,
             tool_router,
             instructions,
             uploads: Arc::new(Uploads::default()),
+            host,
         }
     }
 
@@ -107,8 +110,14 @@ impl SandboxServer {
     /// the model at initialization. In the default profile the snapshot tools, and
     /// the fleet tools that claim or list templates, come only with `snapshots` (a
     /// server that launches microVMs): an attached agent cannot be snapshotted and is
-    /// the only sandbox. The sandstorm profile offers only its own tools.
-    fn router(profile: Profile, snapshots: bool) -> (ToolRouter<Self>, &'static str) {
+    /// the only sandbox. The host file tools come only with allowed `host`
+    /// directories, which their descriptions then name. The sandstorm profile offers
+    /// only its own tools.
+    fn router(
+        profile: Profile,
+        snapshots: bool,
+        host: &HostDirs,
+    ) -> (ToolRouter<Self>, &'static str) {
         let (mut router, instructions) = match profile {
             Profile::Default => {
                 let mut router = Self::tool_router() + Self::fleet_router();
@@ -117,6 +126,17 @@ impl SandboxServer {
                 } else {
                     for name in crate::fleet::tools::LAUNCH_ONLY {
                         router.remove_route(name);
+                    }
+                }
+                if !host.is_empty() {
+                    router += Self::host_router();
+                    let allowed =
+                        format!(" Allowed host directories: {}.", host.allowed().join(", "));
+                    for name in crate::host::tools::HOST_TOOLS {
+                        if let Some(route) = router.map.get_mut(name) {
+                            let description = route.attr.description.take().unwrap_or_default();
+                            route.attr.description = Some(format!("{description}{allowed}").into());
+                        }
                     }
                 }
                 (router, INSTRUCTIONS)
@@ -651,7 +671,7 @@ impl ServerHandler for SandboxServer {
 }
 
 /// The sandbox's agent connection, or an error saying how to recover.
-async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolError> {
+pub(crate) async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolError> {
     sandbox
         .client()
         .await
@@ -669,7 +689,7 @@ fn process_spec(
     spec
 }
 
-fn absolute(path: &str) -> Result<(), ToolError> {
+pub(crate) fn absolute(path: &str) -> Result<(), ToolError> {
     if path.starts_with('/') {
         Ok(())
     } else {
@@ -730,7 +750,11 @@ mod tests {
     fn every_tool_has_a_title_and_all_four_hints() {
         let tools = [Profile::Default, Profile::Sandstorm]
             .into_iter()
-            .flat_map(|profile| SandboxServer::router(profile, true).0.list_all());
+            .flat_map(|profile| {
+                SandboxServer::router(profile, true, &HostDirs::default())
+                    .0
+                    .list_all()
+            });
         for tool in tools {
             assert!(tool.title.is_some(), "{} has no title", tool.name);
             let hints = tool
@@ -761,7 +785,11 @@ mod tests {
         assert!(!raw.is_empty());
         let tools = [Profile::Default, Profile::Sandstorm]
             .into_iter()
-            .flat_map(|profile| SandboxServer::router(profile, true).0.list_all());
+            .flat_map(|profile| {
+                SandboxServer::router(profile, true, &HostDirs::default())
+                    .0
+                    .list_all()
+            });
         for tool in tools {
             let input = serde_json::Value::Object((*tool.input_schema).clone());
             let output = tool

@@ -431,8 +431,11 @@ mod tests {
     async fn in_attach_mode_the_snapshot_tools_are_not_offered_and_say_what_they_need() {
         use rmcp::ServerHandler;
         let node = attached_node().await;
-        let server =
-            crate::tools::SandboxServer::new(node.clone(), crate::config::Profile::Default);
+        let server = crate::tools::SandboxServer::new(
+            node.clone(),
+            crate::config::Profile::Default,
+            Default::default(),
+        );
         assert!(server.get_tool("exec").is_some());
         assert!(server.get_tool("fork").is_none());
         assert!(server.get_tool("hibernate").is_none());
