@@ -90,6 +90,15 @@ impl ToolError {
             },
             (_, error) => other_hint(op, error.wire_kind()),
         };
+        if hint == UNREACHABLE {
+            // The client's log hears of it too (see `crate::logging`): the sandbox
+            // is most likely gone for good.
+            tracing::warn!(
+                sandbox = sandbox_id,
+                %text,
+                "a sandbox's agent did not answer: its VM may have died"
+            );
+        }
         let message = if hint.is_empty() {
             format!("{} failed in sandbox {sandbox_id}: {text}", op.name())
         } else {

@@ -24,7 +24,10 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::RequestContext;
+// rmcp deprecates logging (SEP-2577); this protocol version's clients use it.
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{tool, tool_router, ErrorData, RoleServer, ServerHandler};
 use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS};
 use sandbox_protocol::wait::{WAIT_DEFAULT_TIMEOUT_MS, WAIT_MAX_TIMEOUT_MS};
@@ -35,6 +38,7 @@ use crate::config::Profile;
 use crate::error::{Op, ToolError};
 use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC_STDIN_MAX_BYTES};
 use crate::host::HostDirs;
+use crate::logging::ClientLog;
 use crate::node::Node;
 use crate::output::{size, stream_name};
 use crate::params::{
@@ -90,6 +94,7 @@ pub struct SandboxServer {
     instructions: &'static str,
     uploads: Arc<Uploads>,
     pub(crate) host: Arc<HostDirs>,
+    log: ClientLog,
 }
 
 #[tool_router]
@@ -103,7 +108,15 @@ impl SandboxServer {
             instructions,
             uploads: Arc::new(Uploads::default()),
             host,
+            log: ClientLog::default(),
         }
+    }
+
+    /// The server, with its log events going to the client through `log` (see
+    /// [`crate::logging`]).
+    pub fn with_client_log(mut self, log: ClientLog) -> Self {
+        self.log = log;
+        self
     }
 
     /// Every tool `profile` offers, with standard schemas, and what the server tells
@@ -607,13 +620,38 @@ impl SandboxServer {
 }
 
 impl ServerHandler for SandboxServer {
+    // The logging capability: see `set_level`.
+    #[allow(deprecated)]
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                env!("CARGO_PKG_NAME"),
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(self.instructions)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_logging()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(self.instructions)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        tracing::info!("client initialized");
+        self.log.connect(context.peer);
+    }
+
+    // The logging types are deprecated in rmcp (SEP-2577), not in this protocol
+    // version's clients.
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        tracing::debug!(level = ?request.level, "client set the log level");
+        self.log.set_level(request.level);
+        Ok(())
     }
 
     async fn list_tools(
@@ -746,12 +784,34 @@ mod tests {
         }
     }
 
+    /// Allowed host directories, so that the host file tools are offered too.
+    fn some_host_dir() -> HostDirs {
+        HostDirs::open(&[std::env::temp_dir()], 1).unwrap()
+    }
+
+    #[test]
+    fn the_host_tools_come_only_with_a_host_dir_and_name_it() {
+        let without = SandboxServer::router(Profile::Default, true, &HostDirs::default()).0;
+        assert!(without.get("copy_to_host").is_none());
+        let with = SandboxServer::router(Profile::Default, true, &some_host_dir()).0;
+        let allowed = std::env::temp_dir().display().to_string();
+        for name in crate::host::tools::HOST_TOOLS {
+            let tool = with
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is not offered"));
+            let description = tool.description.as_deref().unwrap_or("");
+            assert!(description.contains(&allowed), "{name}: {description}");
+        }
+        let sandstorm = SandboxServer::router(Profile::Sandstorm, true, &some_host_dir()).0;
+        assert!(sandstorm.get("copy_to_host").is_none());
+    }
+
     #[test]
     fn every_tool_has_a_title_and_all_four_hints() {
         let tools = [Profile::Default, Profile::Sandstorm]
             .into_iter()
             .flat_map(|profile| {
-                SandboxServer::router(profile, true, &HostDirs::default())
+                SandboxServer::router(profile, true, &some_host_dir())
                     .0
                     .list_all()
             });
@@ -786,7 +846,7 @@ mod tests {
         let tools = [Profile::Default, Profile::Sandstorm]
             .into_iter()
             .flat_map(|profile| {
-                SandboxServer::router(profile, true, &HostDirs::default())
+                SandboxServer::router(profile, true, &some_host_dir())
                     .0
                     .list_all()
             });
