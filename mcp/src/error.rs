@@ -91,13 +91,7 @@ impl ToolError {
             (_, error) => other_hint(op, error.wire_kind()),
         };
         if hint == UNREACHABLE {
-            // The client's log hears of it too (see `crate::logging`): the sandbox
-            // is most likely gone for good.
-            tracing::warn!(
-                sandbox = sandbox_id,
-                %text,
-                "a sandbox's agent did not answer: its VM may have died"
-            );
+            warn_unreachable(sandbox_id, &text);
         }
         let message = if hint.is_empty() {
             format!("{} failed in sandbox {sandbox_id}: {text}", op.name())
@@ -124,6 +118,16 @@ impl ToolError {
             _ => Self::new(format!("{}.", capitalized(&error.to_string()))),
         }
     }
+}
+
+/// Logs a sandbox whose agent did not answer at all, so the client's log hears of
+/// it too (see `crate::logging`): the sandbox is most likely gone for good.
+pub(crate) fn warn_unreachable(sandbox_id: &str, text: &str) {
+    tracing::warn!(
+        sandbox = sandbox_id,
+        text,
+        "a sandbox's agent did not answer: its VM may have died"
+    );
 }
 
 fn capitalized(text: &str) -> String {

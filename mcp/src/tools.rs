@@ -741,6 +741,27 @@ fn kind_name(kind: FileKind) -> &'static str {
     kind.as_str()
 }
 
+/// What every router's tools must have, for the routers' unit tests.
+#[cfg(test)]
+pub(crate) fn assert_tools_described(tools: Vec<Tool>, names: &[&str], min_description: usize) {
+    let listed: Vec<String> = tools.iter().map(|tool| tool.name.to_string()).collect();
+    assert_eq!(listed, names);
+    for tool in tools {
+        assert!(tool.title.is_some(), "{} has no title", tool.name);
+        assert!(tool.output_schema.is_some(), "{} has no schema", tool.name);
+        let annotations = tool.annotations.as_ref().expect("annotations");
+        assert_eq!(annotations.open_world_hint, Some(false), "{}", tool.name);
+        assert!(annotations.read_only_hint.is_some(), "{}", tool.name);
+        assert!(
+            tool.description
+                .as_ref()
+                .is_some_and(|d| d.len() > min_description),
+            "{} needs a description that states its limits",
+            tool.name
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
-use serde_json::json;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use support::{assert_nothing_left, Folders};
 
@@ -58,6 +58,16 @@ fn noise(len: usize) -> Vec<u8> {
             state.to_le_bytes()[0]
         })
         .collect()
+}
+
+/// `copy_from_host`'s arguments.
+fn in_args(id: &str, host_path: &str, path: &str) -> Value {
+    json!({"sandbox_id": id, "host_path": host_path, "path": path})
+}
+
+/// `copy_to_host`'s arguments.
+fn out_args(id: &str, path: &str, host_path: &str) -> Value {
+    json!({"sandbox_id": id, "path": path, "host_path": host_path})
 }
 
 fn sha256(data: &[u8]) -> String {
@@ -209,7 +219,7 @@ async fn host_files() {
     let copied = server
         .ok(
             "copy_from_host",
-            json!({"sandbox_id": id, "host_path": tree.at("in/big.bin"), "path": "/root/big.bin"}),
+            in_args(&id, &tree.at("in/big.bin"), "/root/big.bin"),
         )
         .await;
     assert_eq!(copied["bytes"], data.len(), "{copied}");
@@ -222,7 +232,7 @@ async fn host_files() {
     let back = server
         .ok(
             "copy_to_host",
-            json!({"sandbox_id": id, "path": "/root/big.bin", "host_path": tree.at("out/back.bin")}),
+            out_args(&id, "/root/big.bin", &tree.at("out/back.bin")),
         )
         .await;
     eprintln!("copy_to_host 20 MiB: {} ms", back["ms"]);
@@ -237,7 +247,7 @@ async fn host_files() {
     let into_dir = server
         .ok(
             "copy_from_host",
-            json!({"sandbox_id": id, "host_path": tree.at("in/inside"), "path": "/root"}),
+            in_args(&id, &tree.at("in/inside"), "/root"),
         )
         .await;
     assert_eq!(into_dir["path"], "/root/inside", "{into_dir}");
@@ -246,10 +256,7 @@ async fn host_files() {
     assert_eq!(ran["stdout"], "hello from the host\n", "{ran}");
     exec("printf x > /root/suid && chmod 4755 /root/suid".into()).await;
     let suid = server
-        .ok(
-            "copy_to_host",
-            json!({"sandbox_id": id, "path": "/root/suid", "host_path": tree.at("out")}),
-        )
+        .ok("copy_to_host", out_args(&id, "/root/suid", &tree.at("out")))
         .await;
     assert_eq!(suid["host_path"], tree.at("out/suid"), "{suid}");
     let mode = std::fs::metadata(tree.allowed().join("out/suid"))
@@ -260,10 +267,7 @@ async fn host_files() {
 
     // Refusals on the way in.
     let outside = server
-        .err(
-            "copy_from_host",
-            json!({"sandbox_id": id, "host_path": "/etc/hostname", "path": "/root/x"}),
-        )
+        .err("copy_from_host", in_args(&id, "/etc/hostname", "/root/x"))
         .await;
     assert!(
         outside.contains("not under an allowed host directory")
@@ -273,25 +277,19 @@ async fn host_files() {
     );
     for escape in ["in/abs", "in/rel", "../secret", "in/../../secret"] {
         let refused = server
-            .err(
-                "copy_from_host",
-                json!({"sandbox_id": id, "host_path": tree.at(escape), "path": "/root/x"}),
-            )
+            .err("copy_from_host", in_args(&id, &tree.at(escape), "/root/x"))
             .await;
         assert!(refused.contains("leads outside"), "{escape}: {refused}");
     }
     let fifo = server
         .err(
             "copy_from_host",
-            json!({"sandbox_id": id, "host_path": tree.at("in/fifo"), "path": "/root/x"}),
+            in_args(&id, &tree.at("in/fifo"), "/root/x"),
         )
         .await;
     assert!(fifo.contains("a FIFO"), "{fifo}");
     let dir = server
-        .err(
-            "copy_from_host",
-            json!({"sandbox_id": id, "host_path": tree.at("in"), "path": "/root/x"}),
-        )
+        .err("copy_from_host", in_args(&id, &tree.at("in"), "/root/x"))
         .await;
     assert!(
         dir.contains("is a directory") && dir.contains("list_host_dir"),
@@ -300,7 +298,7 @@ async fn host_files() {
     let no_parent = server
         .err(
             "copy_from_host",
-            json!({"sandbox_id": id, "host_path": tree.at("in/hello.sh"), "path": "/no/such/dir/x"}),
+            in_args(&id, &tree.at("in/hello.sh"), "/no/such/dir/x"),
         )
         .await;
     assert!(no_parent.contains("mkdir -p"), "{no_parent}");
@@ -311,14 +309,14 @@ async fn host_files() {
     let trap = server
         .err(
             "copy_to_host",
-            json!({"sandbox_id": id, "path": "/root/suid", "host_path": tree.at("out/trap/x")}),
+            out_args(&id, "/root/suid", &tree.at("out/trap/x")),
         )
         .await;
     assert!(trap.contains("leads outside"), "{trap}");
     let exists = server
         .err(
             "copy_to_host",
-            json!({"sandbox_id": id, "path": "/root/suid", "host_path": tree.at("out/keep.txt")}),
+            out_args(&id, "/root/suid", &tree.at("out/keep.txt")),
         )
         .await;
     assert!(exists.contains("overwrite: true"), "{exists}");
@@ -348,10 +346,7 @@ async fn host_files() {
     // Sparse: 30 MiB to read, nothing on the sandbox's disk.
     exec("truncate -s 30M /root/huge && ln -s /root/huge /root/hidden".into()).await;
     let huge = server
-        .err(
-            "copy_to_host",
-            json!({"sandbox_id": id, "path": "/root/huge", "host_path": tree.at("out")}),
-        )
+        .err("copy_to_host", out_args(&id, "/root/huge", &tree.at("out")))
         .await;
     assert!(
         huge.contains("over the server's limit") && huge.contains("split"),
@@ -361,22 +356,16 @@ async fn host_files() {
     let hidden = server
         .err(
             "copy_to_host",
-            json!({"sandbox_id": id, "path": "/root/hidden", "host_path": tree.at("out")}),
+            out_args(&id, "/root/hidden", &tree.at("out")),
         )
         .await;
     assert!(hidden.contains("over the server's limit"), "{hidden}");
     let device = server
-        .err(
-            "copy_to_host",
-            json!({"sandbox_id": id, "path": "/dev/zero", "host_path": tree.at("out")}),
-        )
+        .err("copy_to_host", out_args(&id, "/dev/zero", &tree.at("out")))
         .await;
     assert!(device.contains("regular"), "{device}");
     let sandbox_dir = server
-        .err(
-            "copy_to_host",
-            json!({"sandbox_id": id, "path": "/root", "host_path": tree.at("out")}),
-        )
+        .err("copy_to_host", out_args(&id, "/root", &tree.at("out")))
         .await;
     assert!(sandbox_dir.contains("tar -czf"), "{sandbox_dir}");
 

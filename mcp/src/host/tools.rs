@@ -549,6 +549,15 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
 
+    #[test]
+    fn every_host_tool_has_a_title_annotations_a_schema_and_a_usable_description() {
+        crate::tools::assert_tools_described(
+            SandboxServer::host_router().list_all(),
+            &["copy_from_host", "copy_to_host", "list_host_dir"],
+            150,
+        );
+    }
+
     #[tokio::test]
     async fn the_capped_writer_stops_at_its_limit() {
         let mut sink = Capped::new(Vec::new(), 10);
