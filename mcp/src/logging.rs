@@ -31,6 +31,17 @@ use crate::util::lock;
 /// Targets forwarded: this crate's own events, not its libraries'.
 const TARGET_PREFIX: &str = "sandbox_mcp";
 
+/// Targets never forwarded: the stdio front's, about the message stream itself. A
+/// malformed or oversize line is answered with a JSON-RPC error already, and a
+/// client that reads its replies line by line must find that error next, not a log
+/// message about it.
+const TARGET_EXCLUDED: &str = "sandbox_mcp::stdio";
+
+/// Whether events of `target` go to the client.
+pub fn forwards(target: &str) -> bool {
+    target.starts_with(TARGET_PREFIX) && !target.starts_with(TARGET_EXCLUDED)
+}
+
 /// The level forwarded before the client sets one.
 const DEFAULT_LEVEL: LoggingLevel = LoggingLevel::Warning;
 
@@ -92,7 +103,7 @@ pub struct ClientLogLayer {
 impl<S: Subscriber> Layer<S> for ClientLogLayer {
     fn on_event(&self, event: &Event<'_>, _context: Context<'_, S>) {
         let meta = event.metadata();
-        if !meta.target().starts_with(TARGET_PREFIX) {
+        if !forwards(meta.target()) {
             return;
         }
         let level = mcp_level(*meta.level());
@@ -185,5 +196,18 @@ mod tests {
         log.set_level(LoggingLevel::Error);
         assert!(!log.wants(mcp_level(Level::WARN)));
         assert!(log.wants(LoggingLevel::Critical));
+    }
+
+    /// Regression: the stdio front's warning about an oversize line reached the
+    /// client before the line's error reply, which a client waiting for the reply
+    /// then read instead.
+    #[test]
+    fn only_the_servers_own_events_go_to_the_client_not_the_stdio_fronts() {
+        assert!(forwards("sandbox_mcp::registry"));
+        assert!(forwards("sandbox_mcp::host::tools"));
+        assert!(!forwards("sandbox_mcp::stdio"));
+        assert!(!forwards("sandbox_mcp::stdio::scan"));
+        assert!(!forwards("rmcp::service"));
+        assert!(!forwards("sandbox_vmm::launcher"));
     }
 }

@@ -70,12 +70,12 @@ fn init_logging(log: &ClientLog) {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .with_filter(filter);
-    // Only this crate's events: they are the server's own, and what the client is
-    // sent must not itself log into the client (rmcp's events).
+    // Only this crate's events (see `sandbox_mcp::logging::forwards`): what the
+    // client is sent must not itself log into the client (rmcp's events).
     let client = log
         .layer()
         .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
-            meta.target().starts_with("sandbox_mcp")
+            sandbox_mcp::logging::forwards(meta.target())
         }));
     tracing_subscriber::registry()
         .with(stderr)
