@@ -7,7 +7,9 @@
 //! Tools, as the README's table lists them: `create_sandbox`, `exec`, `eval_code`,
 //! `spawn`, `ps`, `logs`, `kill`, `wait_for_text`, `write_file`, `read_file`, `list_dir`,
 //! `release`, `node_info`; the snapshot tools are a second router, in
-//! [`crate::snapshot::tools`], and the fleet tools a third, in [`crate::fleet::tools`].
+//! [`crate::snapshot::tools`], the fleet tools a third, in [`crate::fleet::tools`], and
+//! the host file tools a fourth, in [`crate::host::tools`], offered only with
+//! `--host-dir`.
 //! Under `--profile sandstorm` the server offers only [`crate::sandstorm`]'s router.
 //! Every tool's schemas are made standard JSON Schema ([`crate::schema`]) once the
 //! routers are combined.

@@ -369,12 +369,13 @@ async fn host_files() {
         .await;
     assert!(sandbox_dir.contains("tar -czf"), "{sandbox_dir}");
 
+    trees(&server, &id, &tree).await;
     swapped_links(&server, &id, &tree).await;
 
     // Nothing half-written, no temporary file, nothing outside.
     assert_eq!(
         tree.out_names(),
-        ["back.bin", "fifo", "keep.txt", "suid", "swap", "trap"]
+        ["back.bin", "fifo", "keep.txt", "suid", "swap", "trap", "tree"]
     );
     assert_eq!(
         std::fs::read_dir(tree.top.join("outside")).unwrap().count(),
@@ -385,6 +386,74 @@ async fn host_files() {
 
     server.disconnect(Duration::from_secs(30)).await;
     assert_nothing_left(&folders.run);
+}
+
+/// `recursive: true` both ways: a host tree into the sandbox and back out, links
+/// left out on either side (one pointing at the secret), an existing top refused,
+/// and a tree over the size limit refused before anything is copied.
+async fn trees(server: &support::McpServer, id: &str, tree: &Tree) {
+    let top = tree.allowed().join("in/tree");
+    std::fs::create_dir_all(top.join("sub/deeper")).unwrap();
+    std::fs::write(top.join("a.txt"), b"alpha").unwrap();
+    let blob = noise(1 << 20);
+    std::fs::write(top.join("sub/deeper/blob.bin"), &blob).unwrap();
+    symlink(tree.top.join("secret"), top.join("sub/secret-link")).unwrap();
+    symlink("a.txt", top.join("inner-link")).unwrap();
+    let mut args = in_args(id, &tree.at("in/tree"), "/root");
+    args["recursive"] = true.into();
+    let copied = server.ok("copy_from_host", args).await;
+    assert_eq!(
+        (
+            copied["path"].as_str(),
+            copied["files"].as_u64(),
+            copied["dirs"].as_u64(),
+            copied["skipped"].as_u64()
+        ),
+        (Some("/root/tree"), Some(2), Some(3), Some(2)),
+        "{copied}"
+    );
+    let command = "cd /root/tree && find . | sort && sha256sum sub/deeper/blob.bin";
+    let listed = server
+        .ok("exec", json!({"sandbox_id": id, "command": command}))
+        .await;
+    let out = listed["stdout"].as_str().unwrap();
+    assert!(
+        out.starts_with(".\n./a.txt\n./sub\n./sub/deeper\n./sub/deeper/blob.bin\n")
+            && out.contains(&sha256(&blob)),
+        "{listed}"
+    );
+
+    let link = "ln -s /etc/passwd /root/tree/sub/passwd-link";
+    server
+        .ok("exec", json!({"sandbox_id": id, "command": link}))
+        .await;
+    let mut args = out_args(id, "/root/tree", &tree.at("out"));
+    args["recursive"] = true.into();
+    let back = server.ok("copy_to_host", args.clone()).await;
+    assert_eq!(back["host_path"], tree.at("out/tree"), "{back}");
+    assert_eq!(
+        (back["files"].as_u64(), back["skipped"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let out = tree.allowed().join("out/tree");
+    assert_eq!(std::fs::read(out.join("a.txt")).unwrap(), b"alpha");
+    assert_eq!(
+        std::fs::read(out.join("sub/deeper/blob.bin")).unwrap(),
+        blob
+    );
+    assert!(!out.join("sub/passwd-link").exists());
+    let again = server.err("copy_to_host", args).await;
+    assert!(again.contains("already exists"), "{again}");
+
+    let big = "mkdir /root/bigtree && truncate -s 30M /root/bigtree/huge";
+    server
+        .ok("exec", json!({"sandbox_id": id, "command": big}))
+        .await;
+    let mut args = out_args(id, "/root/bigtree", &tree.at("out"));
+    args["recursive"] = true.into();
+    let refused = server.err("copy_to_host", args).await;
+    assert!(refused.contains("over the server's limit"), "{refused}");
+    assert!(!tree.allowed().join("out/bigtree").exists());
 }
 
 /// Copies while another thread swaps a name between a real file (or directory)

@@ -76,7 +76,70 @@ pub struct HostEntry {
     pub size: u64,
 }
 
+/// One entry of a tree to copy: a directory or a regular file, by its path
+/// relative to the tree's top (`/`-separated, UTF-8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeEntry {
+    /// Its path below the top.
+    pub rel: String,
+    /// Whether it is a directory (else a regular file).
+    pub dir: bool,
+}
+
+/// A host tree: its entries, parents before children, and how many were left out
+/// (symbolic links, which a tree copy does not follow, FIFOs, devices, sockets,
+/// names that are not UTF-8).
+#[derive(Debug, Default)]
+pub struct HostTree {
+    /// Directories and regular files.
+    pub entries: Vec<TreeEntry>,
+    /// What was left out.
+    pub skipped: u64,
+}
+
 impl HostDirs {
+    /// The tree under the directory `path`: at most `max` entries. Walked through
+    /// descriptors, never following a link (`O_NOFOLLOW` on every directory).
+    pub fn walk(&self, path: &str, max: usize) -> Result<HostTree, HostError> {
+        let (root, rest) = self.locate(path)?;
+        let top =
+            beneath(root, &rest, OFlag::O_RDONLY | OFlag::O_DIRECTORY, path).map_err(|error| {
+                match error {
+                    HostError::Io {
+                        errno: Errno::ENOTDIR,
+                        ..
+                    } => HostError::NotDirectory(path.to_owned()),
+                    other => other,
+                }
+            })?;
+        let mut tree = HostTree::default();
+        walk_dir(top, "", path, max, &mut tree)?;
+        Ok(tree)
+    }
+
+    /// Whether `path` is a directory beneath its allowed one.
+    pub fn is_dir(&self, path: &str) -> bool {
+        self.locate(path).is_ok_and(|(root, rest)| {
+            beneath(root, &rest, OFlag::O_PATH | OFlag::O_DIRECTORY, path).is_ok()
+        })
+    }
+
+    /// Creates the directory `path` (its parent must exist; it must not).
+    pub fn mkdir(&self, path: &str) -> Result<(), HostError> {
+        let (root, rest) = self.locate(path)?;
+        let Some(Component::Normal(name)) = rest.components().next_back() else {
+            return Err(HostError::BadName(path.to_owned()));
+        };
+        let parent = rest.parent().unwrap_or(Path::new(""));
+        let dir = beneath(root, parent, OFlag::O_PATH | OFlag::O_DIRECTORY, path)?;
+        match nix::sys::stat::mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o755))
+        {
+            Ok(()) => Ok(()),
+            Err(Errno::EEXIST) => Err(HostError::Exists(path.to_owned())),
+            Err(errno) => Err(io("create the directory", path, errno)),
+        }
+    }
+
     /// Opens the regular file at `path` for reading.
     pub fn open_source(&self, path: &str) -> Result<Source, HostError> {
         let (root, rest) = self.locate(path)?;
@@ -292,6 +355,79 @@ impl Drop for Destination {
             );
         }
     }
+}
+
+/// Adds the entries of the directory `fd` (at `prefix` below the top) to `tree`,
+/// depth first, parents before children.
+fn walk_dir(
+    fd: OwnedFd,
+    prefix: &str,
+    path: &str,
+    max: usize,
+    tree: &mut HostTree,
+) -> Result<(), HostError> {
+    // `Dir` owns the descriptor from here.
+    let dir_fd = fd.into_raw_fd();
+    let mut dir = nix::dir::Dir::from_fd(dir_fd).map_err(|errno| io("list", path, errno))?;
+    let mut names = Vec::new();
+    for entry in dir.iter() {
+        let entry = entry.map_err(|errno| io("list", path, errno))?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(entry.file_name().to_owned());
+        }
+    }
+    names.sort();
+    for name in names {
+        let Ok(text) = name.to_str() else {
+            tree.skipped += 1;
+            continue;
+        };
+        let rel = if prefix.is_empty() {
+            text.to_owned()
+        } else {
+            format!("{prefix}/{text}")
+        };
+        let Ok(stat) = fstatat(
+            Some(dir_fd),
+            name.as_c_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) else {
+            // Removed since it was listed.
+            continue;
+        };
+        let is_dir = match kind(&stat) {
+            SFlag::S_IFDIR => true,
+            SFlag::S_IFREG => false,
+            _ => {
+                tree.skipped += 1;
+                continue;
+            }
+        };
+        if tree.entries.len() == max {
+            return Err(HostError::TooManyEntries {
+                path: path.to_owned(),
+                max,
+            });
+        }
+        tree.entries.push(TreeEntry {
+            rel: rel.clone(),
+            dir: is_dir,
+        });
+        if is_dir {
+            let raw = openat(
+                Some(dir_fd),
+                name.as_c_str(),
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|errno| io("open", &format!("{path}/{rel}"), errno))?;
+            // SAFETY: `openat` just returned this descriptor, and nothing else owns it.
+            let child = unsafe { OwnedFd::from_raw_fd(raw) };
+            walk_dir(child, &rel, path, max, tree)?;
+        }
+    }
+    Ok(())
 }
 
 /// Opens `rest` beneath `root` with `flags`; `path` is the client's, for messages.

@@ -26,9 +26,11 @@
 //! - this file: [`HostDirs`] (the allowed directories) and [`HostError`].
 //! - [`fs`]: the resolution beneath a directory, sources, destinations and listing.
 //! - [`tools`]: the `copy_from_host`, `copy_to_host` and `list_host_dir` tools.
+//! - [`tree`]: their `recursive: true`, for directory trees.
 
 pub mod fs;
 pub mod tools;
+pub mod tree;
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -109,6 +111,14 @@ pub enum HostError {
         size: u64,
         /// `--host-max-bytes`.
         max: u64,
+    },
+    /// A tree with more entries than a copy takes.
+    #[error("the tree {path:?} has more than {max} entries")]
+    TooManyEntries {
+        /// Its top.
+        path: String,
+        /// The limit.
+        max: usize,
     },
     /// A name that cannot be a file name (empty, `.`, `..`).
     #[error("{0:?} is no file name")]

@@ -48,6 +48,10 @@ pub struct CopyFromHostParams {
     /// Where in the sandbox: an absolute file path (its parent must exist), or an
     /// existing directory to copy into under the host file's name.
     pub path: String,
+    /// Copy a host directory and everything under it (links and special files
+    /// are left out). Default false.
+    #[serde(default)]
+    pub recursive: bool,
 }
 
 /// `copy_to_host`
@@ -63,9 +67,13 @@ pub struct CopyToHostParams {
     /// sandbox file's name.
     pub host_path: String,
     /// Replace a file that exists there (default false: an existing file is an
-    /// error).
+    /// error). Not for a tree, whose top must not exist yet.
     #[serde(default)]
     pub overwrite: bool,
+    /// Copy a sandbox directory and everything under it (links and special files
+    /// are left out). Default false.
+    #[serde(default)]
+    pub recursive: bool,
 }
 
 /// `list_host_dir`
@@ -89,8 +97,14 @@ pub struct CopyResult {
     pub path: String,
     /// Bytes copied.
     pub bytes: u64,
-    /// The copy's permission bits in octal.
-    pub mode: String,
+    /// The copy's permission bits in octal (null for a tree).
+    pub mode: Option<String>,
+    /// For a tree: regular files copied.
+    pub files: Option<u64>,
+    /// For a tree: directories made.
+    pub dirs: Option<u64>,
+    /// For a tree: entries left out (symbolic links, FIFOs, devices, sockets).
+    pub skipped: Option<u64>,
     /// How long the copy took, in milliseconds.
     pub ms: u64,
     /// "to_sandbox" or "to_host".
@@ -110,13 +124,23 @@ impl Render for CopyResult {
                 format!("sandbox {}:{}", self.sandbox_id, self.path),
             )
         };
-        format!(
-            "copied {} ({} bytes) from {from} to {to} (mode {}) in {} ms",
-            size(self.bytes),
-            self.bytes,
-            self.mode,
-            self.ms
-        )
+        match (&self.mode, self.files) {
+            (Some(mode), _) => format!(
+                "copied {} ({} bytes) from {from} to {to} (mode {mode}) in {} ms",
+                size(self.bytes),
+                self.bytes,
+                self.ms
+            ),
+            (None, files) => format!(
+                "copied a tree from {from} to {to}: {} files ({}), {} directories, {} left \
+                 out (links, special files) in {} ms",
+                files.unwrap_or(0),
+                size(self.bytes),
+                self.dirs.unwrap_or(0),
+                self.skipped.unwrap_or(0),
+                self.ms
+            ),
+        }
     }
 }
 
@@ -174,7 +198,9 @@ impl SandboxServer {
         below; list_host_dir shows what they hold); links leading out of them are refused. \
         path: the absolute sandbox path, or an existing sandbox directory to copy into under \
         the file's name; the file appears whole when the copy ends, with the host file's \
-        permission bits.",
+        permission bits. recursive: true copies a directory and all under it (links and \
+        special files left out), into path or, when path is an existing directory, under \
+        it.",
         output_schema = schema_for_output::<CopyResult>(),
         annotations(
             title = "Copy a file from the host",
@@ -192,6 +218,9 @@ impl SandboxServer {
         let started = Instant::now();
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         absolute(&params.path)?;
+        if params.recursive {
+            return self.copy_tree_from_host(&sandbox, params, started).await;
+        }
         let host_path = params.host_path.clone();
         let source = on_host(&self.host, move |host| host.open_source(&host_path))
             .await
@@ -227,7 +256,10 @@ impl SandboxServer {
             host_path: source.path,
             path: target,
             bytes,
-            mode: format!("{:o}", mode & 0o7777),
+            mode: Some(format!("{:o}", mode & 0o7777)),
+            files: None,
+            dirs: None,
+            skipped: None,
             ms: millis(started.elapsed()),
             direction: "to_sandbox".to_owned(),
         }))
@@ -242,7 +274,9 @@ impl SandboxServer {
         when the copy ends, with the sandbox file's permission bits (never setuid); an \
         existing file is replaced only with overwrite: true, and only a regular file. Links \
         leading out of the allowed directories are refused, and so is a file over the \
-        server's size limit per copy.",
+        server's size limit per copy. recursive: true copies a sandbox directory and all \
+        under it (links and special files left out) to a new host directory (or under an \
+        existing one), within the same size limit in all.",
         output_schema = schema_for_output::<CopyResult>(),
         annotations(
             title = "Copy a file to the host",
@@ -272,11 +306,16 @@ impl SandboxServer {
             .stat(&params.path)
             .await
             .map_err(|error| ToolError::agent(Op::CopyOut, sandbox.id.as_str(), &error))?;
+        if stat.kind == FileKind::Dir && params.recursive {
+            return self
+                .copy_tree_to_host(&sandbox, &client, params, started)
+                .await;
+        }
         if stat.kind == FileKind::Dir {
             return Err(ToolError::new(format!(
-                "{} is a directory in sandbox {}; copy_to_host copies one file. Pack it \
-                 first with exec (tar -czf /tmp/dir.tgz -C {} .) and copy the archive, or \
-                 copy its files one by one (list_dir lists them).",
+                "{} is a directory in sandbox {}: pass recursive: true to copy the tree, \
+                 or pack it first with exec (tar -czf /tmp/dir.tgz -C {} .) and copy the \
+                 archive.",
                 params.path, sandbox.id, params.path
             )));
         }
@@ -335,7 +374,10 @@ impl SandboxServer {
             host_path: final_path,
             path: params.path,
             bytes,
-            mode: format!("{mode:o}"),
+            mode: Some(format!("{mode:o}")),
+            files: None,
+            dirs: None,
+            skipped: None,
             ms: millis(started.elapsed()),
             direction: "to_host".to_owned(),
         }))
@@ -400,7 +442,7 @@ impl SandboxServer {
 
 /// Which tool a host error came from, for its hint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Direction {
+pub(super) enum Direction {
     ToSandbox,
     ToHost,
     List,
@@ -408,7 +450,7 @@ enum Direction {
 
 impl SandboxServer {
     /// A host error as a tool failure that says what to do next.
-    fn host_error(&self, error: &HostError, direction: Direction) -> ToolError {
+    pub(super) fn host_error(&self, error: &HostError, direction: Direction) -> ToolError {
         let allowed = self.host.allowed().join(", ");
         let hint = match (error, direction) {
             (HostError::Relative(_) | HostError::Outside(_), _) => format!(
@@ -429,8 +471,12 @@ impl SandboxServer {
                 "list_host_dir on its directory shows what is there.".to_owned()
             }
             (HostError::IsDirectory(_), Direction::ToSandbox) => {
-                "copy_from_host copies one file: list_host_dir lists the directory's files; \
-                 copy them one by one."
+                "Pass recursive: true to copy the directory and all under it (list_host_dir \
+                 shows what it holds)."
+                    .to_owned()
+            }
+            (HostError::TooManyEntries { .. }, _) => {
+                "Copy a smaller tree (list_host_dir shows its parts), or an archive of it."
                     .to_owned()
             }
             (HostError::IsDirectory(_), _) => {
@@ -476,7 +522,7 @@ fn capitalize(text: &str) -> String {
 }
 
 /// Runs a blocking host file operation on tokio's blocking pool.
-async fn on_host<T: Send + 'static>(
+pub(super) async fn on_host<T: Send + 'static>(
     host: &Arc<HostDirs>,
     work: impl FnOnce(&HostDirs) -> Result<T, HostError> + Send + 'static,
 ) -> Result<T, HostError> {
@@ -495,15 +541,15 @@ async fn on_host<T: Send + 'static>(
 /// A writer that refuses to write more than `left` bytes in all (a sandbox's file
 /// can grow while it is copied, or be sparse and look small in no way at all).
 #[derive(Debug)]
-struct Capped<W> {
-    inner: W,
+pub(super) struct Capped<W> {
+    pub(super) inner: W,
     left: u64,
-    written: u64,
-    exceeded: bool,
+    pub(super) written: u64,
+    pub(super) exceeded: bool,
 }
 
 impl<W> Capped<W> {
-    fn new(inner: W, max: u64) -> Self {
+    pub(super) fn new(inner: W, max: u64) -> Self {
         Self {
             inner,
             left: max,
