@@ -101,20 +101,24 @@ impl HostDirs {
     /// The tree under the directory `path`: at most `max` entries. Walked through
     /// descriptors, never following a link (`O_NOFOLLOW` on every directory).
     pub fn walk(&self, path: &str, max: usize) -> Result<HostTree, HostError> {
-        let (root, rest) = self.locate(path)?;
-        let top =
-            beneath(root, &rest, OFlag::O_RDONLY | OFlag::O_DIRECTORY, path).map_err(|error| {
-                match error {
-                    HostError::Io {
-                        errno: Errno::ENOTDIR,
-                        ..
-                    } => HostError::NotDirectory(path.to_owned()),
-                    other => other,
-                }
-            })?;
+        let top = self.open_dir(path)?;
         let mut tree = HostTree::default();
         walk_dir(top, "", path, max, &mut tree)?;
         Ok(tree)
+    }
+
+    /// The directory `path`, open for listing.
+    fn open_dir(&self, path: &str) -> Result<OwnedFd, HostError> {
+        let (root, rest) = self.locate(path)?;
+        beneath(root, &rest, OFlag::O_RDONLY | OFlag::O_DIRECTORY, path).map_err(
+            |error| match error {
+                HostError::Io {
+                    errno: Errno::ENOTDIR,
+                    ..
+                } => HostError::NotDirectory(path.to_owned()),
+                other => other,
+            },
+        )
     }
 
     /// Whether `path` is a directory beneath its allowed one.
@@ -251,17 +255,7 @@ impl HostDirs {
     /// One level of the directory at `path`, sorted by name; `max` entries at most
     /// (the second value says whether there were more).
     pub fn list(&self, path: &str, max: usize) -> Result<(Vec<HostEntry>, bool), HostError> {
-        let (root, rest) = self.locate(path)?;
-        let fd =
-            beneath(root, &rest, OFlag::O_RDONLY | OFlag::O_DIRECTORY, path).map_err(|error| {
-                match error {
-                    HostError::Io {
-                        errno: Errno::ENOTDIR,
-                        ..
-                    } => HostError::NotDirectory(path.to_owned()),
-                    other => other,
-                }
-            })?;
+        let fd = self.open_dir(path)?;
         // `Dir` owns the descriptor from here (and closes it on failure too).
         let dir_fd = fd.into_raw_fd();
         let mut dir = nix::dir::Dir::from_fd(dir_fd).map_err(|errno| io("list", path, errno))?;

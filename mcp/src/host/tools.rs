@@ -16,7 +16,7 @@ use rmcp::model::CallToolResult;
 use rmcp::{tool, tool_router};
 use sandbox_protocol::FileKind;
 use sandbox_vmm::client::ClientError;
-use sandbox_vmm::error_chain;
+use sandbox_vmm::{error_chain, Client};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWrite};
@@ -328,47 +328,16 @@ impl SandboxServer {
                 Direction::ToHost,
             ));
         }
-        let (host_path, overwrite) = (params.host_path.clone(), params.overwrite);
-        let mut dest = on_host(&self.host, move |host| {
-            host.create_destination(&host_path, &name, overwrite)
-        })
-        .await
-        .map_err(|error| self.host_error(&error, Direction::ToHost))?;
-        let Some(file) = dest.take_file() else {
-            return Err(ToolError::new(
-                "The host file was already used; copy again.",
-            ));
-        };
         progress.set_status(format!("copy_to_host: receiving {}", params.path));
-        let mut sink = Capped::new(tokio::fs::File::from_std(file), max);
-        let got = client.get(&params.path, &mut sink).await;
-        let (bytes, mode) = match got {
-            Ok(done) => done,
-            // `dest` is dropped on the way out: the partial file is removed.
-            Err(_) if sink.exceeded => {
-                return Err(self.host_error(
-                    &HostError::TooLarge {
-                        size: sink.written,
-                        max,
-                    },
-                    Direction::ToHost,
-                ))
-            }
-            Err(error @ ClientError::Local { .. }) => {
-                return Err(ToolError::new(format!(
-                    "Writing {} on the host failed: {}. Nothing was left there.",
-                    dest.path,
-                    error_chain(&error)
-                )))
-            }
-            Err(error) => return Err(ToolError::agent(Op::CopyOut, sandbox.id.as_str(), &error)),
-        };
-        let file = sink.inner.into_std().await;
-        let final_path = dest.path.clone();
-        let mode = tokio::task::spawn_blocking(move || dest.commit(file, mode))
-            .await
-            .map_err(|error| ToolError::new(format!("The copy's last step failed: {error}")))?
-            .map_err(|error| self.host_error(&error, Direction::ToHost))?;
+        let (final_path, bytes, mode) = self
+            .receive(
+                &client,
+                sandbox.id.as_str(),
+                &params.path,
+                (&params.host_path, &name, params.overwrite),
+                0,
+            )
+            .await?;
         Ok(success(&CopyResult {
             sandbox_id: sandbox.id.to_string(),
             host_path: final_path,
@@ -449,6 +418,57 @@ pub(super) enum Direction {
 }
 
 impl SandboxServer {
+    /// Streams the sandbox file `source` into a new host file (`host_path`, or
+    /// `name` in it when it is a directory; replacing a regular file only with
+    /// `overwrite`) and puts it in place. `before` bytes of this copy were written
+    /// already: all together stay within `--host-max-bytes`. Returns the host
+    /// path, the bytes and the mode it got. A failure leaves nothing of this file.
+    pub(super) async fn receive(
+        &self,
+        client: &Client,
+        sandbox_id: &str,
+        source: &str,
+        (host_path, name, overwrite): (&str, &str, bool),
+        before: u64,
+    ) -> Result<(String, u64, u32), ToolError> {
+        let max = self.host.max_bytes();
+        let (host_path, name) = (host_path.to_owned(), name.to_owned());
+        let mut dest = on_host(&self.host, move |host| {
+            host.create_destination(&host_path, &name, overwrite)
+        })
+        .await
+        .map_err(|error| self.host_error(&error, Direction::ToHost))?;
+        let Some(file) = dest.take_file() else {
+            return Err(ToolError::new(
+                "The host file was already used; copy again.",
+            ));
+        };
+        let mut sink = Capped::new(tokio::fs::File::from_std(file), max.saturating_sub(before));
+        // On an error `dest` is dropped on the way out: the partial file is removed.
+        let (bytes, mode) = match client.get(source, &mut sink).await {
+            Ok(done) => done,
+            Err(_) if sink.exceeded => {
+                let size = before + sink.written;
+                return Err(self.host_error(&HostError::TooLarge { size, max }, Direction::ToHost));
+            }
+            Err(error @ ClientError::Local { .. }) => {
+                return Err(ToolError::new(format!(
+                    "Writing {} on the host failed: {}. Nothing was left there.",
+                    dest.path,
+                    error_chain(&error)
+                )))
+            }
+            Err(error) => return Err(ToolError::agent(Op::CopyOut, sandbox_id, &error)),
+        };
+        let file = sink.inner.into_std().await;
+        let final_path = dest.path.clone();
+        let mode = tokio::task::spawn_blocking(move || dest.commit(file, mode))
+            .await
+            .map_err(|error| ToolError::new(format!("The copy's last step failed: {error}")))?
+            .map_err(|error| self.host_error(&error, Direction::ToHost))?;
+        Ok((final_path, bytes, mode))
+    }
+
     /// A host error as a tool failure that says what to do next.
     pub(super) fn host_error(&self, error: &HostError, direction: Direction) -> ToolError {
         let allowed = self.host.allowed().join(", ");
@@ -541,15 +561,15 @@ pub(super) async fn on_host<T: Send + 'static>(
 /// A writer that refuses to write more than `left` bytes in all (a sandbox's file
 /// can grow while it is copied, or be sparse and look small in no way at all).
 #[derive(Debug)]
-pub(super) struct Capped<W> {
-    pub(super) inner: W,
+struct Capped<W> {
+    inner: W,
     left: u64,
-    pub(super) written: u64,
-    pub(super) exceeded: bool,
+    written: u64,
+    exceeded: bool,
 }
 
 impl<W> Capped<W> {
-    pub(super) fn new(inner: W, max: u64) -> Self {
+    fn new(inner: W, max: u64) -> Self {
         Self {
             inner,
             left: max,

@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use sandbox_protocol::FileKind;
 use sandbox_vmm::client::ClientError;
-use sandbox_vmm::{error_chain, Client};
+use sandbox_vmm::Client;
 use tokio::io::AsyncReadExt;
 use tokio::time::Instant;
 
 use super::fs::{base_name, into_dir, TreeEntry};
-use super::tools::{on_host, Capped, CopyFromHostParams, CopyResult, CopyToHostParams, Direction};
+use super::tools::{on_host, CopyFromHostParams, CopyResult, CopyToHostParams, Direction};
 use super::HostError;
 use crate::error::{Op, ToolError};
 use crate::render::success;
@@ -129,39 +129,16 @@ impl SandboxServer {
                 continue;
             }
             let file_name = base_name(&rel).unwrap_or("file").to_owned();
-            let mut dest = on_host(&self.host, move |host| {
-                host.create_destination(&host_path, &file_name, false)
-            })
-            .await
-            .map_err(|error| self.host_error(&error, Direction::ToHost))?;
-            let Some(file) = dest.take_file() else {
-                return Err(ToolError::new(
-                    "The host file was already used; copy again.",
-                ));
-            };
-            let mut sink = Capped::new(tokio::fs::File::from_std(file), max.saturating_sub(bytes));
             let source = format!("{}/{rel}", params.path.trim_end_matches('/'));
-            let (got, mode) = match client.get(&source, &mut sink).await {
-                Ok(done) => done,
-                Err(_) if sink.exceeded => {
-                    let size = bytes + sink.written;
-                    return Err(
-                        self.host_error(&HostError::TooLarge { size, max }, Direction::ToHost)
-                    );
-                }
-                Err(error) => {
-                    return Err(ToolError::new(format!(
-                        "Copying {source} failed after {files} files: {}. What was copied \
-                         is in {top}.",
-                        error_chain(&error)
-                    )))
-                }
-            };
-            let file = sink.inner.into_std().await;
-            tokio::task::spawn_blocking(move || dest.commit(file, mode))
+            let (_, got, _) = self
+                .receive(client, id, &source, (&host_path, &file_name, false), bytes)
                 .await
-                .map_err(|error| ToolError::new(format!("The copy's last step failed: {error}")))?
-                .map_err(|error| self.host_error(&error, Direction::ToHost))?;
+                .map_err(|error| {
+                    ToolError::new(format!(
+                        "{} The {files} files copied before it are in {top}.",
+                        error.message
+                    ))
+                })?;
             files += 1;
             bytes += got;
         }
