@@ -174,10 +174,16 @@ async fn guest_tree(
             format!("{}/{prefix}", top.trim_end_matches('/'))
         };
         for entry in client.list_dir(&dir).await? {
+            // The names come from the guest, which the sandbox's code may control:
+            // only plain names become host paths.
             let Ok(name) = String::from_utf8(entry.name) else {
                 skipped += 1;
                 continue;
             };
+            if !plain_name(&name) {
+                skipped += 1;
+                continue;
+            }
             let rel = if prefix.is_empty() {
                 name
             } else {
@@ -206,4 +212,23 @@ async fn guest_tree(
         }
     }
     Ok(Ok((entries, skipped, total)))
+}
+
+/// A name that is one path component: not empty, `.` or `..`, no `/` or NUL.
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guest that lists `../../x` must not make the copy write beside the tree.
+    #[test]
+    fn only_plain_names_from_the_guest_become_host_paths() {
+        assert!(plain_name("report.csv") && plain_name("..hidden") && plain_name("a b"));
+        for bad in ["", ".", "..", "../x", "a/b", "nul\0"] {
+            assert!(!plain_name(bad), "{bad:?}");
+        }
+    }
 }
