@@ -294,23 +294,12 @@ async fn exec_three_ways(
     );
 }
 
-/// The bytes a result costs: serialized whole, its text, and its structuredContent.
-fn sizes(result: &CallToolResult) -> (usize, usize, usize) {
-    let wire = serde_json::to_string(result).unwrap().len();
-    let text = support::text(result).len();
-    let structured = result
-        .structured_content
-        .as_ref()
-        .map_or(0, |json| json.to_string().len());
-    (wire, text, structured)
-}
-
 /// What the old results cost for the data `whole` returns: the same envelope, with
 /// the data in structuredContent and again in the text (the old rendering repeated
 /// every field whole). `whole`'s own text is only a preview of a field that large,
 /// so it is taken out and the structured part counted twice.
 fn doubled(whole: &CallToolResult) -> usize {
-    let (wire, text, structured) = sizes(whole);
+    let (wire, text, structured) = support::sizes(whole);
     wire - text - structured + 2 * structured
 }
 
@@ -327,7 +316,7 @@ async fn size_row(
     assert_ne!(after.is_error, Some(true), "{}", support::text(&after));
     let whole = server.call(tool, whole_args).await;
     assert_ne!(whole.is_error, Some(true), "{}", support::text(&whole));
-    (name.to_owned(), doubled(&whole), sizes(&after).0)
+    (name.to_owned(), doubled(&whole), support::sizes(&after).0)
 }
 
 /// The result-size table on sandbox `id`.

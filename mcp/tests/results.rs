@@ -16,7 +16,6 @@ mod support;
 use std::time::Duration;
 
 use base64::Engine as _;
-use rmcp::model::CallToolResult;
 use sandbox_tests::TestAgent;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -47,17 +46,6 @@ fn noise(len: usize) -> Vec<u8> {
 
 fn sha256(data: &[u8]) -> String {
     format!("{:x}", Sha256::digest(data))
-}
-
-/// The bytes a result costs on the wire, and its text and structured parts.
-fn sizes(result: &CallToolResult) -> (usize, usize, usize) {
-    let wire = serde_json::to_string(result).unwrap().len();
-    let text = support::text(result).len();
-    let structured = result
-        .structured_content
-        .as_ref()
-        .map_or(0, |json| json.to_string().len());
-    (wire, text, structured)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,7 +169,7 @@ async fn three_mib_of_output_is_cut_to_max_bytes_keeping_the_error() {
             json!({"sandbox_id": "attached", "command": command}),
         )
         .await;
-    let (wire, text, _) = sizes(&result);
+    let (wire, text, _) = support::sizes(&result);
     let failed = result.structured_content.clone().unwrap();
     assert_eq!(failed["exit_code"], 2);
     assert_eq!(failed["stdout_bytes"], 3_178_907);
@@ -339,19 +327,7 @@ async fn a_long_exec_reports_its_last_lines_as_progress() {
         )
         .await;
     assert_ne!(result.is_error, Some(true));
-    assert!(progress.len() >= 2, "{progress:?}");
-    let messages: Vec<&str> = progress
-        .iter()
-        .filter_map(|p| p.message.as_deref())
-        .collect();
-    assert!(
-        messages.iter().any(|m| m.contains("stdout: step")),
-        "{messages:?}"
-    );
-    assert!(
-        progress.windows(2).all(|w| w[0].progress < w[1].progress),
-        "progress only grows: {progress:?}"
-    );
+    support::assert_exec_progress(&progress);
     // A quick call sends none.
     let (_, quick) = server
         .call_with_progress("exec", json!({"sandbox_id": "attached", "command": "true"}))
@@ -638,7 +614,7 @@ async fn result_sizes_per_call() {
                    "command": "yes 'a line of build output, 40 bytes long' | head -c 1048576"}),
         )
         .await;
-    rows.push(("exec, 1 MiB of stdout", sizes(&exec)));
+    rows.push(("exec, 1 MiB of stdout", support::sizes(&exec)));
 
     let spawned = server
         .ok(
@@ -661,7 +637,7 @@ async fn result_sizes_per_call() {
     let logs = server
         .call("logs", json!({"sandbox_id": "attached", "pid": pid}))
         .await;
-    rows.push(("logs, no cursor (ring full)", sizes(&logs)));
+    rows.push(("logs, no cursor (ring full)", support::sizes(&logs)));
 
     let source = format!("{dir}/source.txt");
     let line = "    let value = compute(input, &mut state); // a line of code\n";
@@ -672,7 +648,7 @@ async fn result_sizes_per_call() {
             json!({"sandbox_id": "attached", "path": source}),
         )
         .await;
-    rows.push(("read_file, 100 KiB text file", sizes(&read)));
+    rows.push(("read_file, 100 KiB text file", support::sizes(&read)));
 
     println!("| call | result on the wire | text content | structuredContent |");
     println!("| --- | ---: | ---: | ---: |");

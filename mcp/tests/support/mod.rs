@@ -483,6 +483,37 @@ pub fn text(result: &CallToolResult) -> String {
         .join("\n")
 }
 
+/// The bytes a result costs on the wire, and its text and structured parts.
+#[allow(dead_code)] // Each test crate uses a different part.
+pub fn sizes(result: &CallToolResult) -> (usize, usize, usize) {
+    let wire = serde_json::to_string(result).unwrap().len();
+    let text = text(result).len();
+    let structured = result
+        .structured_content
+        .as_ref()
+        .map_or(0, |json| json.to_string().len());
+    (wire, text, structured)
+}
+
+/// Asserts that a long exec of `echo step N` lines reported progress as it went: at
+/// least two notifications, carrying the output's last line, only ever growing.
+#[allow(dead_code)] // Each test crate uses a different part.
+pub fn assert_exec_progress(progress: &[rmcp::model::ProgressNotificationParam]) {
+    assert!(progress.len() >= 2, "{progress:?}");
+    let messages: Vec<&str> = progress
+        .iter()
+        .filter_map(|p| p.message.as_deref())
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.contains("stdout: step")),
+        "the progress carries the output's last line: {messages:?}"
+    );
+    assert!(
+        progress.windows(2).all(|w| w[0].progress < w[1].progress),
+        "progress only grows: {progress:?}"
+    );
+}
+
 /// The tests' condition waits, shared with the end-to-end tests (each test crate
 /// uses a different part).
 #[allow(unused_imports)]
