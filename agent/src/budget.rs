@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Bytes the agent may hold for clients at once, across all connections.
-pub const BUDGET_BYTES: usize = 40 * 1024 * 1024;
+pub const BUDGET_BYTES: usize = 32 * 1024 * 1024;
 
 /// Buffers smaller than this are not charged.
 pub const UNCHARGED_BYTES: usize = 16 * 1024;

@@ -139,7 +139,8 @@ impl Events {
     async fn queue(&self, event: Event, charge: Charge) -> bool {
         use std::sync::atomic::Ordering;
         // Counted always, so a window that starts mid-stream starts from the truth.
-        self.sent.fetch_add(event.payload_bytes(), Ordering::Relaxed);
+        self.sent
+            .fetch_add(event.payload_bytes(), Ordering::Relaxed);
         let frame = AgentFrame {
             id: self.id,
             msg: AgentMsg::Event(event),

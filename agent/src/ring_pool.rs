@@ -21,7 +21,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 /// Memory for all rings together, beyond their floors.
-pub const RINGS_BUDGET_BYTES: usize = 32 * 1024 * 1024;
+pub const RINGS_BUDGET_BYTES: usize = 16 * 1024 * 1024;
 
 /// Every ring may hold this much whatever the pool has left.
 pub const RING_FLOOR_BYTES: usize = 4 * 1024;
