@@ -158,6 +158,9 @@ impl Session<'_> {
             }
             _ if self.attached.is_none() => {}
             LinkFrame::Open { channel } => self.open(channel).await,
+            LinkFrame::Network { egress: true } => self.agent.egress.enable(self.channels.clone()),
+            LinkFrame::Network { egress: false } => self.agent.egress.disable(),
+            LinkFrame::Dialed { channel, outcome } => self.agent.egress.dialed(channel, outcome),
             frame => {
                 if self.channels.deliver(frame) == Delivery::Violation {
                     tracing::warn!("the host broke a channel's flow control: channel closed");
@@ -193,6 +196,7 @@ impl Session<'_> {
             tracing::info!(channels = self.channels.len(), "link session ended: {why}");
         }
         self.attached = None;
+        self.agent.egress.disable();
         self.channels.reset();
     }
 }
