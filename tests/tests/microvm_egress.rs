@@ -556,7 +556,19 @@ async fn throughput() {
     let guest_time = started.elapsed();
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(out.trim(), BIG_BYTES.to_string());
+    // The link's own rate in the same direction, without the proxy: a `put` of the
+    // same size into the guest's tmpfs.
+    let zeros = vec![b'x'; BIG_BYTES];
+    let started = Instant::now();
+    vm.client().put("/tmp/big", None, &zeros[..]).await.unwrap();
+    let put_time = started.elapsed();
+    run(vm.client(), "rm /tmp/big").await;
     let mib = |d: Duration| BIG_BYTES as f64 / 1048576.0 / d.as_secs_f64();
+    println!(
+        "100 MiB into the guest over the link without the proxy (put): {put_time:?} ({:.1} MiB/s); the proxied download takes {:.2}x that",
+        mib(put_time),
+        guest_time.as_secs_f64() / put_time.as_secs_f64()
+    );
     println!(
         "100 MiB download: host {host_time:?} ({:.0} MiB/s), guest through the egress proxy {guest_time:?} ({:.1} MiB/s): the guest takes {:.1}x the host's time",
         mib(host_time),
