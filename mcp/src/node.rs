@@ -291,6 +291,10 @@ impl Node {
             Net::None => Err(ToolError::new(
                 "allow applies to net \"egress\" only: pass net \"egress\" with it, or leave it out.",
             )),
+            Net::Egress if matches!(self.source, Source::Attach(_)) => Err(ToolError::new(
+                "The attached agent runs in no VM this server launched, so it has no egress \
+                 to give: claim with net \"none\".",
+            )),
             Net::Egress if self.egress_allow.is_empty() => Err(ToolError::new(
                 "This server gives no egress: its operator set no allowlist (sandbox-mcp \
                  --egress-allow ENTRY). Claim with net \"none\"; to get files in, use write_file.",

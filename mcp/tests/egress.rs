@@ -1,7 +1,8 @@
 //! `create_sandbox` with `net: "egress"` through a real `sandbox-mcp` and real
 //! microVMs: the operator's allowlist (`--egress-allow`) narrowed by a sandbox's own
 //! `allow` (never widened), a bad entry refused with a clear error, `egress_log`
-//! listing what was allowed and denied, and a default sandbox with no proxy at all.
+//! listing what was allowed and denied, a forked child with egress and its own log,
+//! and a default sandbox with no proxy at all.
 //! The destinations are HTTP servers this test starts on the host's loopback.
 
 // Test code: a failed unwrap is a failed test, with the value in the message.
@@ -65,7 +66,7 @@ async fn egress() {
     // The operator allows a and b; c is nowhere in its list.
     let operator = format!("--egress-allow={a},{b}");
     let server = folders
-        .server(&["--pool", "0", "--max-sandboxes", "2", &operator])
+        .server(&["--pool", "0", "--max-sandboxes", "3", &operator])
         .await;
 
     let bad = server
@@ -145,6 +146,39 @@ async fn egress() {
             "{record}"
         );
     }
+
+    // A forked child has the same egress, through its own relay, in its own log.
+    let fork = server
+        .ok("fork", json!({"sandbox_id": id, "count": 1}))
+        .await;
+    let child = fork["children"][0]["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let from_child = server
+        .ok(
+            "exec",
+            json!({"sandbox_id": child, "command": format!("wget -q -O - http://{a}/ 2>&1")}),
+        )
+        .await;
+    assert_eq!(
+        from_child["stdout"],
+        format!("served by {}\n", a.port()),
+        "{from_child}"
+    );
+    let child_log = support::eventually(
+        std::time::Duration::from_secs(10),
+        "the child's record",
+        || async {
+            let log = server.ok("egress_log", json!({"sandbox_id": child})).await;
+            (!log["records"].as_array().unwrap().is_empty()).then_some(log)
+        },
+    )
+    .await;
+    let child_records = child_log["records"].as_array().unwrap();
+    assert_eq!(child_records.len(), 1, "{child_log}");
+    assert_eq!(child_records[0]["verdict"], "allowed");
+    server.ok("release", json!({"sandbox_id": child})).await;
 
     // A default sandbox has no proxy and nothing in its log.
     let plain = server.ok("create_sandbox", json!({})).await;
