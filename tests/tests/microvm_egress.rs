@@ -3,7 +3,8 @@
 //! not 127.0.0.1: the guest's `no_proxy` rightly keeps 127.0.0.1 for the guest's own
 //! loopback), allows one and not the other, and checks from the guest:
 //! - programs find the proxy with no setup: busybox `wget` in the default template,
-//!   Python's `urllib` in the python template; the denied server is never connected
+//!   Python's `urllib` in the python template (in a fresh process and in the
+//!   template's warm session, which started before egress was on); the denied server is never connected
 //!   to, the program gets a 403 with the reason, and the egress log has both;
 //! - a name the allowlist lists but that resolves to the host's loopback (DNS
 //!   rebinding) is refused: the address dialled is what is checked;
@@ -23,6 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sandbox_tests::scenarios::eval::{clean, python};
 use sandbox_tests::vm::{
     block_on, default_template, python_template, python_template_missing, vm_main, TestVm, VmHost,
     VmTest, READY_TIMEOUT_SECS,
@@ -294,6 +296,18 @@ async fn python_urllib() {
         "{out}{err}"
     );
     assert_eq!(denied.connections(), 0);
+    // The template's warm session started before this VM had egress: it got the
+    // variables with its reseed, so urllib in it goes through the proxy too.
+    let code = format!(
+        "import urllib.request\nurllib.request.urlopen('{}', timeout=30).read().decode()",
+        allowed.url("/warm")
+    );
+    let reply = clean(vm.client(), python("default", &code)).await;
+    assert!(!reply.session.started, "the warm session was started anew");
+    assert_eq!(
+        reply.value.as_deref(),
+        Some(format!("'hello from {} path /warm\\n'", allowed.addr.port()).as_str())
+    );
 }
 
 async fn not_http() {

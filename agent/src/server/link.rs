@@ -158,7 +158,13 @@ impl Session<'_> {
             }
             _ if self.attached.is_none() => {}
             LinkFrame::Open { channel } => self.open(channel).await,
-            LinkFrame::Network { egress: true } => self.agent.egress.enable(self.channels.clone()),
+            LinkFrame::Network { egress: true } => {
+                self.agent.egress.enable(self.channels.clone());
+                // Sessions started before (a template's warm ones) get the proxy
+                // variables with a reseed (see `session::driver::reseed_message`).
+                let sessions = self.agent.sessions.clone();
+                tokio::spawn(async move { crate::session::warm::reseed_all(&sessions).await });
+            }
             LinkFrame::Network { egress: false } => self.agent.egress.disable(),
             LinkFrame::Dialed { channel, outcome } => self.agent.egress.dialed(channel, outcome),
             frame => {
