@@ -47,7 +47,10 @@ pub async fn dial(
     let Some(parsed) = Host::parse(host) else {
         return Err(Refusal::new(
             DialRefusal::Invalid,
-            format!("{host:?} is neither a host name nor an address"),
+            format!(
+                "{:?} is neither a host name nor an address",
+                host.chars().take(80).collect::<String>()
+            ),
         ));
     };
     if port == 0 {
@@ -156,6 +159,12 @@ mod tests {
         assert_eq!(refusal.message, "b.io:443 is not in the allowlist");
         let refusal = dial(&policy(&["*"]), "bad name!", 443).await.unwrap_err();
         assert_eq!(refusal.kind, DialRefusal::Invalid);
+        // A hostile guest's 30 KiB name: refused, and the reason stays short (it must
+        // fit in a link frame back to the agent).
+        let long = "a".repeat(30_000);
+        let refusal = dial(&policy(&["*"]), &long, 443).await.unwrap_err();
+        assert_eq!(refusal.kind, DialRefusal::Invalid);
+        assert!(refusal.message.len() < 200, "{}", refusal.message.len());
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use sandbox_protocol::link::egress::{
-    DialOutcome, DialRefusal, EGRESS_CHANNEL_BIT, MAX_EGRESS_CONNECTIONS,
+    DialOutcome, DialRefusal, DIAL_HOST_MAX_BYTES, EGRESS_CHANNEL_BIT, MAX_EGRESS_CONNECTIONS,
 };
 use sandbox_protocol::link::mux::Channels;
 use sandbox_protocol::link::{ChannelId, LinkFrame};
@@ -22,6 +22,9 @@ use tokio::sync::Semaphore;
 
 use crate::egress::dial::dial;
 use crate::egress::{EgressConfig, EgressLog, EgressRecord, Policy, Verdict};
+
+/// Longest refusal message sent back to the agent (and the program).
+const REFUSAL_MAX_CHARS: usize = 1024;
 
 /// The relay's egress state for its VM.
 #[derive(Debug)]
@@ -77,13 +80,20 @@ impl Egress {
         let attempt = Attempt {
             time_unix_ms: now_unix_ms(),
             started: Instant::now(),
-            host: host.chars().take(253).collect(),
+            // Cut for the log only; the check sees the whole name (and refuses one
+            // longer than a DNS name can be).
+            host: host.chars().take(DIAL_HOST_MAX_BYTES).collect(),
             port,
         };
         let log = self.log.clone();
+        // Capped: a refusal must fit in one link frame, or it would be dropped and
+        // the agent would wait for it forever.
         let refuse = move |kind: DialRefusal, message: String| LinkFrame::Dialed {
             channel,
-            outcome: DialOutcome::Refused { kind, message },
+            outcome: DialOutcome::Refused {
+                kind,
+                message: message.chars().take(REFUSAL_MAX_CHARS).collect(),
+            },
         };
         let (Some(policy), true) = (self.policy.clone(), channel & EGRESS_CHANNEL_BIT != 0) else {
             let message = if self.policy.is_none() {
@@ -109,7 +119,7 @@ impl Egress {
         let channels = channels.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let target = attempt.host.clone();
+            let target = host;
             let (stream, address) = match dial(&policy, &target, port).await {
                 Ok(dialled) => dialled,
                 Err(refusal) => {
@@ -119,10 +129,11 @@ impl Egress {
                         }
                         DialRefusal::Resolve | DialRefusal::Connect => Verdict::Failed,
                     };
-                    tracing::info!(host = %target, port, reason = %refusal.message, "egress refused");
+                    tracing::info!(host = %attempt.host, port, reason = %refusal.message, "egress refused");
                     if let Some(log) = &log {
                         let address = refusal.address.map(|a| a.to_string());
-                        log.write(&attempt.record(verdict, address, Some(refusal.message.clone())));
+                        let reason = refusal.message.chars().take(REFUSAL_MAX_CHARS).collect();
+                        log.write(&attempt.record(verdict, address, Some(reason)));
                     }
                     outbox
                         .send(session, &refuse(refusal.kind, refusal.message))
@@ -149,7 +160,7 @@ impl Egress {
                 },
             };
             outbox.send(session, &connected).await;
-            tracing::info!(host = %target, port, %address, "egress connected");
+            tracing::info!(host = %attempt.host, port, %address, "egress connected");
             let counted = Counted::new(stream);
             let (bytes_in, bytes_out) = (counted.read.clone(), counted.written.clone());
             opened.splice(counted).await;
