@@ -55,6 +55,11 @@ pub fn proxy_env() -> Vec<(String, String)> {
     .collect()
 }
 
+/// How long a dial may wait for the host's answer: the host bounds its own resolve
+/// and each connect at 10 s, so this is a backstop against a lost answer, which
+/// would otherwise hold the program and a proxy slot forever.
+pub const DIAL_ANSWER_SECS: u64 = 120;
+
 /// The link session egress goes through now.
 #[derive(Debug, Clone)]
 struct Route {
@@ -86,6 +91,9 @@ pub enum DialError {
     /// The host session ended before it answered.
     #[error("The host went away before answering")]
     HostGone,
+    /// The host did not answer within [`DIAL_ANSWER_SECS`].
+    #[error("The host did not answer within {DIAL_ANSWER_SECS} s")]
+    NoAnswer,
 }
 
 impl Egress {
@@ -167,23 +175,39 @@ impl Egress {
             channel.discard();
             return Err(DialError::HostGone);
         }
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(DIAL_ANSWER_SECS), answer);
         match answer.await {
-            Ok(DialOutcome::Connected { .. }) => Ok(Ok(channel)),
-            Ok(DialOutcome::Refused { kind, message }) => {
+            Ok(Ok(DialOutcome::Connected { .. })) => Ok(Ok(channel)),
+            Ok(Ok(DialOutcome::Refused { kind, message })) => {
                 channel.discard();
                 Ok(Err((kind, message)))
             }
-            Err(_) => {
+            Ok(Err(_)) => {
                 channel.discard();
                 Err(DialError::HostGone)
+            }
+            Err(_) => {
+                self.lock_pending().remove(&id);
+                channel.discard();
+                Err(DialError::NoAnswer)
             }
         }
     }
 
-    /// The host's answer to a `Dial`.
-    pub fn dialed(&self, channel: ChannelId, outcome: DialOutcome) {
-        if let Some(tx) = self.lock_pending().remove(&channel) {
-            let _ = tx.send(outcome);
+    /// The host's answer to a `Dial`. A connection nobody waits for any more (the
+    /// dial timed out) is closed, so the host lets go of it.
+    pub async fn dialed(&self, channel: ChannelId, outcome: DialOutcome) {
+        let waiter = self.lock_pending().remove(&channel);
+        let unwanted = match waiter {
+            Some(tx) => tx.send(outcome).err(),
+            None => Some(outcome),
+        };
+        if let Some(DialOutcome::Connected { .. }) = unwanted {
+            let route = self.lock_route().clone();
+            if let Some(route) = route {
+                let close = LinkFrame::Close { channel };
+                route.channels.outbox().send(route.session, &close).await;
+            }
         }
     }
 

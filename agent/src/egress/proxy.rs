@@ -106,6 +106,10 @@ async fn handle(mut stream: TcpStream, egress: &Egress) {
             answer(&mut stream, 502, "Bad Gateway", &error.to_string()).await;
             return;
         }
+        Err(error @ DialError::NoAnswer) => {
+            answer(&mut stream, 504, "Gateway Timeout", &error.to_string()).await;
+            return;
+        }
         Err(error @ DialError::TooMany) => {
             answer(&mut stream, 503, "Service Unavailable", &error.to_string()).await;
             return;

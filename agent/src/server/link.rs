@@ -166,7 +166,9 @@ impl Session<'_> {
                 tokio::spawn(async move { crate::session::warm::reseed_all(&sessions).await });
             }
             LinkFrame::Network { egress: false } => self.agent.egress.disable(),
-            LinkFrame::Dialed { channel, outcome } => self.agent.egress.dialed(channel, outcome),
+            LinkFrame::Dialed { channel, outcome } => {
+                self.agent.egress.dialed(channel, outcome).await;
+            }
             frame => {
                 if self.channels.deliver(frame) == Delivery::Violation {
                     tracing::warn!("the host broke a channel's flow control: channel closed");
