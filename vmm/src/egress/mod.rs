@@ -29,9 +29,9 @@
 //! its own connection), bounds per-session channel counts, and ends every channel of
 //! an old session when a restored VM's new relay attaches. Measured under TCG on a
 //! 2-core host (`tests/tests/microvm_egress.rs`, throughput): a 100 MiB download
-//! through the proxy ran at 8-11 MiB/s, and a `put` of the same size over the same
-//! link without the proxy took 0.76-1.83x its time: the link and the emulated guest
-//! set the rate, not the proxy.
+//! through the proxy ran at 7.5-11.3 MiB/s, and a `put` of the same size over the
+//! same link without the proxy was 0.8-1.9x as fast: the link and the emulated guest
+//! set the rate; the proxy's share is the guest's loopback TCP and the program.
 //!
 //! The relay ([`crate::relay`]) ties them together for each `Dial` the agent sends.
 
