@@ -8,6 +8,8 @@
 #          know Debian's cloud kernel, which templates are built from
 #   - rustup: the x86_64-unknown-linux-musl target for the static agent
 #   - cargo: vhost-device-vsock, the vhost-user vsock backend QEMU talks to
+#   - PyPI: the official Python MCP SDK (`mcp`), in a venv at target/mcp-python, for
+#          mcp/tests/python_sdk.rs (python3-venv from apt when python3 cannot make one)
 set -euo pipefail
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file mmdebstrap)
@@ -42,5 +44,25 @@ fi
 if ! command -v vhost-device-vsock >/dev/null 2>&1; then
   echo "setup: building vhost-device-vsock (about a minute)"
   cargo install --locked vhost-device-vsock
+fi
+# The Python MCP SDK for mcp/tests/python_sdk.rs, in this checkout's target/ (the
+# test looks there; SANDBOX_MCP_PYTHON points it elsewhere). The SDK's 2.x line: the
+# test script reads results under its snake_case names (and 1.x's camelCase ones).
+MCP_VENV="$(cd "$(dirname "$0")/.." && pwd)/target/mcp-python"
+MCP_SDK='mcp>=2.3,<3'
+if ! "$MCP_VENV/bin/python" -c 'import mcp.client.stdio' >/dev/null 2>&1; then
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' || {
+    echo "setup: the Python MCP SDK needs Python 3.10 or newer; python3 is $(python3 --version)" >&2
+    exit 1
+  }
+  if ! python3 -m venv --clear "$MCP_VENV" >/dev/null 2>&1; then
+    echo "setup: installing python3-venv"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv
+    python3 -m venv --clear "$MCP_VENV"
+  fi
+  echo "setup: installing the Python MCP SDK ($MCP_SDK) into $MCP_VENV"
+  "$MCP_VENV/bin/python" -m pip install -q --disable-pip-version-check "$MCP_SDK"
+  "$MCP_VENV/bin/python" -c 'import mcp.client.stdio'
 fi
 echo "setup: done"

@@ -103,7 +103,7 @@ impl Events {
             .budget
             .reserve_large(usize::try_from(payload).unwrap_or(usize::MAX))
             .await;
-        self.send_charged(event, charge).await
+        self.queue(event, charge).await
     }
 
     /// Waits until the stream window has room for `size` payload bytes (at once for
@@ -129,13 +129,18 @@ impl Events {
     /// [`Self::send`] for an event whose bytes were charged before they were read
     /// (`charge` goes with the frame), after [`Self::room_for`].
     pub async fn send_charged(&self, event: Event, charge: Charge) -> bool {
-        use std::sync::atomic::Ordering;
-        let size = event.payload_bytes();
-        if !self.room_for(size).await {
+        if !self.room_for(event.payload_bytes()).await {
             return false;
         }
+        self.queue(event, charge).await
+    }
+
+    /// Queues `event` with `charge`, counting its payload as sent.
+    async fn queue(&self, event: Event, charge: Charge) -> bool {
+        use std::sync::atomic::Ordering;
         // Counted always, so a window that starts mid-stream starts from the truth.
-        self.sent.fetch_add(size, Ordering::Relaxed);
+        self.sent
+            .fetch_add(event.payload_bytes(), Ordering::Relaxed);
         let frame = AgentFrame {
             id: self.id,
             msg: AgentMsg::Event(event),

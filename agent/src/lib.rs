@@ -16,6 +16,7 @@
 //!   ([`process::defaults`]), and the exec, spawn, pty, logs and kill handlers.
 //! - [`image`]: reads the template's config (`/etc/sandbox/image.json`) at start.
 //! - [`ring`]: the per-process output ring with absolute offsets.
+//! - [`ring_pool`]: the one pool of memory all rings grow from.
 //! - [`files`]: atomic whole-file writes, reads, directories, streamed put/get.
 //! - [`wait`]: `wait_for_text`, until a file (inotify) or a process's output (its
 //!   ring) contains a string.
@@ -63,6 +64,7 @@ pub mod machine;
 pub mod process;
 pub mod ready;
 pub mod ring;
+pub mod ring_pool;
 pub mod server;
 pub mod session;
 pub mod sys;
@@ -127,20 +129,28 @@ pub async fn run(
     Ok(agent)
 }
 
-/// Output kept for exited, not yet forgotten processes, at most (see
-/// [`process::table::ProcessTable::trim_exited_rings`]).
-pub const EXITED_RINGS_BUDGET_BYTES: usize = 32 * 1024 * 1024;
+/// After reclaiming ring memory on a shortage, the sweeper waits this long before it
+/// heeds the next one: a pool that stays short (every ring running and chatty) must
+/// not keep it scanning the table.
+const SHORTAGE_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Forgets processes that exited long enough ago and keeps the output of exited
-/// processes within its budget.
+/// Forgets processes that exited long enough ago, and when the ring pool runs short,
+/// gives running processes the memory of exited processes' output.
 async fn sweep_forever(agent: Arc<Agent>) {
     let mut tick = tokio::time::interval(agent.table.sweep_interval());
+    let pool = agent.table.ring_pool().clone();
     loop {
-        tick.tick().await;
+        let short = tokio::select! {
+            _ = tick.tick() => false,
+            () = pool.shortage() => true,
+        };
         let forgotten = agent.table.forget_expired(std::time::Instant::now());
-        let freed = agent.table.trim_exited_rings(EXITED_RINGS_BUDGET_BYTES);
+        let freed = agent.table.reclaim_exited_rings();
         if forgotten > 0 || freed > 0 {
             tracing::debug!(forgotten, freed, "swept exited processes");
+        }
+        if short {
+            tokio::time::sleep(SHORTAGE_PAUSE).await;
         }
     }
 }

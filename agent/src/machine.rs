@@ -77,7 +77,11 @@ pub async fn resumed(agent: &Agent, request: ResumedRequest) -> Result<AgentInfo
              so only an agent running as the guest's init does it",
         ));
     }
+    // A clock without entropy only sets the clock again (the host resends the time
+    // until one arrives fast): the random state was renewed by the first.
+    let clock_only = request.sets_clock_only();
     match tokio::task::spawn_blocking(move || resume(&request)).await {
+        Ok(Ok(())) if clock_only => Ok(agent.info()),
         Ok(Ok(())) => {
             crate::session::warm::reseed_all(&agent.sessions).await;
             agent.bump_generation();
@@ -239,7 +243,9 @@ pub fn resume(request: &ResumedRequest) -> Result<(), ResumeError> {
     if request.wall_clock_ns > 0 {
         sys::set_wall_clock(request.wall_clock_ns).map_err(ResumeError::SetClock)?;
     }
-    sys::add_entropy_and_reseed(&request.entropy).map_err(ResumeError::Entropy)?;
+    if !request.sets_clock_only() {
+        sys::add_entropy_and_reseed(&request.entropy).map_err(ResumeError::Entropy)?;
+    }
     if request.new_identity {
         write_machine_id(Path::new(MACHINE_ID_PATH)).map_err(ResumeError::MachineId)?;
     }

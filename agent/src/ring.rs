@@ -3,6 +3,8 @@
 //!
 //! Bytes live in a `VecDeque<u8>` that grows on demand up to the capacity and then
 //! wraps (old bytes are dropped from the front), so a quiet process costs nothing.
+//! A ring of the process table grows only as far as the [`RingPool`] grants, and
+//! wraps early when the pool is spent.
 //! Stream boundaries live beside them as marks: a mark says "from this absolute offset
 //! on, bytes came from this stream", and consecutive writes of one stream share a mark.
 //!
@@ -11,6 +13,8 @@
 use std::collections::VecDeque;
 
 use sandbox_protocol::{LogsBatch, OutputChunk, Stream};
+
+use crate::ring_pool::{RingPool, RING_FLOOR_BYTES};
 
 /// Where a run of same-stream bytes begins.
 #[derive(Debug, Clone, Copy)]
@@ -33,6 +37,10 @@ pub struct CursorAhead {
 #[derive(Debug)]
 pub struct OutputRing {
     capacity: usize,
+    /// Bytes the ring may hold now: `capacity`, or for a pooled ring what its pool
+    /// granted so far.
+    window: usize,
+    pool: Option<RingPool>,
     bytes: VecDeque<u8>,
     /// Absolute offset of `bytes[0]`.
     start: u64,
@@ -45,10 +53,21 @@ impl OutputRing {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
+            window: capacity,
+            pool: None,
             bytes: VecDeque::new(),
             start: 0,
             marks: VecDeque::new(),
         }
+    }
+
+    /// An empty ring of at most `capacity` bytes that takes its memory from `pool`
+    /// as it grows.
+    pub fn pooled(capacity: usize, pool: RingPool) -> Self {
+        let mut ring = Self::new(capacity);
+        ring.window = 0;
+        ring.pool = Some(pool);
+        ring
     }
 
     /// Absolute offset of the oldest byte held.
@@ -67,9 +86,10 @@ impl OutputRing {
             self.start += data.len() as u64;
             return;
         }
+        self.grow_for(data.len());
         let old_end = self.end();
         let new_end = old_end + data.len() as u64;
-        let new_start = self.start.max(new_end.saturating_sub(self.capacity as u64));
+        let new_start = self.start.max(new_end.saturating_sub(self.window as u64));
 
         // Drop what falls out of the window: first held bytes, then (if `data` alone
         // is larger than the ring) the head of `data` itself.
@@ -91,6 +111,31 @@ impl OutputRing {
         // Forget runs that now lie wholly before the window.
         while self.marks.len() > 1 && self.marks[1].offset <= new_start {
             self.marks.pop_front();
+        }
+    }
+
+    /// Widens a pooled ring's window for `incoming` bytes as far as its pool grants,
+    /// in doubling steps (so that many small writes do not each reallocate), and
+    /// reserves exactly the window.
+    fn grow_for(&mut self, incoming: usize) {
+        let Some(pool) = &self.pool else {
+            return;
+        };
+        let wanted = self.bytes.len().saturating_add(incoming).min(self.capacity);
+        if wanted <= self.window {
+            return;
+        }
+        let target = wanted
+            .max(self.window.saturating_mul(2))
+            .max(RING_FLOOR_BYTES)
+            .min(self.capacity);
+        let growth = target - self.window;
+        let floor = RING_FLOOR_BYTES.saturating_sub(self.window).min(growth);
+        self.window += pool.grant(floor, growth - floor);
+        let room = self.window.min(wanted);
+        if self.bytes.capacity() < room {
+            self.bytes
+                .reserve_exact(self.window.saturating_sub(self.bytes.len()));
         }
     }
 
@@ -137,11 +182,26 @@ impl OutputRing {
         self.start = self.end();
         self.bytes = VecDeque::new();
         self.marks.clear();
+        self.return_window();
+    }
+
+    /// Gives a pooled ring's window back to its pool.
+    fn return_window(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.give_back(self.window);
+            self.window = 0;
+        }
     }
 
     /// Bytes of memory the ring has reserved (for tests and accounting).
     pub fn reserved_bytes(&self) -> usize {
         self.bytes.capacity()
+    }
+}
+
+impl Drop for OutputRing {
+    fn drop(&mut self) {
+        self.return_window();
     }
 }
 
@@ -180,6 +240,32 @@ mod tests {
             ]
         );
         assert_eq!((batch.dropped, batch.end), (0, 4));
+    }
+
+    #[test]
+    fn a_pooled_ring_grows_as_far_as_its_pool_grants_then_wraps() {
+        let pool = RingPool::new(20_000);
+        let mut ring = OutputRing::pooled(64 * 1024, pool.clone());
+        assert_eq!(pool.available(), 20_000, "an empty ring takes nothing");
+        ring.push(Stream::Stdout, &[b'a'; 10_000]);
+        assert_eq!(pool.available(), 10_000);
+        // Wants 30 kB; gets the 10 kB left and wraps at 20 kB.
+        ring.push(Stream::Stdout, &[b'b'; 20_000]);
+        assert_eq!(pool.available(), 0);
+        assert_eq!((ring.start(), ring.end()), (10_000, 30_000));
+        assert!(ring.reserved_bytes() <= 20_000);
+        let batch = ring.read_from(None).unwrap();
+        assert_eq!(batch.dropped, 10_000);
+        // Another ring still gets its floor from the empty pool.
+        let mut other = OutputRing::pooled(64 * 1024, pool.clone());
+        other.push(Stream::Stderr, &[b'c'; 10_000]);
+        assert_eq!(
+            (other.start(), other.end()),
+            (10_000 - RING_FLOOR_BYTES as u64, 10_000)
+        );
+        drop(ring);
+        other.discard_all();
+        assert_eq!(pool.available(), 20_000, "both windows went back");
     }
 
     #[test]

@@ -13,6 +13,8 @@
 //! | `--max-fork-count N` | `SANDBOX_MAX_FORK_COUNT` | `16` |
 //! | `--profile NAME` | `SANDBOX_MCP_PROFILE` | `default` |
 //! | `--egress-allow ENTRY` (repeatable) | `SANDBOX_EGRESS_ALLOW` (comma-separated) | none: `net: egress` is refused |
+//! | `--host-dir PATH` (repeatable) | none | none: no host file tools |
+//! | `--host-max-bytes N` | none | 4 GiB |
 //!
 //! The launcher's own variables (`SANDBOX_RUN_DIR`, `SANDBOX_ACCEL`, `SANDBOX_QEMU`,
 //! `SANDBOX_QEMU_IMG`, `SANDBOX_VHOST_VSOCK`) are read through the environment lookup
@@ -20,12 +22,15 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use sandbox_vmm::client::{AgentUrl, UrlError};
 use sandbox_vmm::launcher::snapshot::MAX_BRANCH;
 use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
+
+use crate::host::{HostDirs, HostError, DEFAULT_HOST_MAX_BYTES};
 
 /// Most live sandboxes a server may be configured for.
 pub const MAX_SANDBOXES_LIMIT: usize = 256;
@@ -127,6 +132,18 @@ pub struct Args {
         value_name = "ENTRY"
     )]
     pub egress_allow: Vec<String>,
+    /// A host directory that copy_from_host may read under and copy_to_host write
+    /// under (repeat the flag for more). None by default: then the host file tools
+    /// are not offered. Links leading out of it are never followed.
+    #[arg(long = "host-dir", value_name = "PATH")]
+    pub host_dirs: Vec<PathBuf>,
+    /// The most bytes one copy_to_host writes on the host.
+    #[arg(
+        long = "host-max-bytes",
+        default_value_t = DEFAULT_HOST_MAX_BYTES,
+        value_name = "N"
+    )]
+    pub host_max_bytes: u64,
 }
 
 /// What the server runs on, validated.
@@ -136,6 +153,8 @@ pub struct Config {
     pub mode: Mode,
     /// The tool set.
     pub profile: Profile,
+    /// The host directories the host file tools may use (opened once).
+    pub host: Arc<HostDirs>,
 }
 
 /// Where sandboxes come from.
@@ -219,6 +238,18 @@ pub enum ConfigError {
     /// An `--egress-allow` entry does not parse.
     #[error("Invalid --egress-allow")]
     EgressAllow(#[source] sandbox_vmm::egress::EntryError),
+    /// A `--host-dir` that cannot be opened.
+    #[error("Invalid --host-dir")]
+    HostDir(#[source] HostError),
+    /// `--host-dir` with `--profile sandstorm`, whose tool set has no host tools.
+    #[error(
+        "--host-dir adds the host file tools, which --profile sandstorm (seed 001's exact \
+         tool set) does not offer: leave out one of them"
+    )]
+    SandstormHostDir,
+    /// `--host-max-bytes 0`.
+    #[error("--host-max-bytes must be at least 1")]
+    HostMaxBytes,
 }
 
 impl Config {
@@ -228,6 +259,15 @@ impl Config {
         args: Args,
         env: impl Fn(&str) -> Option<OsString>,
     ) -> Result<Self, ConfigError> {
+        if !args.host_dirs.is_empty() && args.profile == Profile::Sandstorm {
+            return Err(ConfigError::SandstormHostDir);
+        }
+        if args.host_max_bytes == 0 {
+            return Err(ConfigError::HostMaxBytes);
+        }
+        let host = Arc::new(
+            HostDirs::open(&args.host_dirs, args.host_max_bytes).map_err(ConfigError::HostDir)?,
+        );
         if let Some(url) = &args.agent {
             let url = url.parse().map_err(ConfigError::AgentUrl)?;
             if args.profile == Profile::Sandstorm {
@@ -239,6 +279,7 @@ impl Config {
                     token: args.token.filter(|t| !t.is_empty()),
                 }),
                 profile: args.profile,
+                host,
             });
         }
         if !(1..=MAX_SANDBOXES_LIMIT).contains(&args.max_sandboxes) {
@@ -285,6 +326,7 @@ impl Config {
                 egress_allow,
             }),
             profile: args.profile,
+            host,
         })
     }
 }
@@ -344,6 +386,9 @@ mod tests {
         assert!(bad(&["--max-fork-count", "0"]).contains("--max-fork-count"));
         assert!(bad(&["--max-fork-count", "65"]).contains("--max-fork-count"));
         assert!(bad(&["--profile", "sandstorm", "--agent", "unix:///a"]).contains("--agent"));
+        assert!(bad(&["--host-dir", "/nonexistent/x"]).contains("--host-dir"));
+        assert!(bad(&["--profile", "sandstorm", "--host-dir", "/"]).contains("--host-dir"));
+        assert!(bad(&["--host-max-bytes", "0"]).contains("--host-max-bytes"));
     }
 
     #[test]

@@ -90,6 +90,9 @@ impl ToolError {
             },
             (_, error) => other_hint(op, error.wire_kind()),
         };
+        if hint == UNREACHABLE {
+            warn_unreachable(sandbox_id, &text);
+        }
         let message = if hint.is_empty() {
             format!("{} failed in sandbox {sandbox_id}: {text}", op.name())
         } else {
@@ -115,6 +118,16 @@ impl ToolError {
             _ => Self::new(format!("{}.", capitalized(&error.to_string()))),
         }
     }
+}
+
+/// Logs a sandbox whose agent did not answer at all, so the client's log hears of
+/// it too (see `crate::logging`): the sandbox is most likely gone for good.
+pub(crate) fn warn_unreachable(sandbox_id: &str, text: &str) {
+    tracing::warn!(
+        sandbox = sandbox_id,
+        text,
+        "a sandbox's agent did not answer: its VM may have died"
+    );
 }
 
 fn capitalized(text: &str) -> String {
@@ -198,6 +211,21 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
             "The directory has too many entries for one reply: list parts of it with exec \
              (e.g. ls DIR | head -n 1000)."
         }
+        (Op::CopyIn, ErrorKind::NotFound) => {
+            "Its parent directory does not exist in the sandbox: create it with exec (mkdir \
+             -p DIR), then copy again."
+        }
+        (Op::CopyIn, ErrorKind::WrongType) => {
+            "path must name a file, or an existing directory to copy into, and every parent \
+             on it must be a directory (see list_dir)."
+        }
+        (Op::CopyOut, ErrorKind::NotFound) => {
+            "Check the path with list_dir on its directory (paths are absolute)."
+        }
+        (Op::CopyOut, ErrorKind::WrongType) => {
+            "copy_to_host copies regular files: pack a directory first with exec (tar -czf \
+             /tmp/dir.tgz -C DIR .) and copy the archive."
+        }
         (Op::Command, ErrorKind::NotFound) => "Check the command and cwd (cwd must exist).",
         (Op::Session, ErrorKind::NotFound) => {
             "Call eval_code again with restart: true for a fresh session (what the old one \
@@ -246,6 +274,10 @@ pub enum Op {
     Wait,
     /// eval_code.
     Session,
+    /// copy_from_host (the sandbox side).
+    CopyIn,
+    /// copy_to_host (the sandbox side).
+    CopyOut,
     /// Anything else.
     Other,
 }
@@ -260,6 +292,8 @@ impl Op {
             Self::List => "list_dir",
             Self::Wait => "The wait",
             Self::Session => "The evaluation",
+            Self::CopyIn => "copy_from_host",
+            Self::CopyOut => "copy_to_host",
             Self::Other => "The request",
         }
     }

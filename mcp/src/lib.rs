@@ -40,6 +40,8 @@
 //!   profile offers.
 //! - [`snapshot`]: the snapshot tools (fork, checkpoint, branch, hibernate, promote)
 //!   and what hibernates and wakes sandboxes.
+//! - [`host`]: copies between the host and sandboxes, under `--host-dir`s only.
+//! - [`logging`]: the server's warnings as MCP log messages to the client.
 //! - [`fleet`]: many sandboxes in one claim (`create_sandboxes`, over
 //!   `pool::Pool::claim_many`), listing, describing and pinging them, the templates.
 //! - [`sandstorm`]: `--profile sandstorm`, seed 001's tools and per-sandbox tokens on
@@ -61,6 +63,8 @@ pub mod eval;
 pub mod exec;
 pub mod files;
 pub mod fleet;
+pub mod host;
+pub mod logging;
 pub mod node;
 pub mod output;
 pub mod params;
@@ -97,17 +101,23 @@ pub enum ServeError {
 }
 
 /// Serves MCP on stdin/stdout until the client disconnects or `shutdown` resolves,
-/// then destroys every sandbox and warm VM.
+/// then destroys every sandbox and warm VM. The server's log events reach the
+/// client through `log`, whose layer the caller put in its `tracing` subscriber.
 ///
 /// A closed stdin means the client is gone (it exited, or was killed: its end of
 /// the pipe closes either way), so nobody will read the answers of calls still in
 /// flight. rmcp, left to notice by itself, gives those calls up to 5 s to finish
 /// (and an `exec` runs up to 5 minutes); here the service is cancelled and the VMs
 /// destroyed at once, which also ends those calls.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServeError> {
+pub async fn run(
+    config: Config,
+    log: logging::ClientLog,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     let profile = config.profile;
+    let host = config.host.clone();
     let node = node::Node::start(config).await;
-    let server = tools::SandboxServer::new(node.clone(), profile);
+    let server = tools::SandboxServer::new(node.clone(), profile, host).with_client_log(log);
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let (mut front, transport) = stdio::Front::start(stdin, stdout);
     tokio::pin!(shutdown);

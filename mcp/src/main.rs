@@ -6,8 +6,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use sandbox_mcp::logging::ClientLog;
 use sandbox_mcp::{Args, Config};
 use tokio::signal::unix::{signal, SignalKind};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
 
 /// How long runtime shutdown waits for blocking work (a stdin read that cannot be
 /// cancelled) after every sandbox is gone.
@@ -15,7 +19,8 @@ const RUNTIME_SHUTDOWN_MS: u64 = 200;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging();
+    let log = ClientLog::default();
+    init_logging(&log);
     let config = match Config::from_args(args, |name| std::env::var_os(name)) {
         Ok(config) => config,
         Err(error) => return fail(&error),
@@ -32,7 +37,7 @@ fn main() -> ExitCode {
             Ok(shutdown) => shutdown,
             Err(error) => return Err(anyhow::Error::new(error)),
         };
-        sandbox_mcp::run(config, shutdown)
+        sandbox_mcp::run(config, log, shutdown)
             .await
             .map_err(anyhow::Error::new)
     });
@@ -55,14 +60,26 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-/// Logs go to stderr: stdout carries the protocol. `RUST_LOG` filters (default info).
-fn init_logging() {
+/// Logs go to stderr (stdout carries the protocol), filtered by `RUST_LOG` (default
+/// info), and to the MCP client at the level it sets ([`ClientLog`]), whatever
+/// `RUST_LOG` says.
+fn init_logging(log: &ClientLog) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
+        .with_filter(filter);
+    // Only this crate's events (see `sandbox_mcp::logging::forwards`): what the
+    // client is sent must not itself log into the client (rmcp's events).
+    let client = log
+        .layer()
+        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+            sandbox_mcp::logging::forwards(meta.target())
+        }));
+    tracing_subscriber::registry()
+        .with(stderr)
+        .with(client)
         .init();
 }
 

@@ -203,7 +203,11 @@ async fn expire<V: Machine>(registry: Weak<Registry<V>>, id: SandboxId) {
     let expired_at = SystemTime::now();
     match registry.remove(&id, Gone::Expired(expired_at)) {
         Ok(sandbox) => {
-            tracing::info!(sandbox = %id, "ttl reached; destroying");
+            // A warning, so the client's log hears of it (see `crate::logging`).
+            tracing::warn!(
+                sandbox = %id,
+                "the sandbox reached its deadline (TTL): destroying it and its files"
+            );
             sandbox.destroy().await;
         }
         Err(_) => tracing::debug!(sandbox = %id, "ttl reached after release"),

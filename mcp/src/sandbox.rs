@@ -385,7 +385,14 @@ impl<V: Machine> Sandbox<V> {
                 return Err(Unreachable::Destroyed);
             };
             let started = Instant::now();
-            let lease = hibernator.wake(image).await.map_err(Unreachable::Wake)?;
+            let lease = hibernator.wake(image).await.map_err(|error| {
+                tracing::warn!(
+                    sandbox = %self.id,
+                    error = %sandbox_vmm::error_chain(&error),
+                    "a hibernated sandbox did not wake"
+                );
+                Unreachable::Wake(error)
+            })?;
             tracing::info!(sandbox = %self.id, wake_ms = millis(started.elapsed()), "woken");
             *state = VmState::Running(lease);
         }

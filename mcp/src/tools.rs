@@ -7,7 +7,9 @@
 //! Tools, as the README's table lists them: `create_sandbox`, `exec`, `eval_code`,
 //! `spawn`, `ps`, `logs`, `kill`, `wait_for_text`, `write_file`, `read_file`, `list_dir`,
 //! `release`, `node_info`; the snapshot tools are a second router, in
-//! [`crate::snapshot::tools`], and the fleet tools a third, in [`crate::fleet::tools`].
+//! [`crate::snapshot::tools`], the fleet tools a third, in [`crate::fleet::tools`], and
+//! the host file tools a fourth, in [`crate::host::tools`], offered only with
+//! `--host-dir`.
 //! Under `--profile sandstorm` the server offers only [`crate::sandstorm`]'s router.
 //! Every tool's schemas are made standard JSON Schema ([`crate::schema`]) once the
 //! routers are combined.
@@ -24,7 +26,10 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::RequestContext;
+// rmcp deprecates logging (SEP-2577); this protocol version's clients use it.
+#[allow(deprecated)]
+use rmcp::model::SetLevelRequestParams;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{tool, tool_router, ErrorData, RoleServer, ServerHandler};
 use sandbox_protocol::limits::{EXEC_DEADLINE_GRACE_SECS, EXEC_DEADLINE_SECS};
 use sandbox_protocol::wait::{WAIT_DEFAULT_TIMEOUT_MS, WAIT_MAX_TIMEOUT_MS};
@@ -34,6 +39,8 @@ use tokio::time::Instant;
 use crate::config::Profile;
 use crate::error::{Op, ToolError};
 use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC_STDIN_MAX_BYTES};
+use crate::host::HostDirs;
+use crate::logging::ClientLog;
 use crate::node::Node;
 use crate::output::{size, stream_name};
 use crate::params::{
@@ -89,27 +96,44 @@ pub struct SandboxServer {
     tool_router: ToolRouter<Self>,
     instructions: &'static str,
     uploads: Arc<Uploads>,
+    pub(crate) host: Arc<HostDirs>,
+    log: ClientLog,
 }
 
 #[tool_router]
 impl SandboxServer {
     /// A server over `node` offering `profile`'s tools.
-    pub fn new(node: Arc<Node>, profile: Profile) -> Self {
-        let (tool_router, instructions) = Self::router(profile, node.snapshots().is_some());
+    pub fn new(node: Arc<Node>, profile: Profile, host: Arc<HostDirs>) -> Self {
+        let (tool_router, instructions) = Self::router(profile, node.snapshots().is_some(), &host);
         Self {
             node,
             tool_router,
             instructions,
             uploads: Arc::new(Uploads::default()),
+            host,
+            log: ClientLog::default(),
         }
+    }
+
+    /// The server, with its log events going to the client through `log` (see
+    /// [`crate::logging`]).
+    pub fn with_client_log(mut self, log: ClientLog) -> Self {
+        self.log = log;
+        self
     }
 
     /// Every tool `profile` offers, with standard schemas, and what the server tells
     /// the model at initialization. In the default profile the snapshot tools, and
     /// the fleet tools that claim or list templates, come only with `snapshots` (a
     /// server that launches microVMs): an attached agent cannot be snapshotted and is
-    /// the only sandbox. The sandstorm profile offers only its own tools.
-    fn router(profile: Profile, snapshots: bool) -> (ToolRouter<Self>, &'static str) {
+    /// the only sandbox. The host file tools come only with allowed `host`
+    /// directories, which their descriptions then name. The sandstorm profile offers
+    /// only its own tools.
+    fn router(
+        profile: Profile,
+        snapshots: bool,
+        host: &HostDirs,
+    ) -> (ToolRouter<Self>, &'static str) {
         let (mut router, instructions) = match profile {
             Profile::Default => {
                 let mut router = Self::tool_router() + Self::fleet_router();
@@ -118,6 +142,17 @@ impl SandboxServer {
                 } else {
                     for name in crate::fleet::tools::LAUNCH_ONLY {
                         router.remove_route(name);
+                    }
+                }
+                if !host.is_empty() {
+                    router += Self::host_router();
+                    let allowed =
+                        format!(" Allowed host directories: {}.", host.allowed().join(", "));
+                    for name in crate::host::tools::HOST_TOOLS {
+                        if let Some(route) = router.map.get_mut(name) {
+                            let description = route.attr.description.take().unwrap_or_default();
+                            route.attr.description = Some(format!("{description}{allowed}").into());
+                        }
                     }
                 }
                 (router, INSTRUCTIONS)
@@ -590,13 +625,38 @@ impl SandboxServer {
 }
 
 impl ServerHandler for SandboxServer {
+    // The logging capability: see `set_level`.
+    #[allow(deprecated)]
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                env!("CARGO_PKG_NAME"),
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(self.instructions)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_logging()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            env!("CARGO_PKG_NAME"),
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(self.instructions)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        tracing::info!("client initialized");
+        self.log.connect(context.peer);
+    }
+
+    // The logging types are deprecated in rmcp (SEP-2577), not in this protocol
+    // version's clients.
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        tracing::debug!(level = ?request.level, "client set the log level");
+        self.log.set_level(request.level);
+        Ok(())
     }
 
     async fn list_tools(
@@ -654,7 +714,7 @@ impl ServerHandler for SandboxServer {
 }
 
 /// The sandbox's agent connection, or an error saying how to recover.
-async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolError> {
+pub(crate) async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolError> {
     sandbox
         .client()
         .await
@@ -672,7 +732,7 @@ fn process_spec(
     spec
 }
 
-fn absolute(path: &str) -> Result<(), ToolError> {
+pub(crate) fn absolute(path: &str) -> Result<(), ToolError> {
     if path.starts_with('/') {
         Ok(())
     } else {
@@ -684,6 +744,27 @@ fn absolute(path: &str) -> Result<(), ToolError> {
 
 fn kind_name(kind: FileKind) -> &'static str {
     kind.as_str()
+}
+
+/// What every router's tools must have, for the routers' unit tests.
+#[cfg(test)]
+pub(crate) fn assert_tools_described(tools: Vec<Tool>, names: &[&str], min_description: usize) {
+    let listed: Vec<String> = tools.iter().map(|tool| tool.name.to_string()).collect();
+    assert_eq!(listed, names);
+    for tool in tools {
+        assert!(tool.title.is_some(), "{} has no title", tool.name);
+        assert!(tool.output_schema.is_some(), "{} has no schema", tool.name);
+        let annotations = tool.annotations.as_ref().expect("annotations");
+        assert_eq!(annotations.open_world_hint, Some(false), "{}", tool.name);
+        assert!(annotations.read_only_hint.is_some(), "{}", tool.name);
+        assert!(
+            tool.description
+                .as_ref()
+                .is_some_and(|d| d.len() > min_description),
+            "{} needs a description that states its limits",
+            tool.name
+        );
+    }
 }
 
 #[cfg(test)]
@@ -729,11 +810,37 @@ mod tests {
         }
     }
 
+    /// Allowed host directories, so that the host file tools are offered too.
+    fn some_host_dir() -> HostDirs {
+        HostDirs::open(&[std::env::temp_dir()], 1).unwrap()
+    }
+
+    #[test]
+    fn the_host_tools_come_only_with_a_host_dir_and_name_it() {
+        let without = SandboxServer::router(Profile::Default, true, &HostDirs::default()).0;
+        assert!(without.get("copy_to_host").is_none());
+        let with = SandboxServer::router(Profile::Default, true, &some_host_dir()).0;
+        let allowed = std::env::temp_dir().display().to_string();
+        for name in crate::host::tools::HOST_TOOLS {
+            let tool = with
+                .get(name)
+                .unwrap_or_else(|| panic!("{name} is not offered"));
+            let description = tool.description.as_deref().unwrap_or("");
+            assert!(description.contains(&allowed), "{name}: {description}");
+        }
+        let sandstorm = SandboxServer::router(Profile::Sandstorm, true, &some_host_dir()).0;
+        assert!(sandstorm.get("copy_to_host").is_none());
+    }
+
     #[test]
     fn every_tool_has_a_title_and_all_four_hints() {
         let tools = [Profile::Default, Profile::Sandstorm]
             .into_iter()
-            .flat_map(|profile| SandboxServer::router(profile, true).0.list_all());
+            .flat_map(|profile| {
+                SandboxServer::router(profile, true, &some_host_dir())
+                    .0
+                    .list_all()
+            });
         for tool in tools {
             assert!(tool.title.is_some(), "{} has no title", tool.name);
             let hints = tool
@@ -764,7 +871,11 @@ mod tests {
         assert!(!raw.is_empty());
         let tools = [Profile::Default, Profile::Sandstorm]
             .into_iter()
-            .flat_map(|profile| SandboxServer::router(profile, true).0.list_all());
+            .flat_map(|profile| {
+                SandboxServer::router(profile, true, &some_host_dir())
+                    .0
+                    .list_all()
+            });
         for tool in tools {
             let input = serde_json::Value::Object((*tool.input_schema).clone());
             let output = tool

@@ -3,7 +3,10 @@
 //! that after the client disconnects no QEMU, `vhost-device-vsock` or run folder is
 //! left; a claim that waits for a boot (not warm, with progress), a 20 MiB binary
 //! file in parts both ways and 3 MiB of output cut to max_bytes over the VM's
-//! transport; and, driven by hand-written JSON lines through a relay that stands in
+//! transport; progress notifications with the command's last lines during a long
+//! `exec`, and requests over the server's limits (a 17 MiB line, 5 MiB of stdin)
+//! answered with an error while the session and the sandbox go on; and, driven by
+//! hand-written JSON lines through a relay that stands in
 //! for the client, that a SIGKILLed client's sandbox is destroyed within 2 s even
 //! with an `exec` in flight. Claim latency and the exec round trip are measured by
 //! `benches/mcp.rs`.
@@ -42,6 +45,10 @@ fn main() -> std::process::ExitCode {
             run: || {
                 block_on(a_booting_claim_reports_progress_and_big_files_cross_the_vm_transport())
             },
+        },
+        VmTest {
+            name: "a_long_exec_reports_progress_and_oversize_requests_get_errors",
+            run: || block_on(a_long_exec_reports_progress_and_oversize_requests_get_errors()),
         },
         VmTest {
             name: "a_killed_client_has_its_sandbox_destroyed_within_two_seconds",
@@ -180,6 +187,134 @@ async fn a_booting_claim_reports_progress_and_big_files_cross_the_vm_transport()
     let status = server.disconnect(Duration::from_secs(30)).await;
     assert!(status.success(), "{status}");
     support::assert_nothing_left(&run);
+    let _ = std::fs::remove_dir_all(&run);
+    let _ = std::fs::remove_file(&log);
+}
+
+/// Issue 12's "progress notifications received during a long exec" and "a request
+/// over the size limit answered with an error", on a microVM (the same checks against
+/// a local agent are in `tests/results.rs` and `tests/attach.rs`).
+async fn a_long_exec_reports_progress_and_oversize_requests_get_errors() {
+    use sha2::{Digest, Sha256};
+    let Some(run) = prerequisites("limits") else {
+        return;
+    };
+    let run_text = run.display().to_string();
+    let log = PathBuf::from(format!("{run_text}.log"));
+    // No pool: the claim restores the template's ready snapshot, and nothing boots
+    // in the background while the exec runs.
+    let server = McpServer::start(
+        &["--pool", "0", "--max-sandboxes", "1"],
+        &[("SANDBOX_RUN_DIR", &run_text)],
+        &log,
+    )
+    .await;
+    let claim = server.ok("create_sandbox", json!({})).await;
+    let id = str_of(&claim["sandbox_id"]).to_owned();
+
+    // rmcp's client sends a progress token with every request.
+    let started = Instant::now();
+    let (result, progress) = server
+        .call_with_progress(
+            "exec",
+            json!({"sandbox_id": id,
+                   "command": "for i in 1 2 3 4 5; do echo step $i; sleep 1; done; echo done"}),
+        )
+        .await;
+    let took = started.elapsed();
+    assert_ne!(result.is_error, Some(true), "{}", support::text(&result));
+    let body = result.structured_content.unwrap();
+    assert!(
+        str_of(&body["stdout"]).ends_with("step 5\ndone\n"),
+        "{body}"
+    );
+    eprintln!(
+        "a 5 s exec took {took:?} and sent {} progress notifications",
+        progress.len()
+    );
+    assert!(progress.len() >= 2, "{progress:?}");
+    let messages: Vec<&str> = progress
+        .iter()
+        .filter_map(|p| p.message.as_deref())
+        .collect();
+    assert!(
+        messages.iter().any(|m| m.contains("stdout: step")),
+        "the progress carries the output's last line: {messages:?}"
+    );
+    assert!(
+        progress.windows(2).all(|w| w[0].progress < w[1].progress),
+        "progress only grows: {progress:?}"
+    );
+    // A quick call sends none.
+    let (_, quick) = server
+        .call_with_progress("exec", json!({"sandbox_id": id, "command": "true"}))
+        .await;
+    assert!(quick.is_empty(), "{quick:?}");
+
+    // A request line over the server's 16 MiB limit, sent by the SDK client: a
+    // JSON-RPC error for that request, not silence (the client would wait forever).
+    let params = rmcp::model::CallToolRequestParams::new("write_file").with_arguments(
+        json!({"sandbox_id": id, "path": "/tmp/huge", "content": "a".repeat(17 << 20)})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(60), server.session().call_tool(params))
+        .await
+        .expect("no answer to a 17 MiB request within 60 s");
+    let Err(rmcp::ServiceError::McpError(error)) = answer else {
+        panic!("a 17 MiB request must get a JSON-RPC error: {answer:?}");
+    };
+    eprintln!(
+        "17 MiB request refused in {:?}: {}",
+        started.elapsed(),
+        error.message
+    );
+    assert_eq!(error.code.0, -32600, "{error:?}");
+    assert!(error.message.contains("16 MiB"), "{error:?}");
+    assert!(error.message.contains("write_file"), "{error:?}");
+
+    // Stdin over what one request to the agent carries: an isError result that says
+    // what to do instead, and the sandbox is fine.
+    let refused = server
+        .err(
+            "exec",
+            json!({"sandbox_id": id, "command": "wc -c", "stdin": "a".repeat(5 << 20)}),
+        )
+        .await;
+    assert!(refused.contains("write_file"), "{refused}");
+    assert!(
+        !refused.contains("release"),
+        "the sandbox is fine: {refused}"
+    );
+
+    // The session and the sandbox go on; the oversize write never happened, and a
+    // 6 MiB file in one call (over the wire's 4 MiB frame) goes through.
+    let data = noise(6 << 20);
+    use base64::Engine as _;
+    server
+        .ok(
+            "write_file",
+            json!({"sandbox_id": id, "path": "/tmp/six", "encoding": "base64",
+                   "content": base64::engine::general_purpose::STANDARD.encode(&data)}),
+        )
+        .await;
+    let sums = server
+        .ok(
+            "exec",
+            json!({"sandbox_id": id, "command": "sha256sum /tmp/six; test -e /tmp/huge || echo no-huge"}),
+        )
+        .await;
+    let digest = format!("{:x}", Sha256::digest(&data));
+    assert!(str_of(&sums["stdout"]).starts_with(&digest), "{sums}");
+    assert!(str_of(&sums["stdout"]).ends_with("no-huge\n"), "{sums}");
+
+    let status = server.disconnect(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+    support::assert_nothing_left(&run);
+    let _ = std::fs::remove_dir_all(&run);
+    let _ = std::fs::remove_file(&log);
 }
 
 async fn microvm_session_from_claim_to_disconnect() {

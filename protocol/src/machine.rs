@@ -49,11 +49,21 @@ pub struct AgentInfo {
 pub struct ResumedRequest {
     /// The host's wall clock, nanoseconds since the Unix epoch.
     pub wall_clock_ns: u64,
-    /// Fresh random bytes to mix into the guest kernel's pool (and force a reseed).
+    /// Fresh random bytes to mix into the guest kernel's pool (and force a reseed,
+    /// of the kernel and of every interpreter session). Empty with a clock (and no
+    /// new identity): the request only sets the clock, as the host's resends of the
+    /// time after a first `resumed` do.
     #[serde(with = "serde_bytes")]
     pub entropy: Vec<u8>,
     /// Write a new `/etc/machine-id`: this guest is a new machine (a fork).
     pub new_identity: bool,
+}
+
+impl ResumedRequest {
+    /// A resend of the time: a clock, no entropy, no new identity.
+    pub fn sets_clock_only(&self) -> bool {
+        self.wall_clock_ns > 0 && self.entropy.is_empty() && !self.new_identity
+    }
 }
 
 /// Gives the guest a new hostname, its agent a new token, or both; sent to a fork

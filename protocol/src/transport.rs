@@ -145,10 +145,19 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         self.buf.len()
     }
 
-    /// Writes everything queued.
+    /// Bytes of buffer held now (its capacity), for memory accounting and tests.
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Writes everything queued. A buffer grown by a large frame is given back
+    /// afterwards, so an idle writer holds at most [`IDLE_BUFFER_BYTES`].
     pub async fn flush(&mut self) -> io::Result<()> {
         let result = self.inner.write_all(&self.buf).await;
         self.buf.clear();
+        if self.buf.capacity() > IDLE_BUFFER_BYTES {
+            self.buf.shrink_to(IDLE_BUFFER_BYTES);
+        }
         result?;
         self.inner.flush().await
     }
@@ -247,6 +256,20 @@ mod tests {
         .await;
         assert!(read.is_err(), "nothing to read yet");
         assert!(reader.buffer_capacity() <= 2 * READ_CHUNK_BYTES);
+    }
+
+    #[tokio::test]
+    async fn a_writer_gives_back_the_buffer_a_large_frame_grew() {
+        // A connection that once sent a large reply must not keep its size for life:
+        // many connections each holding a past reply's buffer add up outside any budget.
+        let big = ClientFrame {
+            id: RequestId(1),
+            msg: ClientMsg::Data(vec![7; 1 << 20]),
+        };
+        let mut writer = FrameWriter::new(Vec::new(), 2 << 20);
+        writer.write(&big).await.unwrap();
+        assert!(writer.buffer_capacity() <= IDLE_BUFFER_BYTES);
+        assert_eq!(writer.inner, crate::frame::encode(&big, 2 << 20).unwrap());
     }
 
     #[tokio::test]

@@ -442,6 +442,124 @@ async fn ten_thousand_execs_and_a_thousand_spawns_leak_nothing() {
     );
 }
 
+/// Many running processes that each fill more than a ring: their rings together stay
+/// within the agent's one ring pool (before it, 600 full rings held 150 MiB), and
+/// what did not fit is reported as dropped, never silently lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_chatty_running_processes_share_one_ring_pool() {
+    const PROCESSES: usize = 600;
+    const PRINTED: u64 = 300_000;
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let client = agent.client().await;
+    let idle = rss(pid);
+    let script = format!("head -c {PRINTED} /dev/zero; exec sleep 60");
+    let mut spawns = tokio::task::JoinSet::new();
+    for _ in 0..PROCESSES {
+        let client = client.clone();
+        let spec = sandbox_tests::shell(&script);
+        spawns.spawn(async move { client.spawn(spec).await.unwrap() });
+    }
+    let pids = spawns.join_all().await;
+    // Every process has printed all of its output (the rings saw it all).
+    let mut peak = rss(pid);
+    for &spawned in &pids {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let logs = client.logs(spawned, None).await.unwrap();
+            if logs.batch.end >= PRINTED {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{spawned:?} printed too little"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        peak = peak.max(rss(pid));
+    }
+    peak = peak.max(peak_rss(pid, Duration::from_secs(1)).await);
+    let mut dropped = 0;
+    let mut kept = 0;
+    for &spawned in &pids {
+        let logs = client.logs(spawned, Some(0)).await.unwrap();
+        let held: u64 = logs.batch.chunks.iter().map(|c| c.data.len() as u64).sum();
+        assert_eq!(
+            logs.batch.dropped + held,
+            PRINTED,
+            "every byte is held or counted"
+        );
+        assert!(held >= 4096, "each ring keeps at least its floor");
+        dropped += logs.batch.dropped;
+        kept += held;
+    }
+    eprintln!(
+        "{PROCESSES} chatty processes: agent RSS idle {} MiB, peak {} MiB; rings kept {} MiB, \
+         dropped {} MiB",
+        idle / MIB,
+        peak / MIB,
+        kept / MIB,
+        dropped / MIB
+    );
+    assert!(kept <= 40 * MIB, "the rings held {} MiB", kept / MIB);
+    assert!(
+        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
+        "the agent grew by {} MiB",
+        peak.saturating_sub(idle) / MIB
+    );
+    for spawned in pids {
+        client.kill(spawned, libc::SIGKILL).await.unwrap();
+    }
+}
+
+/// Every session at once printing its whole output cap on both streams, replies
+/// never read: the captures wait for the agent's budget like exec output does
+/// (before, 32 sessions could hold 64 MiB of output outside it).
+#[tokio::test]
+async fn sessions_printing_their_caps_into_an_unread_connection_stay_in_the_budget() {
+    let agent = TestAgent::start();
+    let pid = agent.pid();
+    let idle = rss(pid);
+    let mut raw = hello(&agent).await;
+    let mut bytes = Vec::new();
+    let sessions = sandbox_protocol::eval::MAX_SESSIONS as u64;
+    for id in 1..=sessions {
+        bytes.extend(frame(
+            id,
+            ClientMsg::Request(Request::Eval(sandbox_protocol::EvalRequest {
+                session: format!("s{id}"),
+                language: sandbox_protocol::Language::Shell,
+                code: "head -c 1100000 /dev/zero; head -c 1100000 /dev/zero >&2".into(),
+                timeout_ms: Some(60_000),
+                restart: false,
+            })),
+        ));
+    }
+    let flood = tokio::spawn(async move {
+        let _ = raw.try_write(&bytes).await;
+        std::future::pending::<()>().await;
+    });
+    let peak = peak_rss(pid, Duration::from_secs(8)).await;
+    // Another client is still answered meanwhile.
+    let client = agent.client().await;
+    tokio::time::timeout(Duration::from_secs(10), client.ps())
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "{sessions} sessions printing 2.2 MB each into an unread connection: agent RSS idle \
+         {} MiB, peak {} MiB",
+        idle / MIB,
+        peak / MIB
+    );
+    assert!(
+        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
+        "the agent grew by {} MiB",
+        peak.saturating_sub(idle) / MIB
+    );
+    flood.abort();
+}
+
 #[tokio::test]
 async fn empty_put_frames_cost_their_share_and_overrun_the_window() {
     let agent = TestAgent::start();
@@ -574,4 +692,64 @@ async fn more_large_replies_than_the_budget_holds_all_arrive() {
         assert_eq!(reply.stdout.len(), 1024 * 1024);
         assert!(reply.stdout_truncated);
     }
+}
+
+/// File waits are capped (each holds an inotify instance, of which the kernel gives
+/// the agent and a root workload 128 together): the wait past the cap is refused at
+/// once with `busy`, and a slot is free again as soon as a wait ends.
+#[tokio::test]
+async fn file_waits_past_the_cap_are_refused_as_busy_and_slots_come_back() {
+    const CAP: usize = 64;
+    let agent = TestAgent::start();
+    let path = agent.dir().join("never-written");
+    let ready = agent.dir().join("ready");
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(agent.client().await);
+    }
+    let mut waits = tokio::task::JoinSet::new();
+    for i in 0..CAP {
+        let client = clients[i % 3].clone();
+        let path = path.clone();
+        waits.spawn(async move {
+            client
+                .wait_for_file_text(&path, "never", Some(Duration::from_secs(60)))
+                .await
+        });
+    }
+    // Every wait is in the agent (one that reached it is parked on its file).
+    let probe = agent.client().await;
+    let busy = loop {
+        match probe
+            .wait_for_file_text(&ready, "x", Some(Duration::from_millis(1)))
+            .await
+        {
+            Err(error) if error.wire_kind() == Some(sandbox_protocol::ErrorKind::Busy) => {
+                break error
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    assert!(busy.to_string().contains("64 waits for files"), "{busy}");
+    // One ends; the next wait is accepted and finds its text.
+    waits.abort_all();
+    while waits.join_next().await.is_some() {}
+    std::fs::write(&ready, "x").unwrap();
+    let found = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match probe
+                .wait_for_file_text(&ready, "x", Some(Duration::from_secs(5)))
+                .await
+            {
+                Ok(found) => break found,
+                Err(error) if error.wire_kind() == Some(sandbox_protocol::ErrorKind::Busy) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("{error}"),
+            }
+        }
+    })
+    .await
+    .expect("the slots came back");
+    assert_eq!(found.offset, 0);
 }

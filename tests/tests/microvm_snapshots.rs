@@ -25,8 +25,9 @@ use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm,
 
 /// The largest distance allowed between a restored guest's wall clock and the host's.
 /// Without the fix a restored clock is off by the checkpoint's age (seconds at least);
-/// with it, by the time the `resumed` request takes to arrive, which on a loaded host
-/// under TCG was seen at 50-91 ms.
+/// with it, by the time the `resumed` request takes to arrive, which the launcher keeps
+/// small by resending the time until a round trip is fast (one resend on a loaded host
+/// under TCG was seen 50-300 ms behind).
 const CLOCK_SKEW_LIMIT: Duration = Duration::from_millis(250);
 
 fn main() -> std::process::ExitCode {

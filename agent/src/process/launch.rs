@@ -429,7 +429,8 @@ pub fn start(
         // The cgroup's directory closes here: the child is in.
         let record = Arc::new(
             ProcessRecord::new(Pid(pid), kind, plan.argv, open_streams, capture, pty)
-                .with_cgroup(cgroup.map(|new| new.cgroup)),
+                .with_cgroup(cgroup.map(|new| new.cgroup))
+                .with_ring_pool(table.ring_pool()),
         );
         table.insert(record.clone());
         record

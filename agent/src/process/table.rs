@@ -23,6 +23,7 @@ use super::gate::{ReapPermit, SpawnGate, SpawnPermit};
 use super::ProcessError;
 use crate::budget::{Budget, Charge, UNCHARGED_BYTES};
 use crate::ring::{CursorAhead, OutputRing};
+use crate::ring_pool::RingPool;
 use crate::sys::unix_time_ms;
 
 /// What waiters watch: enough to decide whether to read more or stop.
@@ -160,6 +161,12 @@ impl ProcessRecord {
         self
     }
 
+    /// The same record, its output ring growing from `pool` (see [`RingPool`]).
+    pub fn with_ring_pool(self, pool: &RingPool) -> Self {
+        self.lock().ring = OutputRing::pooled(RING_BYTES, pool.clone());
+        self
+    }
+
     /// Kills the process and everything it started: its whole cgroup when it has
     /// one, else its process group (a child that called `setsid` escapes that) while
     /// the process runs. Once it exited its pid may name another process's group, so
@@ -269,10 +276,6 @@ impl ProcessRecord {
         freed
     }
 
-    fn ring_bytes(&self) -> usize {
-        self.lock().ring.reserved_bytes()
-    }
-
     /// The reaper collected this status.
     pub fn mark_exited(&self, status: ExitStatus) {
         let mut state = self.lock();
@@ -333,6 +336,7 @@ impl ProcessRecord {
 #[derive(Debug)]
 pub struct ProcessTable {
     records: Mutex<HashMap<Pid, Arc<ProcessRecord>>>,
+    ring_pool: RingPool,
     gate: SpawnGate,
     forget_after: Duration,
     confinement: Confinement,
@@ -353,11 +357,18 @@ impl ProcessTable {
     pub fn with_confinement(forget_after: Duration, confinement: Confinement) -> Self {
         Self {
             records: Mutex::new(HashMap::new()),
+            ring_pool: RingPool::default(),
             gate: SpawnGate::new(),
             forget_after,
             confinement,
             defaults: ProcessDefaults::default(),
         }
+    }
+
+    /// The same table, its rings growing from `pool`.
+    pub fn with_ring_pool(mut self, pool: RingPool) -> Self {
+        self.ring_pool = pool;
+        self
     }
 
     /// The same table, starting processes with the template's `defaults`.
@@ -474,30 +485,33 @@ impl ProcessTable {
         expired.len()
     }
 
-    /// Keeps the rings of exited processes within `budget` bytes by discarding the
-    /// oldest exits' output first (their cursors then report it as dropped), so a
-    /// long run of chatty execs cannot exhaust a small guest's memory within the
-    /// five minutes before they are forgotten. Returns the bytes freed.
-    pub fn trim_exited_rings(&self, budget: usize) -> usize {
+    /// The memory all rings grow from.
+    pub fn ring_pool(&self) -> &RingPool {
+        &self.ring_pool
+    }
+
+    /// When the ring pool has less than an eighth of itself free, discards the
+    /// output of exited processes, oldest exits first (their cursors then report it
+    /// as dropped), until it has that much again or no exited output is left: the
+    /// output of running processes outranks theirs. Returns the bytes freed.
+    pub fn reclaim_exited_rings(&self) -> usize {
+        let target = isize::try_from(self.ring_pool.total() / 8).unwrap_or(isize::MAX);
+        if self.ring_pool.available() >= target {
+            return 0;
+        }
         let mut exited: Vec<_> = self
             .records()
             .values()
             .filter(|r| r.progress().finished())
             .cloned()
             .collect();
-        let mut total: usize = exited.iter().map(|r| r.ring_bytes()).sum();
-        if total <= budget {
-            return 0;
-        }
         exited.sort_by_key(|r| r.lock().exited_at);
         let mut freed = 0;
         for record in exited {
-            if total <= budget {
+            if self.ring_pool.available() >= target {
                 break;
             }
-            let bytes = record.discard_output();
-            total -= bytes;
-            freed += bytes;
+            freed += record.discard_output();
         }
         freed
     }
@@ -560,17 +574,17 @@ mod tests {
     }
 
     #[test]
-    fn exited_rings_are_trimmed_oldest_first_to_the_budget() {
-        let table = ProcessTable::new(Duration::from_secs(60));
+    fn a_short_ring_pool_takes_back_the_oldest_exited_output_first() {
+        let table =
+            ProcessTable::new(Duration::from_secs(60)).with_ring_pool(RingPool::new(600_000));
+        let pooled = |pid| {
+            Arc::new(
+                ProcessRecord::new(Pid(pid), ProcessKind::Exec, vec![], 0, None, None)
+                    .with_ring_pool(table.ring_pool()),
+            )
+        };
         for pid in [1, 2, 3] {
-            let rec = Arc::new(ProcessRecord::new(
-                Pid(pid),
-                ProcessKind::Exec,
-                vec![],
-                0,
-                None,
-                None,
-            ));
+            let rec = pooled(pid);
             rec.push_output(Stream::Stdout, &vec![b'x'; 100_000]);
             rec.mark_exited(ExitStatus {
                 code: Some(0),
@@ -579,27 +593,36 @@ mod tests {
             table.insert(rec);
             std::thread::sleep(Duration::from_millis(2));
         }
-        let running = record(4);
+        let running = pooled(4);
         running.push_output(Stream::Stdout, &vec![b'y'; 100_000]);
         table.insert(running.clone());
+        assert_eq!(table.ring_pool().available(), 200_000);
+        assert_eq!(table.reclaim_exited_rings(), 0, "the pool is not short");
 
-        let per_ring = table.get(Pid(1)).unwrap().ring_bytes();
-        assert!(table.trim_exited_rings(2 * per_ring) >= per_ring);
+        // The running process grows to 250 kB: 50 kB are left, less than an eighth.
+        running.push_output(Stream::Stdout, &vec![b'y'; 150_000]);
+        assert_eq!(table.ring_pool().available(), 50_000);
+        assert_eq!(table.reclaim_exited_rings(), 100_000);
+        assert_eq!(table.ring_pool().available(), 150_000);
         // The oldest exit lost its output, reported as dropped; the newer ones kept it.
         let (batch, _) = table.get(Pid(1)).unwrap().read_logs(Some(0)).unwrap();
         assert_eq!((batch.dropped, batch.chunks.len()), (100_000, 0));
-        assert_eq!(
+        let dropped = |pid| {
             table
-                .get(Pid(3))
+                .get(Pid(pid))
                 .unwrap()
                 .read_logs(Some(0))
                 .unwrap()
                 .0
-                .dropped,
-            0
-        );
+                .dropped
+        };
+        assert_eq!(dropped(3), 0);
         // Running processes are never trimmed.
         assert_eq!(running.read_logs(Some(0)).unwrap().0.dropped, 0);
+        // A forgotten process gives its ring back.
+        drop(running);
+        table.records().clear();
+        assert_eq!(table.ring_pool().available(), 600_000);
     }
 
     #[test]

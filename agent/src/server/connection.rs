@@ -644,15 +644,19 @@ async fn write_loop<W: AsyncWrite + Send>(
     mut rx: mpsc::Receiver<Outgoing>,
 ) {
     let mut written: Vec<Charge> = Vec::with_capacity(WRITE_QUEUE_FRAMES);
-    while let Some(first) = rx.recv().await {
-        queue(&mut writer, &first.frame);
-        written.push(first.charge);
+    // Each frame is dropped once encoded: while a slow client is written to, only
+    // the encoded bytes (which its charge covers) are held, not the frame as well.
+    while let Some(Outgoing { frame, charge }) = rx.recv().await {
+        queue(&mut writer, &frame);
+        drop(frame);
+        written.push(charge);
         let mut batched = 1;
         while batched < WRITE_QUEUE_FRAMES {
             match rx.try_recv() {
-                Ok(next) => {
-                    queue(&mut writer, &next.frame);
-                    written.push(next.charge);
+                Ok(Outgoing { frame, charge }) => {
+                    queue(&mut writer, &frame);
+                    drop(frame);
+                    written.push(charge);
                     batched += 1;
                 }
                 Err(_) => break,

@@ -112,7 +112,7 @@ pub async fn handle(
             .await
             .map(Reply::TextFound)
             .map_err(|error| error.to_wire()),
-        Request::Eval(request) => session::requests::eval(agent, request)
+        Request::Eval(request) => session::requests::eval(agent, request, events)
             .await
             .map(Reply::Eval),
         Request::CloseSession(request) => session::requests::close(agent, request)

@@ -222,7 +222,7 @@ impl Session {
     /// Sends the driver and waits for it to say it runs; on failure the
     /// interpreter is killed, and the error carries what it printed on stderr.
     async fn load_driver(&self, io: &mut Io) -> Result<(), SessionError> {
-        self.stderr.begin(EXEC_OUTPUT_CAP_BYTES);
+        self.stderr.begin(EXEC_OUTPUT_CAP_BYTES, None);
         let mut exit = self.record.subscribe();
         let language = self.language;
         let load = async {
@@ -270,18 +270,20 @@ impl Session {
 
     /// Runs `code` on a session locked with [`Session::lock_ready`], within
     /// `deadline`; `cancel` firing counts as the deadline (the requester went away:
-    /// the cell is interrupted, and the session stays in step).
+    /// the cell is interrupted, and the session stays in step). Large output is
+    /// charged to `budget` (see [`super::tap::Captured::charge`]).
     pub async fn evaluate(
         &self,
         io: &mut Io,
         code: &str,
         deadline: Duration,
         cancel: &mut Cancel,
+        budget: Option<&crate::budget::Budget>,
     ) -> Result<Evaluation, SessionError> {
         let message = driver::eval_message(self.language, code)?;
         let started = Instant::now();
         for tap in [&self.stdout, &self.stderr] {
-            tap.begin(EXEC_OUTPUT_CAP_BYTES);
+            tap.begin(EXEC_OUTPUT_CAP_BYTES, budget);
         }
         let mut exit = self.record.subscribe();
         let mut evaluation = Evaluation::default();

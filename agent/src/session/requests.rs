@@ -17,13 +17,23 @@ use sandbox_protocol::{
 use super::interpreter::{Cancel, Evaluation, Session};
 use super::{SessionError, Sessions};
 use crate::agent::Agent;
+use crate::budget::{Budget, Charge};
+use crate::events::Events;
 use crate::process::exec::exec_deadline;
 
-/// Handles `eval`: opens (or starts) the session and runs the code in it.
-pub async fn eval(agent: &Agent, request: EvalRequest) -> Result<EvalReply, WireError> {
-    evaluate(agent, request)
+/// Handles `eval`: opens (or starts) the session and runs the code in it. What its
+/// large output holds of the agent's budget stays held (through `events`) until the
+/// reply is written.
+pub async fn eval(
+    agent: &Agent,
+    request: EvalRequest,
+    events: &Events,
+) -> Result<EvalReply, WireError> {
+    let (reply, charge) = evaluate(agent, request)
         .await
-        .map_err(|error| error.to_wire())
+        .map_err(|error| error.to_wire())?;
+    events.hold(charge);
+    Ok(reply)
 }
 
 /// Handles `close_session`: kills a live session's interpreter and all it started
@@ -60,7 +70,10 @@ fn check(request: &EvalRequest) -> Result<(), SessionError> {
     Ok(())
 }
 
-async fn evaluate(agent: &Agent, request: EvalRequest) -> Result<EvalReply, SessionError> {
+async fn evaluate(
+    agent: &Agent,
+    request: EvalRequest,
+) -> Result<(EvalReply, Charge), SessionError> {
     check(&request)?;
     let (session, started) = agent.sessions.open(
         &agent.table,
@@ -78,6 +91,7 @@ async fn evaluate(agent: &Agent, request: EvalRequest) -> Result<EvalReply, Sess
         deadline,
         cancel,
         started,
+        agent.budget.clone(),
     ));
     match job.await {
         Ok(result) => result,
@@ -93,7 +107,8 @@ async fn run(
     deadline: Duration,
     mut cancel: Cancel,
     started: bool,
-) -> Result<EvalReply, SessionError> {
+    budget: Budget,
+) -> Result<(EvalReply, Charge), SessionError> {
     let mut io = match session.lock_ready(&mut cancel).await {
         Ok(Some(io)) => io,
         Ok(None) => return Err(SessionError::Cancelled),
@@ -104,7 +119,7 @@ async fn run(
     };
     let evaluations = session.count_evaluation();
     let evaluation = session
-        .evaluate(&mut io, &code, deadline, &mut cancel)
+        .evaluate(&mut io, &code, deadline, &mut cancel, Some(&budget))
         .await?;
     drop(io);
     if evaluation.died.is_some() {
@@ -113,9 +128,16 @@ async fn run(
     Ok(reply(&session, started, evaluations, evaluation))
 }
 
-fn reply(session: &Session, started: bool, evaluations: u64, evaluation: Evaluation) -> EvalReply {
+fn reply(
+    session: &Session,
+    started: bool,
+    evaluations: u64,
+    mut evaluation: Evaluation,
+) -> (EvalReply, Charge) {
+    let mut charge = std::mem::take(&mut evaluation.stdout.charge);
+    charge.merge(std::mem::take(&mut evaluation.stderr.charge));
     let result = evaluation.result.unwrap_or_default();
-    EvalReply {
+    let reply = EvalReply {
         session: SessionInfo {
             name: session.name.clone(),
             language: session.language,
@@ -134,7 +156,8 @@ fn reply(session: &Session, started: bool, evaluations: u64, evaluation: Evaluat
         timed_out: evaluation.timed_out,
         died: evaluation.died,
         duration_ms: u64::try_from(evaluation.duration.as_millis()).unwrap_or(u64::MAX),
-    }
+    };
+    (reply, charge)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use std::time::Duration;
 use sandbox_protocol::Stream;
 use tokio::sync::watch;
 
+use crate::budget::{Budget, Charge, UNCHARGED_BYTES};
 use crate::process::pump::{Source, DRAIN_IDLE_AFTER_EXIT};
 use crate::process::table::ProcessRecord;
 
@@ -98,7 +99,12 @@ pub struct Captured {
     pub data: Vec<u8>,
     /// More came than the cap.
     pub truncated: bool,
+    /// What `data` holds of the agent's budget: once it would grow past
+    /// [`UNCHARGED_BYTES`], its whole cap is charged before it grows (the reader
+    /// waits for the budget, and the interpreter for the reader), as for an exec.
+    pub charge: Charge,
     cap: usize,
+    budget: Option<Budget>,
 }
 
 impl Captured {
@@ -159,11 +165,13 @@ impl Tap {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// An evaluation starts: collect everything from now on, up to `cap` bytes.
-    pub fn begin(&self, cap: usize) {
+    /// An evaluation starts: collect everything from now on, up to `cap` bytes,
+    /// charged to `budget` once large (see [`Captured::charge`]).
+    pub fn begin(&self, cap: usize, budget: Option<&Budget>) {
         let mut state = self.lock();
         state.capture = Some(Captured {
             cap,
+            budget: budget.cloned(),
             ..Captured::default()
         });
         state.splitter = None;
@@ -217,6 +225,33 @@ impl Tap {
             self.record.push_output(self.stream, &held);
         }
         captured
+    }
+
+    /// Before `incoming` more bytes are accepted: when they would take the
+    /// evaluation's capture past the uncharged size, waits for its charge.
+    async fn charge_for(&self, incoming: usize) {
+        let (budget, cap) = {
+            let state = self.lock();
+            match &state.capture {
+                Some(capture)
+                    if !state.marker_seen
+                        && capture.charge.bytes() == 0
+                        && capture.data.len() + incoming >= UNCHARGED_BYTES =>
+                {
+                    match &capture.budget {
+                        Some(budget) => (budget.clone(), capture.cap),
+                        None => return,
+                    }
+                }
+                _ => return,
+            }
+        };
+        let charge = budget.reserve(cap).await;
+        // The capture may have ended meanwhile (then the charge just drops), or the
+        // next evaluation's begun: a charge of the same size serves it as well.
+        if let Some(capture) = self.lock().capture.as_mut() {
+            capture.charge.merge(charge);
+        }
     }
 
     /// A piece of the stream arrived: the evaluation's share to its capture,
@@ -282,7 +317,10 @@ async fn read(tap: Arc<Tap>, source: Source) {
             }
         };
         match next {
-            Ok(Some(data)) => tap.accept(&data),
+            Ok(Some(data)) => {
+                tap.charge_for(data.len()).await;
+                tap.accept(&data);
+            }
             Ok(None) => break,
             Err(error) => {
                 tracing::warn!(pid = %tap.record.pid, stream = ?tap.stream, %error, "reading session output failed");

@@ -62,7 +62,7 @@ async fn warm_up(sessions: Arc<Sessions>, session: Arc<Session>, warm: WarmSessi
     }
     let deadline = Duration::from_secs(WARM_SETUP_SECS);
     let evaluation = match session
-        .evaluate(&mut io, &warm.setup, deadline, &mut never)
+        .evaluate(&mut io, &warm.setup, deadline, &mut never, None)
         .await
     {
         Ok(evaluation) => evaluation,
@@ -120,7 +120,7 @@ mod tests {
         let mut io = session.lock_ready(&mut never).await.unwrap().unwrap();
         let deadline = Duration::from_secs(30);
         let evaluation = session
-            .evaluate(&mut io, code, deadline, &mut never)
+            .evaluate(&mut io, code, deadline, &mut never, None)
             .await
             .unwrap();
         evaluation.result.and_then(|result| result.value)

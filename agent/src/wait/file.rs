@@ -211,8 +211,21 @@ async fn step(
     })
 }
 
-/// Waits until `path` contains the text, or the deadline.
+/// File waits the agent keeps at once. Each holds an inotify instance, and the
+/// kernel's default cap is 128 per user: the agent and a root workload are the same
+/// user, so the agent keeps to half of them.
+pub const MAX_FILE_WAITS: usize = 64;
+
+static FILE_WAITS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_FILE_WAITS);
+
+/// Waits until `path` contains the text, or the deadline; refused at once while
+/// [`MAX_FILE_WAITS`] are in progress.
 pub async fn wait(path: PathBuf, limits: &Limits) -> Result<TextFound, WaitError> {
+    let Ok(_slot) = FILE_WAITS.try_acquire() else {
+        return Err(WaitError::TooManyFileWaits {
+            max: MAX_FILE_WAITS,
+        });
+    };
     let inotify = Arc::new(Inotify::new().map_err(|error| watch_error(&path, error))?);
     let mut state = State {
         watches: Watches::new(path.clone()),

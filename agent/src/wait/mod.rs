@@ -92,6 +92,15 @@ pub enum WaitError {
         /// What it is.
         kind: &'static str,
     },
+    /// [`file::MAX_FILE_WAITS`] file waits are in progress already.
+    #[error(
+        "{max} waits for files are in progress, the most the agent keeps at once (each \
+         holds an inotify instance, which the workload needs too); try again when one ends"
+    )]
+    TooManyFileWaits {
+        /// The cap.
+        max: usize,
+    },
     /// An ancestor of the path exists but is not a directory.
     #[error("{ancestor} is not a directory, so {path} cannot exist")]
     NotDirectory {
@@ -165,6 +174,7 @@ impl WaitError {
             }
             Self::UnknownPid { .. } | Self::Exited { .. } => ErrorKind::NotFound,
             Self::TimedOut { .. } => ErrorKind::TimedOut,
+            Self::TooManyFileWaits { .. } => ErrorKind::Busy,
             // The kernel's cap on inotify instances or watches: try again later.
             Self::Watch { error, .. }
                 if matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENOSPC)) =>

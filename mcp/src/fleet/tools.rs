@@ -231,32 +231,20 @@ mod tests {
     #[test]
     fn every_fleet_tool_has_a_title_annotations_a_schema_and_a_usable_description() {
         let tools = SandboxServer::fleet_router().list_all();
-        let names: Vec<String> = tools.iter().map(|tool| tool.name.to_string()).collect();
-        assert_eq!(
-            names,
-            [
+        for name in LAUNCH_ONLY {
+            assert!(tools.iter().any(|tool| tool.name == name), "{name}");
+        }
+        crate::tools::assert_tools_described(
+            tools,
+            &[
                 "create_sandboxes",
                 "egress_log",
                 "get_sandbox",
                 "list_sandboxes",
                 "list_templates",
-                "ping_sandbox"
-            ]
+                "ping_sandbox",
+            ],
+            150,
         );
-        for name in LAUNCH_ONLY {
-            assert!(names.iter().any(|n| n == name), "{name}");
-        }
-        for tool in tools {
-            assert!(tool.title.is_some(), "{} has no title", tool.name);
-            assert!(tool.output_schema.is_some(), "{} has no schema", tool.name);
-            let annotations = tool.annotations.as_ref().expect("annotations");
-            assert_eq!(annotations.open_world_hint, Some(false), "{}", tool.name);
-            assert!(annotations.read_only_hint.is_some(), "{}", tool.name);
-            assert!(
-                tool.description.as_ref().is_some_and(|d| d.len() > 150),
-                "{} needs a description that states its limits",
-                tool.name
-            );
-        }
     }
 }

@@ -111,6 +111,7 @@ pub fn agent(tool: &str, id: &str, error: &ClientError) -> ToolError {
     let text = error_chain(error);
     let hint = match error.wire_kind() {
         None => {
+            crate::error::warn_unreachable(id, &text);
             "The sandbox's agent does not answer: if ping_sandbox fails too, kill_sandbox it \
              and call spawn_sandboxes for a new one."
         }

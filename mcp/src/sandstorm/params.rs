@@ -153,6 +153,36 @@ pub struct PingSandboxParams {
     pub sandbox_token: Option<String>,
 }
 
+/// The arguments of a call that reaches the guest: the sandbox and the token that
+/// sandstorm requires for it (see [`super::ops::authorized`]).
+pub trait Guarded {
+    /// The sandbox's id.
+    fn sandbox_id(&self) -> &str;
+    /// The token given, if any.
+    fn sandbox_token(&self) -> Option<&str>;
+}
+
+/// [`Guarded`] for parameters with `sandbox_id` and `sandbox_token` fields.
+macro_rules! guarded {
+    ($($params:ty),+) => {$(
+        impl Guarded for $params {
+            fn sandbox_id(&self) -> &str {
+                &self.sandbox_id
+            }
+            fn sandbox_token(&self) -> Option<&str> {
+                self.sandbox_token.as_deref()
+            }
+        }
+    )+};
+}
+
+guarded!(
+    ExecCommandParams,
+    EvalCodeParams,
+    WaitForTextParams,
+    PingSandboxParams
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,8 @@
 //! checks the token where sandstorm requires one and forwards to [`super::ops`] or
 //! [`super::guest`].
 
+use std::sync::Arc;
+
 use rmcp::handler::server::common::Extension;
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
@@ -11,8 +13,8 @@ use rmcp::model::CallToolResult;
 use rmcp::{tool, tool_router};
 
 use super::params::{
-    BranchSandboxParams, EvalCodeParams, ExecCommandParams, PingSandboxParams, SandboxIdParams,
-    SpawnSandboxesParams, WaitForTextParams,
+    BranchSandboxParams, EvalCodeParams, ExecCommandParams, Guarded, PingSandboxParams,
+    SandboxIdParams, SpawnSandboxesParams, WaitForTextParams,
 };
 use super::render::{
     list, object, BranchInfo, EvalCodeResult, ExecCommandResult, KillInfo, Listing, PingInfo,
@@ -21,6 +23,7 @@ use super::render::{
 use super::{guest, ops};
 use crate::error::ToolError;
 use crate::progress::Progress;
+use crate::sandbox::Sandbox;
 use crate::tools::SandboxServer;
 
 #[tool_router(router = sandstorm_router, vis = "pub(crate)")]
@@ -34,7 +37,11 @@ impl SandboxServer {
         session), each with its tag for spawn_sandboxes, kind, creation time, template, \
         vCPUs and memory.",
         output_schema = schema_for_output::<Listing<SnapshotInfo>>(),
-        annotations(title = "List templates and snapshots", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "List templates and snapshots",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn sandstorm_list_snapshots(&self) -> Result<CallToolResult, ToolError> {
         Ok(list(ops::snapshots(&self.node)?))
@@ -51,7 +58,8 @@ impl SandboxServer {
         one hour at most, and is destroyed when this session ends; kill_sandbox ends one \
         sooner. n is bounded by the server's sandbox limit (kill sandboxes to make room).",
         output_schema = schema_for_output::<Listing<SpawnedSandbox>>(),
-        annotations(title = "Spawn sandboxes", 
+        annotations(
+            title = "Spawn sandboxes",
             read_only_hint = false,
             destructive_hint = false,
             idempotent_hint = false,
@@ -64,10 +72,7 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let sandboxes = ops::spawn(&self.node, &params).await?;
         Ok(list(
-            sandboxes
-                .iter()
-                .map(|sandbox| SpawnedSandbox::new(sandbox))
-                .collect(),
+            sandboxes.iter().map(|s| SpawnedSandbox::new(s)).collect(),
         ))
     }
 
@@ -82,7 +87,8 @@ impl SandboxServer {
         captures one way, and the snapshot is ready when the call returns. Snapshots stay \
         on the host after the session.",
         output_schema = schema_for_output::<BranchInfo>(),
-        annotations(title = "Branch a sandbox into a snapshot", 
+        annotations(
+            title = "Branch a sandbox into a snapshot",
             read_only_hint = false,
             destructive_hint = false,
             idempotent_hint = false,
@@ -103,15 +109,16 @@ impl SandboxServer {
         spawned from, state, creation and expiry times (Unix seconds), vCPUs and memory. \
         Tokens are not shown: spawn_sandboxes returned them.",
         output_schema = schema_for_output::<Listing<SandboxInfo>>(),
-        annotations(title = "List sandboxes", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "List sandboxes",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn sandstorm_list_sandboxes(&self) -> Result<CallToolResult, ToolError> {
         let sandboxes = self.node.registry().list();
         Ok(list(
-            sandboxes
-                .iter()
-                .map(|sandbox| SandboxInfo::new(sandbox))
-                .collect(),
+            sandboxes.iter().map(|s| SandboxInfo::new(s)).collect(),
         ))
     }
 
@@ -122,7 +129,11 @@ impl SandboxServer {
         state, creation and expiry times (Unix seconds), vCPUs and memory. Its token is not \
         shown. An unknown or killed id is an error that lists the live ones.",
         output_schema = schema_for_output::<SandboxInfo>(),
-        annotations(title = "Describe a sandbox", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "Describe a sandbox",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn sandstorm_get_sandbox(
         &self,
@@ -142,7 +153,8 @@ impl SandboxServer {
         an error result that still carries its output. Each stream keeps its first 1 MiB \
         (truncated is set past that). A non-zero exit_code is a normal result.",
         output_schema = schema_for_output::<ExecCommandResult>(),
-        annotations(title = "Run a program", 
+        annotations(
+            title = "Run a program",
             read_only_hint = false,
             destructive_hint = true,
             idempotent_hint = false,
@@ -154,11 +166,7 @@ impl SandboxServer {
         Parameters(params): Parameters<ExecCommandParams>,
         Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = ops::authorized(
-            &self.node,
-            &params.sandbox_id,
-            params.sandbox_token.as_deref(),
-        )?;
+        let sandbox = self.authorized(&params)?;
         guest::exec_command(&sandbox, params.args, params.timeout_secs, &progress).await
     }
 
@@ -172,7 +180,8 @@ impl SandboxServer {
         printed. Requires sandbox_token. Code running past 60 s is interrupted; an \
         interpreter that died is started afresh by the next call.",
         output_schema = schema_for_output::<EvalCodeResult>(),
-        annotations(title = "Evaluate Python", 
+        annotations(
+            title = "Evaluate Python",
             read_only_hint = false,
             destructive_hint = true,
             idempotent_hint = false,
@@ -183,11 +192,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = ops::authorized(
-            &self.node,
-            &params.sandbox_id,
-            params.sandbox_token.as_deref(),
-        )?;
+        let sandbox = self.authorized(&params)?;
         guest::eval_code(&sandbox, params.code).await
     }
 
@@ -201,17 +206,17 @@ impl SandboxServer {
         did not appear within timeout_secs: default 60, at most 300). Requires \
         sandbox_token.",
         output_schema = schema_for_output::<WaitForTextResult>(),
-        annotations(title = "Wait for text in a file", read_only_hint = true, open_world_hint = false)
+        annotations(
+            title = "Wait for text in a file",
+            read_only_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn sandstorm_wait_for_text(
         &self,
         Parameters(params): Parameters<WaitForTextParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = ops::authorized(
-            &self.node,
-            &params.sandbox_id,
-            params.sandbox_token.as_deref(),
-        )?;
+        let sandbox = self.authorized(&params)?;
         guest::wait_for_text(&sandbox, &params.path, params.marker, params.timeout_secs).await
     }
 
@@ -222,7 +227,8 @@ impl SandboxServer {
         agent's version, uptime, load, free memory and running processes. Requires \
         sandbox_token. An agent that does not answer is an error result.",
         output_schema = schema_for_output::<PingInfo>(),
-        annotations(title = "Ping a sandbox", 
+        annotations(
+            title = "Ping a sandbox",
             read_only_hint = true,
             idempotent_hint = true,
             open_world_hint = false
@@ -232,11 +238,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<PingSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = ops::authorized(
-            &self.node,
-            &params.sandbox_id,
-            params.sandbox_token.as_deref(),
-        )?;
+        let sandbox = self.authorized(&params)?;
         guest::ping_sandbox(&self.node, &sandbox).await
     }
 
@@ -247,7 +249,8 @@ impl SandboxServer {
         are gone; its id becomes unknown and its token useless. Snapshots branched from it \
         are kept. Takes no sandbox_token.",
         output_schema = schema_for_output::<KillInfo>(),
-        annotations(title = "Kill a sandbox", 
+        annotations(
+            title = "Kill a sandbox",
             read_only_hint = false,
             destructive_hint = true,
             idempotent_hint = false,
@@ -259,6 +262,13 @@ impl SandboxServer {
         Parameters(params): Parameters<SandboxIdParams>,
     ) -> Result<CallToolResult, ToolError> {
         Ok(object(&ops::kill(&self.node, &params.sandbox_id).await?))
+    }
+}
+
+impl SandboxServer {
+    /// The sandbox a guest-reaching call names, once its token checks out.
+    fn authorized(&self, params: &impl Guarded) -> Result<Arc<Sandbox>, ToolError> {
+        ops::authorized(&self.node, params.sandbox_id(), params.sandbox_token())
     }
 }
 

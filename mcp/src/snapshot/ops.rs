@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use sandbox_vmm::launcher::snapshot::manifest::check_name;
-use sandbox_vmm::launcher::snapshot::{CheckpointSpec, Manifest};
-use sandbox_vmm::launcher::{TemplateRef, Vm};
+use sandbox_vmm::launcher::snapshot::{CheckpointSpec, Manifest, SnapshotError};
+use sandbox_vmm::launcher::{TemplateRef, Vm, VmId};
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::render::{
@@ -50,17 +50,12 @@ impl Node {
             .slots(count)
             .await
             .map_err(|error| ToolError::no_room("fork", count, &error))?;
-        let fork = {
-            let running = parent
-                .running()
-                .await
-                .map_err(|error| ToolError::unreachable(Op::Other, sandbox_id, &error))?;
-            let vm_id = running.vm().vm.id().clone();
+        let fork = capture(&parent, "fork", |vm_id| async move {
             host.launcher()
                 .fork(&vm_id, count, host.branch_spec())
                 .await
-                .map_err(|error| ToolError::snapshot("fork", &error))?
-        };
+        })
+        .await?;
         host.remember_fork(&fork.checkpoint.manifest.id);
         let children = self
             .adopt(
@@ -98,21 +93,14 @@ impl Node {
             check_name(name).map_err(|error| ToolError::snapshot("checkpoint", &error))?;
         }
         let sandbox = self.sandbox(sandbox_id)?;
-        let taken = {
-            let running = sandbox
-                .running()
-                .await
-                .map_err(|error| ToolError::unreachable(Op::Other, sandbox_id, &error))?;
-            let vm_id = running.vm().vm.id().clone();
-            let spec = CheckpointSpec {
-                name,
-                ephemeral: false,
-            };
-            host.launcher()
-                .checkpoint(&vm_id, spec)
-                .await
-                .map_err(|error| ToolError::snapshot("checkpoint", &error))?
+        let spec = CheckpointSpec {
+            name,
+            ephemeral: false,
         };
+        let taken = capture(&sandbox, "checkpoint", |vm_id| async move {
+            host.launcher().checkpoint(&vm_id, spec).await
+        })
+        .await?;
         let manifest = &taken.manifest;
         tracing::info!(sandbox = %sandbox.id, checkpoint = %manifest.id, pause_ms = manifest.pause_ms, "checkpoint taken");
         Ok(CheckpointResult {
@@ -279,17 +267,10 @@ impl Node {
         self.replaceable(host, name)?;
         let sandbox = self.sandbox(sandbox_id)?;
         let started = Instant::now();
-        let promoted = {
-            let running = sandbox
-                .running()
-                .await
-                .map_err(|error| ToolError::unreachable(Op::Other, sandbox_id, &error))?;
-            let vm_id = running.vm().vm.id().clone();
-            host.launcher()
-                .promote(&vm_id, name)
-                .await
-                .map_err(|error| ToolError::snapshot("promote", &error))?
-        };
+        let promoted = capture(&sandbox, "promote", |vm_id| async move {
+            host.launcher().promote(&vm_id, name).await
+        })
+        .await?;
         tracing::info!(sandbox = %sandbox.id, template = name, replaced = promoted.replaced, "promoted");
         Ok(PromoteResult {
             template: name.to_owned(),
@@ -391,6 +372,28 @@ impl Node {
 }
 
 /// The sandbox id a VM has in a session (see [`Node::insert_vm`]).
+/// Runs a launcher capture (`fork`, `checkpoint`, `promote`) on `sandbox`'s VM while
+/// holding it running: woken first if it sleeps, and not hibernated, woken or
+/// destroyed by anything else until the capture ends. Failures are reported for
+/// `tool`.
+async fn capture<T, F>(
+    sandbox: &Sandbox,
+    tool: &str,
+    run: impl FnOnce(VmId) -> F,
+) -> Result<T, ToolError>
+where
+    F: std::future::Future<Output = Result<T, SnapshotError>>,
+{
+    let running = sandbox
+        .running()
+        .await
+        .map_err(|error| ToolError::unreachable(Op::Other, sandbox.id.as_str(), &error))?;
+    let vm_id = running.vm().vm.id().clone();
+    run(vm_id)
+        .await
+        .map_err(|error| ToolError::snapshot(tool, &error))
+}
+
 pub(crate) fn sandbox_id_of(vm_id: &str) -> SandboxId {
     SandboxId::new(format!("sbx-{vm_id}"))
 }
@@ -431,8 +434,11 @@ mod tests {
     async fn in_attach_mode_the_snapshot_tools_are_not_offered_and_say_what_they_need() {
         use rmcp::ServerHandler;
         let node = attached_node().await;
-        let server =
-            crate::tools::SandboxServer::new(node.clone(), crate::config::Profile::Default);
+        let server = crate::tools::SandboxServer::new(
+            node.clone(),
+            crate::config::Profile::Default,
+            Default::default(),
+        );
         assert!(server.get_tool("exec").is_some());
         assert!(server.get_tool("fork").is_none());
         assert!(server.get_tool("hibernate").is_none());

@@ -200,31 +200,18 @@ mod tests {
 
     #[test]
     fn every_snapshot_tool_has_a_title_annotations_a_schema_and_a_usable_description() {
-        let tools = SandboxServer::snapshot_router().list_all();
-        let names: Vec<String> = tools.iter().map(|tool| tool.name.to_string()).collect();
-        assert_eq!(
-            names,
-            [
+        crate::tools::assert_tools_described(
+            SandboxServer::snapshot_router().list_all(),
+            &[
                 "branch_checkpoint",
                 "checkpoint",
                 "delete_checkpoint",
                 "fork",
                 "hibernate",
                 "list_checkpoints",
-                "promote"
-            ]
+                "promote",
+            ],
+            150,
         );
-        for tool in tools {
-            assert!(tool.title.is_some(), "{} has no title", tool.name);
-            assert!(tool.output_schema.is_some(), "{} has no schema", tool.name);
-            let annotations = tool.annotations.as_ref().expect("annotations");
-            assert_eq!(annotations.open_world_hint, Some(false), "{}", tool.name);
-            assert!(annotations.read_only_hint.is_some(), "{}", tool.name);
-            assert!(
-                tool.description.as_ref().is_some_and(|d| d.len() > 150),
-                "{} needs a description that states its limits",
-                tool.name
-            );
-        }
     }
 }

@@ -10,13 +10,19 @@
 
 // Each test crate uses a different part of this harness.
 #![allow(dead_code)]
+// rmcp deprecates the logging types (SEP-2577); clients of this protocol version
+// still receive log messages, and the tests check them.
+#![allow(deprecated)]
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, ProgressNotificationParam};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, LoggingMessageNotificationParam,
+    ProgressNotificationParam,
+};
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use sandbox_vmm::launcher::LauncherConfig;
@@ -25,7 +31,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 /// Variables the server reads that must not leak in from the developer's shell.
-const SERVER_ENV: &[&str] = &[
+pub const SERVER_ENV: &[&str] = &[
     "SANDBOX_TEMPLATE",
     "SANDBOX_POOL",
     "SANDBOX_MAX",
@@ -36,10 +42,12 @@ const SERVER_ENV: &[&str] = &[
     "SANDBOX_MCP_PROFILE",
 ];
 
-/// The test client's handler: records the progress notifications it receives.
+/// The test client's handler: records the progress notifications and the log
+/// messages (`notifications/message`) it receives.
 #[derive(Debug, Clone, Default)]
 pub struct Recorder {
     progress: Arc<Mutex<Vec<ProgressNotificationParam>>>,
+    messages: Arc<Mutex<Vec<LoggingMessageNotificationParam>>>,
 }
 
 impl ClientHandler for Recorder {
@@ -49,6 +57,14 @@ impl ClientHandler for Recorder {
         _context: NotificationContext<RoleClient>,
     ) {
         self.progress.lock().unwrap().push(params);
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.messages.lock().unwrap().push(params);
     }
 }
 
@@ -63,9 +79,34 @@ pub struct McpServer {
 impl McpServer {
     /// Starts `sandbox-mcp ARGS` with `envs` added and initializes a session.
     pub async fn start(args: &[&str], envs: &[(&str, &str)], log: &Path) -> Self {
-        let mut child = server_command(args, envs, log, Stdio::piped())
+        let child = server_command(args, envs, log, Stdio::piped())
             .spawn()
             .expect("cannot start sandbox-mcp");
+        Self::connect(child, log).await
+    }
+
+    /// Starts `program ARGS` as a client registered with that command would (a bare
+    /// name is looked up on the `PATH` of `envs`, else the test's), with `envs`
+    /// added, and initializes a session.
+    pub async fn start_program(
+        program: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        log: &Path,
+    ) -> Self {
+        let child = program_command(
+            std::ffi::OsStr::new(program),
+            args,
+            envs,
+            log,
+            Stdio::piped(),
+        )
+        .spawn()
+        .unwrap_or_else(|error| panic!("cannot start {program}: {error}"));
+        Self::connect(child, log).await
+    }
+
+    async fn connect(mut child: Child, log: &Path) -> Self {
         let stdout = child.stdout.take().expect("no stdout pipe");
         let stdin = child.stdin.take().expect("no stdin pipe");
         let recorder = Recorder::default();
@@ -128,6 +169,11 @@ impl McpServer {
         let result = self.call(tool, args).await;
         let progress = self.recorder.progress.lock().unwrap()[before..].to_vec();
         (result, progress)
+    }
+
+    /// The log messages (`notifications/message`) received so far.
+    pub fn log_messages(&self) -> Vec<LoggingMessageNotificationParam> {
+        self.recorder.messages.lock().unwrap().clone()
     }
 
     /// Calls a tool that must succeed; returns its structured content.
@@ -206,10 +252,22 @@ impl Drop for McpServer {
 /// `sandbox-mcp ARGS` with `envs` added, stdin from `stdin`, stdout piped, and its
 /// log in `log`.
 fn server_command(args: &[&str], envs: &[(&str, &str)], log: &Path, stdin: Stdio) -> Command {
-    let log_file = std::fs::File::create(log).expect("cannot create the server log");
     let binary = std::env::var_os("SANDBOX_MCP_BIN")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_sandbox-mcp").into());
-    let mut command = Command::new(binary);
+    program_command(&binary, args, envs, log, stdin)
+}
+
+/// [`server_command`] for `program` (a bare name is looked up on the `PATH` in
+/// `envs`, if it sets one).
+fn program_command(
+    program: &std::ffi::OsStr,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    log: &Path,
+    stdin: Stdio,
+) -> Command {
+    let log_file = std::fs::File::create(log).expect("cannot create the server log");
+    let mut command = Command::new(program);
     command
         .args(args)
         .env("RUST_LOG", "info,rmcp=warn")
