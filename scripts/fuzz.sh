@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGETS=(frame_decode request_decode agent_dispatch client_frames link_decode)
+TARGETS=(frame_decode request_decode agent_dispatch client_frames link_decode egress_parse)
 SMOKE_SECS=20
 
 usage() {

@@ -46,6 +46,8 @@ pub struct Agent {
     pub image: sandbox_protocol::ImageConfig,
     /// The interpreter sessions of `eval`.
     pub sessions: Arc<Sessions>,
+    /// The egress proxy's route to the host (see [`crate::egress`]).
+    pub egress: Arc<crate::egress::Egress>,
     /// The token clients must present in their `Hello`, if any; `reidentify`
     /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
     token: RwLock<Option<String>>,
@@ -70,6 +72,7 @@ impl Agent {
             budget: crate::budget::Budget::default(),
             image: sandbox_protocol::ImageConfig::default(),
             sessions: Arc::new(Sessions::new()),
+            egress: Arc::new(crate::egress::Egress::new()),
             token: RwLock::new(token),
             started: Instant::now(),
             generation: AtomicU64::new(0),

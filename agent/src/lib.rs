@@ -26,6 +26,8 @@
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
 //!   identity after a restore or fork), `reidentify` (a fork child's own hostname
 //!   and token) and `shutdown`.
+//! - [`egress`]: `net: egress`: an HTTP proxy on the guest's loopback whose every
+//!   connection is dialled by the host (which holds the allowlist) over the link.
 //! - [`agent`]: state shared by all connections, and `info`.
 //! - [`init`]: PID-1 duties (mounts, modules, console, shutdown); [`ready`]: telling
 //!   the host the agent listens.
@@ -53,6 +55,7 @@
 pub mod agent;
 pub mod budget;
 pub mod config;
+pub mod egress;
 pub mod events;
 pub mod files;
 pub mod image;

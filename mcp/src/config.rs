@@ -12,6 +12,7 @@
 //! | `--boot-timeout SECS` | `SANDBOX_BOOT_TIMEOUT` | `60` |
 //! | `--max-fork-count N` | `SANDBOX_MAX_FORK_COUNT` | `16` |
 //! | `--profile NAME` | `SANDBOX_MCP_PROFILE` | `default` |
+//! | `--egress-allow ENTRY` (repeatable) | `SANDBOX_EGRESS_ALLOW` (comma-separated) | none: `net: egress` is refused |
 //! | `--host-dir PATH` (repeatable) | none | none: no host file tools |
 //! | `--host-max-bytes N` | none | 4 GiB |
 //!
@@ -121,6 +122,16 @@ pub struct Args {
         value_name = "NAME"
     )]
     pub profile: Profile,
+    /// An egress allowlist entry (repeatable): the most any sandbox created with
+    /// `net: egress` may reach; its own `allow` can only narrow it. `pypi.org:443`,
+    /// `*.github.com`, `*`, `10.0.0.0/8`, `[::1]:8080`. None: egress is refused.
+    #[arg(
+        long = "egress-allow",
+        env = "SANDBOX_EGRESS_ALLOW",
+        value_delimiter = ',',
+        value_name = "ENTRY"
+    )]
+    pub egress_allow: Vec<String>,
     /// A host directory that copy_from_host may read under and copy_to_host write
     /// under (repeat the flag for more). None by default: then the host file tools
     /// are not offered. Links leading out of it are never followed.
@@ -181,6 +192,9 @@ pub struct LaunchConfig {
     pub boot_timeout: Duration,
     /// Most children one fork makes.
     pub max_fork_count: usize,
+    /// The operator's egress allowlist: what any sandbox with `net: egress` may reach
+    /// at most (a sandbox's `allow` narrows it). Empty: egress is refused.
+    pub egress_allow: sandbox_vmm::egress::Allowlist,
 }
 
 /// The command line does not make a valid configuration.
@@ -221,6 +235,9 @@ pub enum ConfigError {
          (--agent) cannot do: leave out one of them"
     )]
     SandstormAttached,
+    /// An `--egress-allow` entry does not parse.
+    #[error("Invalid --egress-allow")]
+    EgressAllow(#[source] sandbox_vmm::egress::EntryError),
     /// A `--host-dir` that cannot be opened.
     #[error("Invalid --host-dir")]
     HostDir(#[source] HostError),
@@ -283,6 +300,8 @@ impl Config {
         if !(1..=MAX_BRANCH).contains(&args.max_fork_count) {
             return Err(ConfigError::MaxForkCount(args.max_fork_count));
         }
+        let egress_allow = sandbox_vmm::egress::Allowlist::parse(&args.egress_allow)
+            .map_err(ConfigError::EgressAllow)?;
         let home = args.sandbox_home.clone();
         if let Some(home) = &home {
             if !home.is_absolute() {
@@ -304,6 +323,7 @@ impl Config {
                 max_sandboxes: args.max_sandboxes,
                 boot_timeout: Duration::from_secs(args.boot_timeout_secs),
                 max_fork_count: args.max_fork_count,
+                egress_allow,
             }),
             profile: args.profile,
             host,

@@ -54,6 +54,8 @@ enum Source {
 pub struct Node {
     registry: Arc<Registry>,
     source: Source,
+    /// The operator's egress allowlist (empty: egress is refused).
+    egress_allow: sandbox_vmm::egress::Allowlist,
 }
 
 /// A VM made for the session, to become one of its sandboxes ([`Node::insert_vm`]).
@@ -81,6 +83,7 @@ impl Node {
     /// is reported by the tools that need them.
     pub async fn start(config: Config) -> Arc<Self> {
         let registry = Registry::new();
+        let mut egress_allow = sandbox_vmm::egress::Allowlist::default();
         let source = match config.mode {
             Mode::Attach(attach) => Source::Attach(attach),
             Mode::Launch(launch) => {
@@ -96,9 +99,11 @@ impl Node {
                         Size::default()
                     }
                 };
+                egress_allow = launch.egress_allow;
                 let spec = VmSpec {
                     template: launch.template,
                     size,
+                    net: sandbox_vmm::egress::Net::None,
                 };
                 let pool = Pool::new(
                     LauncherFactory::new(launcher),
@@ -113,7 +118,11 @@ impl Node {
                 Source::Launch(pool, snapshots)
             }
         };
-        let node = Arc::new(Self { registry, source });
+        let node = Arc::new(Self {
+            registry,
+            source,
+            egress_allow,
+        });
         if let Source::Attach(attach) = &node.source {
             match node.insert_attached(None, Duration::ZERO).await {
                 // Connect in the background: the client is kept for the first call, and
@@ -178,7 +187,9 @@ impl Node {
         &self,
         params: CreateSandboxParams,
     ) -> Result<CreateSandboxResult, ToolError> {
-        let ttl_secs = claim_ttl_secs(params.net, params.ttl_seconds)?;
+        let ttl_secs = claim_ttl_secs(params.ttl_seconds)?;
+        // Checked in attach mode too: an attached agent has no egress to give.
+        self.net(params.net, &params.allow)?;
         match &self.source {
             Source::Attach(_) => self.claim_attached().await,
             Source::Launch(pool, _) => self.claim_vm(pool, params, ttl_secs).await,
@@ -201,8 +212,9 @@ impl Node {
             })?),
             None => None,
         };
-        let spec = self.resolve_spec(pool, params.template.as_deref(), size)?;
-        let VmSpec { template, size } = spec.clone();
+        let mut spec = self.resolve_spec(pool, params.template.as_deref(), size)?;
+        spec.net = self.net(params.net, &params.allow)?;
+        let VmSpec { template, size, .. } = spec.clone();
         let (lease, origin) = pool
             .claim(&spec)
             .await
@@ -262,7 +274,79 @@ impl Node {
                 }
             },
         };
-        Ok(VmSpec { template, size })
+        Ok(VmSpec {
+            template,
+            size,
+            net: sandbox_vmm::egress::Net::None,
+        })
+    }
+
+    /// The network a claim asking for `net` with the sandbox's own `allow` gets: the
+    /// operator's allowlist, narrowed by `allow` (never widened: a destination must
+    /// pass both).
+    pub fn net(&self, net: Net, allow: &[String]) -> Result<sandbox_vmm::egress::Net, ToolError> {
+        use sandbox_vmm::egress::{Allowlist, Net as VmNet, Policy};
+        match net {
+            Net::None if allow.is_empty() => Ok(VmNet::None),
+            Net::None => Err(ToolError::new(
+                "allow applies to net \"egress\" only: pass net \"egress\" with it, or leave it out.",
+            )),
+            Net::Egress if matches!(self.source, Source::Attach(_)) => Err(ToolError::new(
+                "The attached agent runs in no VM this server launched, so it has no egress \
+                 to give: claim with net \"none\".",
+            )),
+            Net::Egress if self.egress_allow.is_empty() => Err(ToolError::new(
+                "This server gives no egress: its operator set no allowlist (sandbox-mcp \
+                 --egress-allow ENTRY). Claim with net \"none\"; to get files in, use write_file.",
+            )),
+            Net::Egress => {
+                let policy = Policy::new(self.egress_allow.clone());
+                if allow.is_empty() {
+                    return Ok(VmNet::Egress(policy));
+                }
+                let own = Allowlist::parse(allow).map_err(|error| {
+                    ToolError::new(format!(
+                        "{error}. Entries are host names, \"*.domain\", \"*\", IP addresses or \
+                         CIDR blocks, each with an optional \":port\" or \":low-high\"."
+                    ))
+                })?;
+                Ok(VmNet::Egress(policy.narrowed(own)))
+            }
+        }
+    }
+
+    /// The operator's egress allowlist entries.
+    pub fn egress_allow(&self) -> Vec<String> {
+        self.egress_allow.entries()
+    }
+
+    /// The last `tail` records of `sandbox`'s egress log, oldest first.
+    pub fn egress_log(
+        &self,
+        sandbox: &Sandbox,
+        tail: usize,
+    ) -> Result<Vec<sandbox_vmm::egress::EgressRecord>, ToolError> {
+        let Source::Launch(pool, _) = &self.source else {
+            return Err(ToolError::new(
+                "An attached agent has no egress log: this server launches no VMs.",
+            ));
+        };
+        let vm_id = sandbox
+            .id
+            .as_str()
+            .strip_prefix("sbx-")
+            .and_then(|id| id.parse::<sandbox_vmm::launcher::VmId>().ok())
+            .ok_or_else(|| ToolError::new(format!("{} is not a VM sandbox", sandbox.id)))?;
+        pool.factory()
+            .launcher()
+            .egress_log(&vm_id, tail)
+            .map_err(|error| {
+                ToolError::new(format!(
+                    "Cannot read the egress log of {}: {}",
+                    sandbox.id,
+                    sandbox_vmm::error_chain(&error)
+                ))
+            })
     }
 
     /// Makes `vm` a sandbox of this session, `sbx-<VM id>`, expiring `ttl` from now,
@@ -517,15 +601,9 @@ fn new_token() -> Result<SandboxToken, ToolError> {
     })
 }
 
-/// The lifetime of a claim asking for `net` and `ttl_seconds` (0 for the default),
+/// The lifetime of a claim asking for `ttl_seconds` (0 for the default),
 /// or why it cannot be had.
-pub fn claim_ttl_secs(net: Net, ttl_seconds: u64) -> Result<u64, ToolError> {
-    if net == Net::Egress {
-        return Err(ToolError::new(
-            "net \"egress\" is not available yet: sandboxes have no network access. Claim \
-             without net (or with net \"none\"); to get files in, use write_file.",
-        ));
-    }
+pub fn claim_ttl_secs(ttl_seconds: u64) -> Result<u64, ToolError> {
     match ttl_seconds {
         0 => Ok(DEFAULT_TTL_SECS),
         secs if secs > MAX_TTL_SECS => Err(ToolError::new(format!(

@@ -19,7 +19,7 @@ pub enum Net {
     /// No network interface beyond loopback (the default).
     #[default]
     None,
-    /// Outbound internet access (not available yet).
+    /// Outbound connections through the host's allowlist (HTTP/HTTPS proxy).
     Egress,
 }
 
@@ -64,9 +64,17 @@ pub struct CreateSandboxParams {
     /// template, which is kept warm and claims in milliseconds.
     #[serde(default)]
     pub template: Option<String>,
-    /// Network access: "none" (default). "egress" is not available yet.
+    /// Network access: "none" (default: no route out) or "egress": programs reach
+    /// the destinations the server's allowlist permits through an HTTP proxy the
+    /// sandbox's http_proxy/https_proxy variables name (curl, wget, pip, git and
+    /// Python's urllib use it). Every attempt is in egress_log.
     #[serde(default)]
     pub net: Net,
+    /// With net "egress": narrow the server's allowlist to these entries (host names,
+    /// "*.domain", "*", IP addresses or CIDR blocks, each with an optional ":port" or
+    /// ":low-high"). A destination must pass both lists; omit to use the server's.
+    #[serde(default)]
+    pub allow: Vec<String>,
     /// VM size: small (default: 1 vCPU, 512 MiB), medium, large, xlarge or 2xlarge.
     /// Sizes other than the template's default boot a fresh VM (a few seconds).
     #[serde(default)]

@@ -82,7 +82,8 @@ write_file/read_file/list_dir (files, any size, text or base64), and release it 
 Results are cut to a model's size (max_bytes raises it); exec keeps the end of a failed \
 command's output, where the error is. \
 Each sandbox is destroyed at its deadline (default one hour, never renewed) and when this \
-session ends; sandboxes have no network access. fork clones a sandbox into children; \
+session ends; sandboxes have no network access unless created with net \"egress\" \
+(then only to the server's allowlist, through an HTTP proxy; egress_log lists attempts). fork clones a sandbox into children; \
 checkpoint saves its state for branch_checkpoint (checkpoints outlive the session); \
 hibernate frees an idle sandbox's memory (the next call wakes it); promote makes a \
 template of it. list_sandboxes, get_sandbox, ping_sandbox and list_templates describe what \
@@ -168,8 +169,10 @@ impl SandboxServer {
         title = "Create a sandbox",
         description = "Claim a fresh Linux microVM sandbox and return its sandbox_id and \
         deadline. Optional: template (default: the server's; see node_info), size (small \
-        default, medium, large, xlarge, 2xlarge), net (\"none\" default; \"egress\" is not \
-        available yet), ttl_seconds (0 or omitted = one hour, max 86400). Default template \
+        default, medium, large, xlarge, 2xlarge), net (\"none\" default: no route out; \
+        \"egress\": HTTP/HTTPS through the server's allowlist, via the proxy the \
+        sandbox's http_proxy variables name; allow narrows that list; egress_log shows \
+        each attempt), ttl_seconds (0 or omitted = one hour, max 86400). Default template \
         and size come from a warm pool in milliseconds (warm: true); others boot in \
         seconds, with progress notifications when the client asks for them. Nothing \
         renews the deadline: at it the VM and its files are destroyed. Release it when done.",

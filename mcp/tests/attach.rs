@@ -419,7 +419,7 @@ async fn release_create_and_argument_errors_are_tool_errors() {
     let again = server.err("create_sandbox", json!({})).await;
     assert!(again.contains("\"attached\""), "{again}");
     let egress = server.err("create_sandbox", json!({"net": "egress"})).await;
-    assert!(egress.contains("not available yet"), "{egress}");
+    assert!(egress.contains("has no egress to give"), "{egress}");
     let ttl = server
         .err("create_sandbox", json!({"ttl_seconds": 999_999}))
         .await;

@@ -17,10 +17,13 @@
 //! - [`client`]: URLs and dialing (`connect`, `hvsock`), the handshake, the
 //!   demultiplexer (`mux`), request handles (`stream`) and [`client::ClientError`].
 //! - [`launcher`]: boots and stops the microVMs the agent runs in.
+//! - [`egress`]: `net: egress` on the host: the allowlist, dialling for the guest,
+//!   and the per-VM egress log.
 //! - [`relay`]: the per-VM host end of a snapshot-capable VM's one agent stream,
 //!   serving many clients as channels of the link (binary `sandbox-relay`).
 
 pub mod client;
+pub mod egress;
 pub mod launcher;
 pub mod relay;
 

@@ -130,6 +130,8 @@ pub fn plan(
             if terminal { "xterm-256color" } else { "dumb" }.to_owned(),
         ),
     ];
+    // Egress's proxy variables (when on), then the template's and the request's.
+    env.extend(crate::egress::proxy_env());
     for (key, value) in defaults.env.iter().chain(&spec.env) {
         if !super::defaults::valid_env(key, value) {
             return Err(ProcessError::Invalid {

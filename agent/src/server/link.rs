@@ -158,6 +158,17 @@ impl Session<'_> {
             }
             _ if self.attached.is_none() => {}
             LinkFrame::Open { channel } => self.open(channel).await,
+            LinkFrame::Network { egress: true } => {
+                self.agent.egress.enable(self.channels.clone());
+                // Sessions started before (a template's warm ones) get the proxy
+                // variables with a reseed (see `session::driver::reseed_message`).
+                let sessions = self.agent.sessions.clone();
+                tokio::spawn(async move { crate::session::warm::reseed_all(&sessions).await });
+            }
+            LinkFrame::Network { egress: false } => self.agent.egress.disable(),
+            LinkFrame::Dialed { channel, outcome } => {
+                self.agent.egress.dialed(channel, outcome).await;
+            }
             frame => {
                 if self.channels.deliver(frame) == Delivery::Violation {
                     tracing::warn!("the host broke a channel's flow control: channel closed");
@@ -193,6 +204,7 @@ impl Session<'_> {
             tracing::info!(channels = self.channels.len(), "link session ended: {why}");
         }
         self.attached = None;
+        self.agent.egress.disable();
         self.channels.reset();
     }
 }

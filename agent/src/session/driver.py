@@ -8,7 +8,9 @@
 #                     {"type_name": str, "message": str, "traceback": str}}
 #   agent -> driver  {"op": "flush", "marker": "..."}: the driver writes the marker
 #                    to its saved stdout and stderr, ending the evaluation's output.
-#   agent -> driver  {"op": "reseed"} -> {"reseeded": [module names]}
+#   agent -> driver  {"op": "reseed", "env": {NAME: VALUE}} -> {"reseeded": [module names]}
+#                    (env: the egress proxy variables now in force; the ones it
+#                    names replace every proxy variable in os.environ)
 # User code never sees the control socket (a private, close-on-exec descriptor; fd 0
 # becomes /dev/null) nor the marker (sent only after the code finished).
 import ast
@@ -164,6 +166,19 @@ def _reseed():
     return reseeded
 
 
+_PROXY_VARS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
+
+
+def _set_proxy_env(env):
+    """The egress proxy's variables, for a session that started before egress was on
+    (a template's warm session): urllib and subprocesses read os.environ."""
+    for name in _PROXY_VARS:
+        os.environ.pop(name, None)
+    for name, value in env.items():
+        if name in _PROXY_VARS and isinstance(value, str):
+            os.environ[name] = value
+
+
 def _serve():
     ctl, out, err = _setup()
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
@@ -193,6 +208,9 @@ def _serve():
             _write_all(out, marker)
             _write_all(err, marker)
         elif op == "reseed":
+            env = message.get("env")
+            if isinstance(env, dict):
+                _set_proxy_env(env)
             _send(ctl, {"reseeded": _reseed()})
         else:
             _send(ctl, {"error": "unknown op %r" % (op,)})

@@ -112,10 +112,18 @@ pub fn flush_message(language: Language, marker: &str) -> Vec<u8> {
 }
 
 /// The message that reseeds the language's generators (`seed` for sh's `$RANDOM`;
-/// Python takes its own from the kernel).
+/// Python takes its own from the kernel). A Python session also gets the egress
+/// proxy variables now in force (none without egress): a warm session started
+/// before its VM had egress would otherwise never see them.
 pub fn reseed_message(language: Language, seed: u32) -> Vec<u8> {
     match language {
-        Language::Python => frame(&serde_json::json!({"op": "reseed"})),
+        Language::Python => {
+            let env: serde_json::Map<String, serde_json::Value> = crate::egress::proxy_env()
+                .into_iter()
+                .map(|(k, v)| (k, serde_json::Value::String(v)))
+                .collect();
+            frame(&serde_json::json!({"op": "reseed", "env": env}))
+        }
         Language::Shell => format!("reseed {seed}\n").into_bytes(),
     }
 }

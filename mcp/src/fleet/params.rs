@@ -23,13 +23,25 @@ pub struct CreateSandboxesParams {
     /// template's.
     #[serde(default)]
     pub size: Option<SizeName>,
-    /// Network access: "none" (default). "egress" is not available yet.
+    /// Network access: "none" (default). For "egress" use create_sandbox, one at a
+    /// time.
     #[serde(default)]
     pub net: Net,
     /// Lifetime of each, in seconds; 0 or omitted means one hour, at most 86400.
     /// Nothing renews it.
     #[serde(default)]
     pub ttl_seconds: u64,
+}
+
+/// `egress_log`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EgressLogParams {
+    /// The sandbox, as returned by create_sandbox.
+    pub sandbox_id: String,
+    /// Only the last N records (default 100, at most 1000).
+    #[serde(default)]
+    pub tail: Option<u64>,
 }
 
 #[cfg(test)]

@@ -327,3 +327,97 @@ impl Render for ListTemplatesResult {
         out
     }
 }
+
+/// `egress_log`
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EgressLogResult {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// The operator's allowlist (a sandbox's own `allow` may narrow it further).
+    pub server_allowlist: Vec<String>,
+    /// Connection attempts, oldest first.
+    pub records: Vec<EgressRow>,
+}
+
+/// One connection attempt.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EgressRow {
+    /// When it started (RFC 3339, UTC).
+    pub time: String,
+    /// "allowed", "denied" (by the allowlist), "failed" (allowed, but it could not be
+    /// resolved or connected) or "refused" (not an HTTP proxy request).
+    pub verdict: String,
+    /// `host:port` as the program named it ("-" for a refused request).
+    pub destination: String,
+    /// The address dialled, when one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Why, for anything but allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Bytes sent by the sandbox.
+    pub bytes_out: u64,
+    /// Bytes received by the sandbox.
+    pub bytes_in: u64,
+    /// How long it lasted.
+    pub duration_ms: u64,
+}
+
+impl EgressRow {
+    /// A row of a stored record.
+    pub fn new(record: &sandbox_vmm::egress::EgressRecord) -> Self {
+        use sandbox_vmm::egress::Verdict;
+        let time = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(record.time_unix_ms);
+        Self {
+            time: rfc3339(time),
+            verdict: match record.verdict {
+                Verdict::Allowed => "allowed",
+                Verdict::Denied => "denied",
+                Verdict::Failed => "failed",
+                Verdict::Refused => "refused",
+            }
+            .to_owned(),
+            destination: if record.port == 0 {
+                "-".to_owned()
+            } else {
+                format!("{}:{}", record.host, record.port)
+            },
+            address: record.address.clone(),
+            reason: record.reason.clone(),
+            bytes_out: record.bytes_out,
+            bytes_in: record.bytes_in,
+            duration_ms: record.duration_ms,
+        }
+    }
+}
+
+impl Render for EgressLogResult {
+    fn render(&self) -> String {
+        let mut out = format!(
+            "{}: {} egress record(s)\n",
+            self.sandbox_id,
+            self.records.len()
+        );
+        for r in &self.records {
+            let _ = writeln!(
+                out,
+                "{} {} {} {}{} out={} in={} {}ms",
+                r.time,
+                r.verdict,
+                r.destination,
+                r.address
+                    .as_deref()
+                    .map(|a| format!("via {a} "))
+                    .unwrap_or_default(),
+                r.reason
+                    .as_deref()
+                    .map(|a| format!("({a}) "))
+                    .unwrap_or_default(),
+                r.bytes_out,
+                r.bytes_in,
+                r.duration_ms
+            );
+        }
+        out
+    }
+}

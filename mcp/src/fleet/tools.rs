@@ -10,10 +10,10 @@ use rmcp::model::CallToolResult;
 use rmcp::{tool, tool_router};
 use sandbox_vmm::launcher::Size;
 
-use super::params::CreateSandboxesParams;
+use super::params::{CreateSandboxesParams, EgressLogParams};
 use super::render::{
-    CreateSandboxesResult, ListSandboxesResult, ListTemplatesResult, PingResult, SandboxRow,
-    TemplateRow,
+    CreateSandboxesResult, EgressLogResult, EgressRow, ListSandboxesResult, ListTemplatesResult,
+    PingResult, SandboxRow, TemplateRow,
 };
 use super::BatchError;
 use crate::error::{Op, ToolError};
@@ -24,7 +24,7 @@ use crate::render::success;
 use crate::tools::SandboxServer;
 
 /// Tools of this router that need a server that launches microVMs.
-pub(crate) const LAUNCH_ONLY: [&str; 2] = ["create_sandboxes", "list_templates"];
+pub(crate) const LAUNCH_ONLY: [&str; 3] = ["create_sandboxes", "egress_log", "list_templates"];
 
 #[tool_router(router = fleet_router, vis = "pub(crate)")]
 impl SandboxServer {
@@ -51,7 +51,13 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<CreateSandboxesParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let ttl_secs = claim_ttl_secs(params.net, params.ttl_seconds)?;
+        if params.net == crate::params::Net::Egress {
+            return Err(ToolError::new(
+                "create_sandboxes gives no egress: call create_sandbox with net \"egress\" \
+                 for each sandbox that needs it (or fork one that has it).",
+            ));
+        }
+        let ttl_secs = claim_ttl_secs(params.ttl_seconds)?;
         let size = match params.size {
             Some(name) => Some(Size::preset(name.as_str()).ok_or_else(|| {
                 ToolError::new(format!(
@@ -69,6 +75,34 @@ impl SandboxServer {
             .await
             .map_err(|error| batch_error(&error, template, params.count))?;
         Ok(success(&CreateSandboxesResult::new(&batch, ttl_secs)))
+    }
+
+    #[tool(
+        title = "Read a sandbox's egress log",
+        description = "List the outbound connections a sandbox created with net \"egress\" \
+        tried, oldest first: time, verdict (allowed; denied by the allowlist, with the \
+        reason; failed to resolve or connect; refused as not an HTTP proxy request), \
+        destination host:port, the address dialled, bytes each way and duration. An \
+        allowed connection is recorded when it closes. Empty for a sandbox without egress.",
+        output_schema = schema_for_output::<EgressLogResult>(),
+        annotations(
+            title = "Read a sandbox's egress log",
+            read_only_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn egress_log(
+        &self,
+        Parameters(params): Parameters<EgressLogParams>,
+    ) -> Result<CallToolResult, ToolError> {
+        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let tail = usize::try_from(params.tail.unwrap_or(100).min(1000)).unwrap_or(1000);
+        let records = self.node.egress_log(&sandbox, tail)?;
+        Ok(success(&EgressLogResult {
+            sandbox_id: sandbox.id.to_string(),
+            server_allowlist: self.node.egress_allow(),
+            records: records.iter().map(EgressRow::new).collect(),
+        }))
     }
 
     #[tool(
@@ -204,6 +238,7 @@ mod tests {
             tools,
             &[
                 "create_sandboxes",
+                "egress_log",
                 "get_sandbox",
                 "list_sandboxes",
                 "list_templates",

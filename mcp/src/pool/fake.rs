@@ -131,6 +131,7 @@ pub fn default_spec() -> VmSpec {
     VmSpec {
         template: TemplateRef::Name("default".into()),
         size: Size::default(),
+        net: sandbox_vmm::egress::Net::None,
     }
 }
 
@@ -139,6 +140,7 @@ pub fn other_spec() -> VmSpec {
     VmSpec {
         template: TemplateRef::Name("other".into()),
         size: Size::default(),
+        net: sandbox_vmm::egress::Net::None,
     }
 }
 

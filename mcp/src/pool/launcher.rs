@@ -54,6 +54,7 @@ impl VmFactory for LauncherFactory {
     async fn boot(&self, spec: &VmSpec, timeout: Duration) -> Result<LaunchedVm, BootError> {
         let mut boot = BootSpec::new(spec.template.clone());
         boot.size = Some(spec.size);
+        boot.net = spec.net.clone();
         boot.ready_timeout = timeout;
         let vm = self.launcher.boot(boot).await?;
         LaunchedVm::connect(vm).await

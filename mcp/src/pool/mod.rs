@@ -61,6 +61,8 @@ pub struct VmSpec {
     pub template: TemplateRef,
     /// vCPUs and memory.
     pub size: Size,
+    /// No network (what the warm pool keeps), or egress under a policy.
+    pub net: sandbox_vmm::egress::Net,
 }
 
 /// Boots VMs. The pool calls it from the refiller task and from claims.

@@ -35,6 +35,7 @@
 //! the others share. A receiver that is sent more than it granted closes the channel.
 //! `Eof` ends one direction (a half close); `Close` ends both at once.
 
+pub mod egress;
 #[cfg(feature = "tokio")]
 pub mod mux;
 
@@ -63,8 +64,10 @@ pub const CHANNEL_WINDOW_BYTES: u32 = 256 * 1024;
 pub const CREDIT_BATCH_BYTES: u32 = CHANNEL_WINDOW_BYTES / 4;
 
 /// Channels open at once in one session: the agent's served and pending connection
-/// limits together. The host refuses clients past it; the agent closes extra opens.
-pub const MAX_CHANNELS: usize = crate::limits::MAX_CONNECTIONS + 16;
+/// limits together, plus the egress connections the agent opens. The host refuses
+/// clients past it; the agent closes extra opens.
+pub const MAX_CHANNELS: usize =
+    crate::limits::MAX_CONNECTIONS + 16 + egress::MAX_EGRESS_CONNECTIONS;
 
 /// Zeros the host sends before a repeated `Attach`: they complete any half frame the
 /// agent holds (its remaining body is at most [`LINK_FRAME_BYTES`]); at a frame
@@ -72,7 +75,8 @@ pub const MAX_CHANNELS: usize = crate::limits::MAX_CONNECTIONS + 16;
 /// padding that reaches an agent in sync costs nothing.
 pub const ATTACH_PADDING_BYTES: usize = LINK_FRAME_BYTES + LEN_PREFIX_BYTES;
 
-/// A channel's number, chosen by the host, unique within a session.
+/// A channel's number, unique within a session: the host numbers the channels it
+/// opens below [`egress::EGRESS_CHANNEL_BIT`], the agent its egress channels above.
 pub type ChannelId = u32;
 
 /// One link frame. Variants and fields are pinned on the wire like the protocol's
@@ -120,6 +124,35 @@ pub enum LinkFrame {
     Close {
         /// The channel.
         channel: ChannelId,
+    },
+    /// Host → agent, after `Attached`: whether this VM has egress (see [`egress`]).
+    /// Sent only when it does.
+    Network {
+        /// Serve the proxy and point programs at it.
+        egress: bool,
+    },
+    /// Agent → host: open the agent's channel `channel` to `host:port`.
+    Dial {
+        /// The channel (with [`egress::EGRESS_CHANNEL_BIT`] set).
+        channel: ChannelId,
+        /// A name or an IP literal, as the program gave it; at most
+        /// [`egress::DIAL_HOST_MAX_BYTES`].
+        host: String,
+        /// The port.
+        port: u16,
+    },
+    /// Host → agent: how the `Dial` of `channel` ended.
+    Dialed {
+        /// The channel.
+        channel: ChannelId,
+        /// Connected, or why not.
+        outcome: egress::DialOutcome,
+    },
+    /// Agent → host: the proxy refused a program's request before any dial (not
+    /// HTTP, a method it does not proxy...), for the host's egress log.
+    ProxyRefused {
+        /// What was wrong; at most [`egress::PROXY_NOTE_MAX_BYTES`].
+        note: String,
     },
 }
 
@@ -280,6 +313,43 @@ mod tests {
         let mut out = Vec::new();
         encode_session_start(&LinkFrame::Attach { session: 1 }, &mut out).unwrap();
         assert_eq!(out, b"\xffSBXLNK\x01\x02\x00\x00\x00\x00\x01");
+    }
+
+    #[test]
+    fn egress_frames_are_pinned_on_the_wire() {
+        let mut out = Vec::new();
+        encode_frame(&LinkFrame::Network { egress: true }, &mut out).unwrap();
+        encode_frame(
+            &LinkFrame::Dial {
+                channel: egress::EGRESS_CHANNEL_BIT | 1,
+                host: "a.io".into(),
+                port: 443,
+            },
+            &mut out,
+        )
+        .unwrap();
+        encode_frame(
+            &LinkFrame::Dialed {
+                channel: 2,
+                outcome: egress::DialOutcome::Refused {
+                    kind: egress::DialRefusal::Denied,
+                    message: "no".into(),
+                },
+            },
+            &mut out,
+        )
+        .unwrap();
+        encode_frame(&LinkFrame::ProxyRefused { note: "x".into() }, &mut out).unwrap();
+        assert_eq!(
+            out,
+            [
+                2, 0, 0, 0, 7, 1, // Network
+                13, 0, 0, 0, 8, 129, 128, 128, 128, 8, 4, b'a', b'.', b'i', b'o', 187,
+                3, // Dial
+                7, 0, 0, 0, 9, 2, 1, 0, 2, b'n', b'o', // Dialed
+                3, 0, 0, 0, 10, 1, b'x', // ProxyRefused
+            ]
+        );
     }
 
     #[test]

@@ -218,7 +218,8 @@ pub enum Delivery {
     Unknown,
     /// The channel broke the window or credit rules and was closed.
     Violation,
-    /// Not a channel frame (`Attach`, `Attached`, `Open`): the caller's business.
+    /// Not a channel frame (`Attach`, `Attached`, `Open`, the egress frames): the
+    /// caller's business.
     NotForChannels,
 }
 
@@ -239,6 +240,11 @@ impl Channels {
     /// Channels open now.
     pub fn len(&self) -> usize {
         self.lock().len()
+    }
+
+    /// Channels open now whose id has `bit` set (the egress channels).
+    pub fn count_with_bit(&self, bit: ChannelId) -> usize {
+        self.lock().keys().filter(|id| *id & bit != 0).count()
     }
 
     /// True when no channel is open.
@@ -315,9 +321,13 @@ impl Channels {
                     false => Delivery::Unknown,
                 }
             }
-            LinkFrame::Attach { .. } | LinkFrame::Attached { .. } | LinkFrame::Open { .. } => {
-                return Delivery::NotForChannels
-            }
+            LinkFrame::Attach { .. }
+            | LinkFrame::Attached { .. }
+            | LinkFrame::Open { .. }
+            | LinkFrame::Network { .. }
+            | LinkFrame::Dial { .. }
+            | LinkFrame::Dialed { .. }
+            | LinkFrame::ProxyRefused { .. } => return Delivery::NotForChannels,
         };
         if !violation {
             return Delivery::Delivered;
@@ -405,6 +415,12 @@ impl Channel {
     /// The channel's number.
     pub fn id(&self) -> ChannelId {
         self.id
+    }
+
+    /// Leaves the table without a word to the peer: a dial that was refused (the
+    /// peer already knows).
+    pub fn discard(self) {
+        self.table.remove(self.id, Some(self.session));
     }
 
     /// Moves bytes between the channel and `stream` until both directions have ended

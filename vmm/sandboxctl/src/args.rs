@@ -126,6 +126,22 @@ pub enum VmCommand {
     /// Make a running VM's current state a template: VMs started from it restore that
     /// state (re-promoting a name replaces it).
     Promote(VmPromoteArgs),
+    /// Print a VM's egress log: each connection it tried, allowed or denied, with
+    /// bytes and times.
+    EgressLog(VmEgressLogArgs),
+}
+
+/// `vm egress-log`
+#[derive(Debug, Args)]
+pub struct VmEgressLogArgs {
+    /// The VM's id.
+    pub id: String,
+    /// Only the last N records.
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub tail: usize,
+    /// Print JSON lines, as stored.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `vm promote`
@@ -215,6 +231,23 @@ pub struct VmBootArgs {
     /// Boot the kernel even when the template has a ready snapshot to restore.
     #[arg(long)]
     pub cold: bool,
+    /// none (the default: no route out) or egress (through the host, to what
+    /// `--allow` lists; programs find the proxy through http_proxy and friends).
+    #[arg(long, value_name = "none|egress", default_value = "none")]
+    pub net: NetMode,
+    /// An allowlist entry for `--net egress` (repeatable): `pypi.org`,
+    /// `*.github.com:443`, `*`, `203.0.113.7`, `10.0.0.0/8:8000-8099`, `[::1]:8080`.
+    #[arg(long, value_name = "ENTRY")]
+    pub allow: Vec<String>,
+}
+
+/// `--net`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NetMode {
+    /// No route out.
+    None,
+    /// Egress through the host's allowlist.
+    Egress,
 }
 
 /// `vm run`

@@ -12,7 +12,11 @@ use sandbox_vmm::launcher::{
     VmId, VmStatus,
 };
 
-use crate::args::{VmBootArgs, VmCommand, VmLsArgs, VmRunArgs, VmStopArgs};
+use sandbox_vmm::egress::{Allowlist, Net, Policy, Verdict};
+
+use crate::args::{
+    NetMode, VmBootArgs, VmCommand, VmEgressLogArgs, VmLsArgs, VmRunArgs, VmStopArgs,
+};
 use crate::exec;
 use crate::output::{self, print_json_line};
 use crate::run::{process_spec, seconds};
@@ -66,6 +70,7 @@ pub(crate) async fn run(command: &VmCommand, token: Option<String>) -> anyhow::R
         VmCommand::Hibernate(args) => snapshot::hibernate(&launcher, args).await,
         VmCommand::Wake(args) => snapshot::wake(&launcher, args).await,
         VmCommand::Promote(args) => snapshot::promote(&launcher, args).await,
+        VmCommand::EgressLog(args) => egress_log(&launcher, args),
     }
 }
 
@@ -161,14 +166,88 @@ fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
         })?),
         None => None,
     };
+    let net = match (args.net, args.allow.is_empty()) {
+        (NetMode::None, true) => Net::None,
+        (NetMode::None, false) => bail!("--allow needs --net egress"),
+        (NetMode::Egress, true) => {
+            bail!("--net egress needs at least one --allow (an empty allowlist allows nothing)")
+        }
+        (NetMode::Egress, false) => Net::Egress(Policy::new(Allowlist::parse(&args.allow)?)),
+    };
     Ok(BootSpec {
         size,
+        net,
         ready_timeout: seconds("--boot-timeout", args.boot_timeout)?,
         detached,
         transport: args.transport,
         cold: args.cold,
         ..BootSpec::new(TemplateRef::parse(&args.template))
     })
+}
+
+/// `vm egress-log ID`: a table, or the stored JSON lines.
+fn egress_log(launcher: &Launcher, args: &VmEgressLogArgs) -> anyhow::Result<u8> {
+    let id = parse_vm_id(&args.id)?;
+    let records = launcher.egress_log(&id, args.tail)?;
+    if args.json {
+        for record in &records {
+            print_json_line(record)?;
+        }
+        return Ok(0);
+    }
+    println!(
+        "{:<24} {:<8} {:<40} {:<22} {:>10} {:>10} {:>8}  REASON",
+        "TIME", "VERDICT", "DESTINATION", "ADDRESS", "OUT", "IN", "MS"
+    );
+    for r in &records {
+        let verdict = match r.verdict {
+            Verdict::Allowed => "allowed",
+            Verdict::Denied => "denied",
+            Verdict::Failed => "failed",
+            Verdict::Refused => "refused",
+        };
+        let destination = if r.port == 0 {
+            "-".to_owned()
+        } else {
+            format!("{}:{}", r.host, r.port)
+        };
+        println!(
+            "{:<24} {:<8} {:<40} {:<22} {:>10} {:>10} {:>8}  {}",
+            utc(r.time_unix_ms),
+            verdict,
+            destination,
+            r.address.as_deref().unwrap_or("-"),
+            r.bytes_out,
+            r.bytes_in,
+            r.duration_ms,
+            r.reason.as_deref().unwrap_or(""),
+        );
+    }
+    Ok(0)
+}
+
+/// `ms` since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ` (the civil-from-days
+/// algorithm of Howard Hinnant's date library).
+fn utc(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        ms % 1000
+    )
 }
 
 async fn connect(vm: &Vm, token: Option<String>) -> anyhow::Result<Client> {
@@ -363,4 +442,16 @@ async fn wait_until_not_running(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn egress_log_times_are_utc() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(utc(1_796_102_400_123), "2026-12-01T05:20:00.123Z");
+        assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
 }

@@ -3,13 +3,16 @@
 //! one JSON line on stdout when the agent first attaches, closes stdout, and runs
 //! until the agent stream ends. Logs go to stderr.
 //!
-//! Usage: `sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N]`
+//! Usage: `sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N]
+//! [--egress-policy FILE --egress-log FILE]`. A policy file that does not exist
+//! means `net: none`: it is read once, at start (a restored VM gets a new relay).
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use sandbox_vmm::egress::EgressConfig;
 use sandbox_vmm::relay::{self, RelayConfig};
 
 fn main() -> ExitCode {
@@ -24,7 +27,7 @@ fn main() -> ExitCode {
     let config = match parse(std::env::args().skip(1)) {
         Ok(config) => config,
         Err(message) => {
-            eprintln!("sandbox-relay: {message}\nusage: sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N]");
+            eprintln!("sandbox-relay: {message}\nusage: sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N] [--egress-policy FILE --egress-log FILE]");
             return ExitCode::from(2);
         }
     };
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<RelayConfig, String> {
     let (mut agent, mut listen) = (None, None);
+    let (mut policy, mut log) = (None::<PathBuf>, None::<PathBuf>);
     let mut connect_timeout = Duration::from_secs(10);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
@@ -68,13 +72,23 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<RelayConfig, String> 
                 let ms: u64 = ms.parse().map_err(|_| format!("bad milliseconds {ms:?}"))?;
                 connect_timeout = Duration::from_millis(ms);
             }
+            "--egress-policy" => policy = Some(PathBuf::from(value()?)),
+            "--egress-log" => log = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    let egress = match (policy, log) {
+        (None, None) => None,
+        (Some(policy), Some(log)) => sandbox_vmm::egress::read_policy(&policy)
+            .map_err(|error| sandbox_vmm::error_chain(&error))?
+            .map(|policy| EgressConfig { policy, log }),
+        _ => return Err("--egress-policy and --egress-log go together".into()),
+    };
     Ok(RelayConfig {
         agent: agent.ok_or("--agent is required")?,
         listen: listen.ok_or("--listen is required")?,
         connect_timeout,
+        egress,
     })
 }
 

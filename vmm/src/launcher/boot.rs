@@ -62,6 +62,9 @@ pub struct BootSpec {
     /// Boot the kernel even when the template has a ready snapshot to restore (see
     /// `snapshot::ready`). A promoted template always restores.
     pub cold: bool,
+    /// No network (the default), or egress through the VM's relay (serial
+    /// transport only). Forks and restores of its checkpoints inherit it.
+    pub net: crate::egress::Net,
 }
 
 impl BootSpec {
@@ -76,6 +79,7 @@ impl BootSpec {
             persistent_disk: None,
             transport: None,
             cold: false,
+            net: crate::egress::Net::None,
         }
     }
 }
@@ -150,6 +154,9 @@ impl Launcher {
         let size = spec.size.unwrap_or(template.default_size);
         size.validate()?;
         let transport = spec.transport.unwrap_or(self.config.transport);
+        if transport != AgentTransport::Serial && spec.net != crate::egress::Net::None {
+            return Err(LaunchError::EgressNeedsSerial);
+        }
         if let Some(snapshot) = &template.snapshot {
             if transport != AgentTransport::Serial {
                 return Err(LaunchError::Snapshot(Box::new(
@@ -198,6 +205,7 @@ impl Launcher {
                 accel,
                 disk_base: template.disk.clone(),
                 persistent_disk: spec.persistent_disk,
+                egress: spec.net.policy().cloned(),
                 incoming: None,
                 token,
                 checkpoint: None,
@@ -254,6 +262,25 @@ impl Launcher {
         }
     }
 
+    /// The last `limit` records of VM `id`'s egress log, oldest first (empty for a VM
+    /// that never had egress).
+    pub fn egress_log(
+        &self,
+        id: &VmId,
+        limit: usize,
+    ) -> Result<Vec<crate::egress::EgressRecord>, LaunchError> {
+        let path = self.config.run_root.join(id.as_str());
+        if run_dir::read_record(&path).is_none() {
+            return Err(LaunchError::NotFound { id: id.clone() });
+        }
+        crate::egress::log::read_log(&path.join(crate::egress::LOG_FILE), limit).map_err(|error| {
+            LaunchError::Egress(Box::new(crate::egress::PolicyFileError::Io {
+                path: path.join(crate::egress::LOG_FILE),
+                error,
+            }))
+        })
+    }
+
     /// The transport's host side, started before QEMU: the vsock daemon and the
     /// readiness listener, or the relay (and where the guest RAM goes).
     pub(crate) async fn attach_agent(
@@ -286,6 +313,8 @@ impl Launcher {
                     chardev: dir.file(SERIAL_SOCKET),
                     listen: dir.file(AGENT_SOCKET),
                     log: dir.file(RELAY_LOG),
+                    egress_policy: dir.file(crate::egress::POLICY_FILE),
+                    egress_log: dir.file(crate::egress::LOG_FILE),
                 };
                 let (daemon, line) = relay_daemon::start(&self.config.relay_path, &paths, lifetime)
                     .await

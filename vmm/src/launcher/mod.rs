@@ -195,6 +195,12 @@ pub enum LaunchError {
         /// Console, QEMU and relay log tails.
         logs: BootLogs,
     },
+    /// `net: egress` asked of a vsock-transport VM (egress rides the serial link).
+    #[error("Egress needs the serial transport (it rides the VM's link to its relay)")]
+    EgressNeedsSerial,
+    /// The VM's egress policy could not be written.
+    #[error("Cannot store the egress policy")]
+    Egress(#[source] Box<crate::egress::PolicyFileError>),
     /// The relay reported no readiness (serial transport).
     #[error("The agent did not attach to the relay\n{logs}")]
     RelayReady {

@@ -35,6 +35,10 @@ pub(crate) struct RelayPaths {
     pub listen: PathBuf,
     /// stderr.
     pub log: PathBuf,
+    /// The VM's egress policy (absent: `net: none`) and log.
+    pub egress_policy: PathBuf,
+    /// Where the relay records egress.
+    pub egress_log: PathBuf,
 }
 
 /// Why the relay's readiness line could not be had.
@@ -98,6 +102,10 @@ pub(crate) async fn start(
         .arg(&paths.listen)
         .arg("--connect-timeout-ms")
         .arg(CONNECT_TIMEOUT_MS.to_string())
+        .arg("--egress-policy")
+        .arg(&paths.egress_policy)
+        .arg("--egress-log")
+        .arg(&paths.egress_log)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);

@@ -94,6 +94,8 @@ pub(crate) struct Start {
     pub disk_base: Option<PathBuf>,
     /// A kept overlay (see `BootSpec::persistent_disk`).
     pub persistent_disk: Option<PathBuf>,
+    /// Egress under this policy (written to the run folder for the relay), or none.
+    pub egress: Option<crate::egress::Policy>,
     /// `None`: boot. Some: restore.
     pub incoming: Option<Incoming>,
     /// The token of the agent in the machine (a restored agent still has its parent's
@@ -164,6 +166,14 @@ impl Launcher {
         };
         if let Some(overlay) = &overlay {
             write_disk_top(dir.path(), overlay)?;
+        }
+        let policy_file = dir.file(crate::egress::POLICY_FILE);
+        match &start.egress {
+            Some(policy) => crate::egress::write_policy(&policy_file, policy)
+                .map_err(|error| LaunchError::Egress(Box::new(error)))?,
+            None => {
+                let _ = std::fs::remove_file(&policy_file);
+            }
         }
         let attach = self.attach_agent(transport, &dir, lifetime).await?;
         let name = qemu_name(dir.id());

@@ -16,9 +16,15 @@
 //! 4. Lost frame sync after attaching: every client is dropped and the relay attaches
 //!    again. The agent stream ending (QEMU exited) ends the relay.
 //!
+//! With `net: egress` ([`RelayConfig::egress`]) the relay also answers the agent's
+//! `Dial`s: it checks the allowlist, dials, carries the connection as the agent's
+//! channel and logs it ([`crate::egress`]); without, every `Dial` is refused.
+//!
 //! The guest is hostile: whatever it sends is bounded by the link's frame cap and
 //! each channel's window, and a frame that breaks either closes a channel or the
 //! session, never the relay.
+
+mod egress;
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -26,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use sandbox_protocol::link::egress::EGRESS_CHANNEL_BIT;
 use sandbox_protocol::link::mux::{write_loop, Channels, LinkReader, Outbox};
 use sandbox_protocol::link::{ChannelId, LinkFrame, LinkItem, ATTACH_PADDING_BYTES};
 use sandbox_protocol::Ready;
@@ -47,6 +54,8 @@ pub struct RelayConfig {
     pub listen: PathBuf,
     /// How long to retry connecting to `agent`.
     pub connect_timeout: Duration,
+    /// `Some`: the VM has egress under this policy (`net: egress`); `None`: no route.
+    pub egress: Option<crate::egress::EgressConfig>,
 }
 
 /// Why the relay stopped.
@@ -83,7 +92,8 @@ pub enum RelayError {
 pub async fn run(config: &RelayConfig, on_ready: impl FnOnce(&Ready)) -> Result<(), RelayError> {
     let stream = connect(&config.agent, config.connect_timeout).await?;
     let listener = listen(&config.listen)?;
-    let result = relay(stream, &listener, on_ready).await;
+    let egress = egress::Egress::new(config.egress.as_ref());
+    let result = relay(stream, &listener, &egress, on_ready).await;
     let _ = std::fs::remove_file(&config.listen);
     result
 }
@@ -123,6 +133,7 @@ fn listen(path: &Path) -> Result<UnixListener, RelayError> {
 async fn relay(
     stream: UnixStream,
     listener: &UnixListener,
+    egress: &egress::Egress,
     on_ready: impl FnOnce(&Ready),
 ) -> Result<(), RelayError> {
     let (read, write) = stream.into_split();
@@ -163,10 +174,21 @@ async fn relay(
                     LinkItem::Desync => {}
                     LinkItem::Frame(LinkFrame::Attached { session, ready }) if after_marker && !state.attached && session == state.nonce => {
                         state.attached = true;
-                        tracing::info!(agent_version = %ready.agent_version, "agent attached");
+                        tracing::info!(agent_version = %ready.agent_version, egress = egress.enabled(), "agent attached");
+                        // Before any client's `Open`: the agent sets up its proxy (and the
+                        // variables of the processes clients start) first.
+                        if egress.enabled() {
+                            outbox.send(outbox.session(), &LinkFrame::Network { egress: true }).await;
+                        }
                         if let Some(on_ready) = on_ready.take() {
                             on_ready(&ready);
                         }
+                    }
+                    LinkItem::Frame(LinkFrame::Dial { channel, host, port }) if state.attached => {
+                        egress.dial(&channels, channel, host, port).await;
+                    }
+                    LinkItem::Frame(LinkFrame::ProxyRefused { note }) if state.attached => {
+                        egress.proxy_refused(&note);
                     }
                     LinkItem::Frame(frame) if state.attached => {
                         let _ = channels.deliver(frame);
@@ -181,7 +203,8 @@ async fn relay(
             }
             accepted = listener.accept(), if state.attached => match accepted {
                 Ok((client, _)) => {
-                    next_channel = next_channel.wrapping_add(1).max(1);
+                    // Below the agent's egress numbers.
+                    next_channel = (next_channel.wrapping_add(1) & !EGRESS_CHANNEL_BIT).max(1);
                     open_channel(&channels, next_channel, client).await;
                 }
                 Err(error) => {

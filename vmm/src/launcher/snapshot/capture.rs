@@ -177,6 +177,10 @@ impl Launcher {
             link_or_copy(initramfs, &temp.path().join(INITRAMFS_FILE))?;
         }
         write_private(&temp.path().join(TOKEN_FILE), token.as_bytes())?;
+        // Its network goes with it: forks and restores get the same policy.
+        if let Ok(policy) = fs::read(run.join(crate::egress::POLICY_FILE)) {
+            write_private(&temp.path().join(crate::egress::POLICY_FILE), &policy)?;
+        }
         let disk = match machine.disk {
             true => Some(
                 self.prepare_disk_switch(&run, backing_folder.unwrap_or(folder))

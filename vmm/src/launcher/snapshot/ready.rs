@@ -71,7 +71,7 @@ impl Launcher {
             detached: spec.detached,
             ready_timeout: spec.ready_timeout,
         };
-        self.restore_one(snapshot, &branch)
+        self.restore_one(snapshot, &branch, &spec.net)
             .await
             .map_err(|error| LaunchError::Snapshot(Box::new(error)))
     }
@@ -105,7 +105,7 @@ impl Launcher {
         if !folder.is_dir() {
             return Ok((None, Some(key)));
         }
-        match self.restore_one(&folder, &branch).await {
+        match self.restore_one(&folder, &branch, &spec.net).await {
             Ok(vm) => Ok((Some(vm), None)),
             Err(error) => {
                 tracing::warn!(template = %template.name, error = %crate::error_chain(&error), "the ready snapshot did not restore: dropping it and booting");
@@ -148,7 +148,12 @@ impl Launcher {
     }
 
     /// One VM restored from the snapshot folder `folder`, with its own identity.
-    async fn restore_one(&self, folder: &Path, spec: &BranchSpec) -> Result<Vm, SnapshotError> {
+    async fn restore_one(
+        &self,
+        folder: &Path,
+        spec: &BranchSpec,
+        net: &crate::egress::Net,
+    ) -> Result<Vm, SnapshotError> {
         let manifest = read_manifest(folder).map_err(|error| SnapshotError::Damaged {
             id: folder.display().to_string(),
             why: format!("cannot read its manifest: {error}"),
@@ -169,6 +174,8 @@ impl Launcher {
             start.checkpoint = None;
         }
         start.restored_from = Some(manifest.id.clone());
+        // A template's snapshot carries no network of its own: the boot's is used.
+        start.egress = net.policy().cloned();
         self.start_child(start)
             .await
             .map_err(|error| error.into_snapshot_error(1, 1))

@@ -193,6 +193,9 @@ impl Launcher {
             machine,
             disk_base,
             persistent_disk: None,
+            // Children have the network the checkpointed VM had.
+            egress: crate::egress::read_policy(&folder.join(crate::egress::POLICY_FILE))
+                .map_err(|e| damaged(format!("its egress policy: {}", crate::error_chain(&e))))?,
             incoming: Some(Incoming { state, ram }),
             token,
             checkpoint: Some(manifest.id.clone()),
