@@ -208,7 +208,11 @@ fn canonical(addr: IpAddr) -> IpAddr {
 }
 
 /// True for an address on the public internet: not loopback, private, link-local,
-/// shared (CGNAT), unspecified, broadcast, multicast, documentation, or IPv6 ULA.
+/// shared (CGNAT), unspecified, broadcast, multicast, documentation, benchmarking,
+/// IETF protocol assignments, or IPv6 ULA and site-local. IPv6 forms that carry an
+/// IPv4 address to a gateway (NAT64, IPv4-compatible, 6to4, Teredo) are not public
+/// either: behind such a gateway they reach whatever IPv4 they embed, internal
+/// addresses included, so they need an address entry like any internal one.
 pub fn is_public(addr: IpAddr) -> bool {
     match canonical(addr) {
         IpAddr::V4(v4) => {
@@ -222,16 +226,25 @@ pub fn is_public(addr: IpAddr) -> bool {
                 || v4.is_documentation()
                 || a == 0
                 || (a == 100 && (64..128).contains(&b))
+                || (a == 192 && b == 0 && v4.octets()[2] == 0)
+                || (a == 198 && (18..20).contains(&b))
                 || a >= 240)
         }
         IpAddr::V6(v6) => {
-            let first = v6.segments()[0];
+            let [first, second, ..] = v6.segments();
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (first & 0xfe00) == 0xfc00
                 || (first & 0xffc0) == 0xfe80
-                || first == 0x2001 && v6.segments()[1] == 0x0db8)
+                || (first & 0xffc0) == 0xfec0
+                || first == 0x2001 && second == 0x0db8
+                // NAT64 (64:ff9b::/96 and 64:ff9b:1::/48), IPv4-compatible (::/96),
+                // 6to4 (2002::/16) and Teredo (2001::/32).
+                || first == 0x0064 && second == 0xff9b
+                || v6.to_ipv4().is_some()
+                || first == 0x2002
+                || first == 0x2001 && second == 0)
         }
     }
 }
@@ -480,6 +493,14 @@ mod tests {
             "fe80::1",
             "fd00::1",
             "::ffff:127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a00:5",
+            "::7f00:1",
+            "2002:7f00:1::1",
+            "2001:0:4136:e378::1",
+            "fec0::1",
+            "192.0.0.8",
+            "198.18.0.1",
         ] {
             assert!(!l.allows_resolved(inside.parse().unwrap(), 443), "{inside}");
         }

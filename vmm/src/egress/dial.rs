@@ -11,6 +11,41 @@ use super::{Host, Policy};
 /// How long resolving a name may take.
 pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Name lookups a relay runs at once. Each is a blocking `getaddrinfo` that goes on
+/// after its dial gave up (a timeout cannot stop it), so without a cap a guest that
+/// dials names whose servers never answer would pile up host threads.
+const MAX_LOOKUPS: usize = 8;
+
+static LOOKUPS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_LOOKUPS);
+
+/// The addresses of `name`, within [`RESOLVE_TIMEOUT`] and one of [`MAX_LOOKUPS`]
+/// slots, which a lookup keeps until it really ends.
+async fn resolve(name: &str, port: u16) -> Result<Vec<SocketAddr>, Refusal> {
+    let timed_out = || Refusal::new(DialRefusal::Resolve, format!("resolving {name} timed out"));
+    let deadline = tokio::time::Instant::now() + RESOLVE_TIMEOUT;
+    let Ok(Ok(slot)) = tokio::time::timeout_at(deadline, LOOKUPS.acquire()).await else {
+        return Err(timed_out());
+    };
+    let owned = name.to_owned();
+    let lookup = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        std::net::ToSocketAddrs::to_socket_addrs(&(owned.as_str(), port))
+            .map(Iterator::collect::<Vec<_>>)
+    });
+    match tokio::time::timeout_at(deadline, lookup).await {
+        Ok(Ok(Ok(addrs))) => Ok(addrs),
+        Ok(Ok(Err(error))) => Err(Refusal::new(
+            DialRefusal::Resolve,
+            format!("cannot resolve {name}: {error}"),
+        )),
+        Ok(Err(join)) => Err(Refusal::new(
+            DialRefusal::Resolve,
+            format!("cannot resolve {name}: {join}"),
+        )),
+        Err(_) => Err(timed_out()),
+    }
+}
+
 /// How long connecting to one address may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -64,27 +99,7 @@ pub async fn dial(
     }
     let candidates: Vec<SocketAddr> = match &parsed {
         Host::Address(addr) => vec![SocketAddr::new(*addr, port)],
-        Host::Name(name) => {
-            let lookup = tokio::time::timeout(
-                RESOLVE_TIMEOUT,
-                tokio::net::lookup_host((name.as_str(), port)),
-            );
-            match lookup.await {
-                Ok(Ok(addrs)) => addrs.collect(),
-                Ok(Err(error)) => {
-                    return Err(Refusal::new(
-                        DialRefusal::Resolve,
-                        format!("cannot resolve {name}: {error}"),
-                    ))
-                }
-                Err(_) => {
-                    return Err(Refusal::new(
-                        DialRefusal::Resolve,
-                        format!("resolving {name} timed out"),
-                    ))
-                }
-            }
-        }
+        Host::Name(name) => resolve(name, port).await?,
     };
     let (allowed, denied): (Vec<SocketAddr>, Vec<SocketAddr>) = candidates
         .into_iter()

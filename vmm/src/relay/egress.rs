@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use sandbox_protocol::link::egress::{
     DialOutcome, DialRefusal, DIAL_HOST_MAX_BYTES, EGRESS_CHANNEL_BIT, MAX_EGRESS_CONNECTIONS,
+    PROXY_NOTE_MAX_BYTES,
 };
 use sandbox_protocol::link::mux::Channels;
 use sandbox_protocol::link::{ChannelId, LinkFrame};
@@ -49,9 +50,13 @@ impl Egress {
         self.policy.is_some()
     }
 
-    /// The proxy refused a request itself.
+    /// The proxy refused a request itself. The note comes from the guest: only its
+    /// first [`PROXY_NOTE_MAX_BYTES`] printable characters are kept, and it goes to
+    /// the egress log (which rotates), not to the relay's own log (which does not:
+    /// a guest that floods refusals must not fill the host's disk).
     pub(crate) fn proxy_refused(&self, note: &str) {
-        tracing::info!(note, "the guest proxy refused a request");
+        let note = printable(note, PROXY_NOTE_MAX_BYTES);
+        tracing::debug!(%note, "the guest proxy refused a request");
         if let Some(log) = &self.log {
             log.write(&EgressRecord {
                 time_unix_ms: now_unix_ms(),
@@ -59,7 +64,7 @@ impl Egress {
                 port: 0,
                 address: None,
                 verdict: Verdict::Refused,
-                reason: Some(note.chars().take(512).collect()),
+                reason: Some(note),
                 bytes_out: 0,
                 bytes_in: 0,
                 duration_ms: 0,
@@ -80,9 +85,10 @@ impl Egress {
         let attempt = Attempt {
             time_unix_ms: now_unix_ms(),
             started: Instant::now(),
-            // Cut for the log only; the check sees the whole name (and refuses one
-            // longer than a DNS name can be).
-            host: host.chars().take(DIAL_HOST_MAX_BYTES).collect(),
+            // Cut and made printable for the log only (a host the guest sends may
+            // hold newlines or terminal escapes); the check sees the whole name, and
+            // refuses one longer than a DNS name can be.
+            host: printable(&host, DIAL_HOST_MAX_BYTES),
             port,
         };
         let log = self.log.clone();
@@ -129,7 +135,9 @@ impl Egress {
                         }
                         DialRefusal::Resolve | DialRefusal::Connect => Verdict::Failed,
                     };
-                    tracing::info!(host = %attempt.host, port, reason = %refusal.message, "egress refused");
+                    // Each attempt is in the egress log; the relay's log (which does
+                    // not rotate) gets it at debug level only.
+                    tracing::debug!(host = %attempt.host, port, reason = %refusal.message, "egress refused");
                     if let Some(log) = &log {
                         let address = refusal.address.map(|a| a.to_string());
                         let reason = refusal.message.chars().take(REFUSAL_MAX_CHARS).collect();
@@ -160,7 +168,7 @@ impl Egress {
                 },
             };
             outbox.send(session, &connected).await;
-            tracing::info!(host = %attempt.host, port, %address, "egress connected");
+            tracing::debug!(host = %attempt.host, port, %address, "egress connected");
             let counted = Counted::new(stream);
             let (bytes_in, bytes_out) = (counted.read.clone(), counted.written.clone());
             opened.splice(counted).await;
@@ -175,6 +183,15 @@ impl Egress {
 }
 
 /// One dial, for its log line.
+/// The first `max` characters of text from the guest, control characters shown as
+/// `.`, so that it can neither forge log lines nor send terminal escapes.
+fn printable(text: &str, max: usize) -> String {
+    text.chars()
+        .take(max)
+        .map(|c| if c.is_control() { '.' } else { c })
+        .collect()
+}
+
 struct Attempt {
     time_unix_ms: u64,
     started: Instant,
@@ -259,5 +276,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_text_is_cut_and_shown_without_control_characters() {
+        assert_eq!(printable("a\nb\x1b]52;c;x\x07", 64), "a.b.]52;c;x.");
+        assert_eq!(printable("abcdef", 3), "abc");
     }
 }
