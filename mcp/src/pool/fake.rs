@@ -49,6 +49,8 @@ pub struct FakeFactory {
     pub counters: Arc<Counters>,
     /// How long each boot takes.
     pub boot_time: Duration,
+    /// How long each VM takes to stop.
+    pub stop_time: Duration,
 }
 
 impl Default for FakeFactory {
@@ -56,6 +58,7 @@ impl Default for FakeFactory {
         Self {
             counters: Arc::default(),
             boot_time: Duration::from_millis(BOOT_MS),
+            stop_time: Duration::ZERO,
         }
     }
 }
@@ -81,6 +84,7 @@ impl VmFactory for FakeFactory {
             id: format!("fake-{n}"),
             counters: counters.clone(),
             lost: Arc::new(AtomicBool::new(false)),
+            stop_time: self.stop_time,
         };
         counters.up();
         tokio::time::sleep(self.boot_time).await;
@@ -102,6 +106,7 @@ pub struct FakeVm {
     counters: Arc<Counters>,
     /// Set by a test to make the VM look like it lost its agent.
     pub lost: Arc<AtomicBool>,
+    stop_time: Duration,
 }
 
 impl Machine for FakeVm {
@@ -116,6 +121,7 @@ impl Machine for FakeVm {
     }
 
     async fn destroy(self) {
+        tokio::time::sleep(self.stop_time).await;
         self.counters.destroyed.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -46,6 +46,9 @@ pub(super) struct Shared<F: VmFactory> {
     pub(super) booted: Notify,
     /// The warm queue shrank: the refiller may have work.
     pub(super) wanted: Notify,
+    /// Evicted VMs stopping in the background; shutdown waits for them, so that a
+    /// server that exits leaves none of them running.
+    pub(super) stopping: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// The pool's mutable state.
@@ -88,6 +91,7 @@ impl<F: VmFactory> Pool<F> {
                 state: Mutex::new(state),
                 booted: Notify::new(),
                 wanted: Notify::new(),
+                stopping: Mutex::new(Vec::new()),
             }),
             refiller: Mutex::new(None),
         }
@@ -223,6 +227,11 @@ impl<F: VmFactory> Pool<F> {
         }
         let count = warm.len();
         join_all(warm.into_iter().map(Lease::destroy)).await;
+        let stopping = std::mem::take(&mut *lock(&shared.stopping));
+        join_all(stopping.into_iter().map(|stop| async move {
+            let _ = stop.await;
+        }))
+        .await;
         tracing::info!(warm = count, "pool stopped");
     }
 
@@ -308,7 +317,10 @@ impl<F: VmFactory> Pool<F> {
                 // The slot moves to the claim, so the refiller cannot take it back;
                 // the VM stops in the background so the claim need not wait for it.
                 let (vm, slot) = lease.into_parts();
-                tokio::spawn(vm.destroy());
+                let mut stopping = lock(&shared.stopping);
+                stopping.retain(|stop| !stop.is_finished());
+                stopping.push(tokio::spawn(vm.destroy()));
+                drop(stopping);
                 shared.wanted.notify_one();
                 return Ok(slot);
             }
@@ -436,6 +448,27 @@ mod tests {
             get(&counters.peak) <= 2,
             "the evicted VM stops while the claim boots"
         );
+    }
+
+    /// Regression: a server that exited right after a claim evicted a warm VM left
+    /// that VM running (its stop ran in a task the runtime dropped at exit).
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_waits_for_evicted_vms_to_stop() {
+        let factory = FakeFactory {
+            stop_time: Duration::from_secs(5),
+            ..FakeFactory::default()
+        };
+        let (pool, counters) = pool_with(factory, 1, 1);
+        until("a warm VM", || pool.status().warm == 1).await;
+        let (lease, _) = pool.claim(&other_spec()).await.unwrap();
+        assert_eq!(
+            get(&counters.destroyed),
+            0,
+            "the eviction is still stopping"
+        );
+        pool.shutdown().await;
+        assert_eq!(get(&counters.destroyed), 1, "shutdown waited for it");
+        lease.destroy().await;
     }
 
     #[tokio::test(start_paused = true)]
