@@ -188,17 +188,7 @@ fn valid_host(host: &str, bracketed: bool) -> bool {
     if host.parse::<std::net::Ipv4Addr>().is_ok() {
         return true;
     }
-    let name = host.trim_end_matches('.');
-    !name.is_empty()
-        && name.len() <= sandbox_protocol::link::egress::DIAL_HOST_MAX_BYTES
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
+    sandbox_protocol::link::egress::is_valid_host_name(host.trim_end_matches('.'))
 }
 
 /// Bytes as a short printable string for errors and logs.

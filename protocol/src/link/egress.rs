@@ -38,6 +38,23 @@ pub const MAX_EGRESS_CONNECTIONS: usize = 64;
 /// Longest destination name a `Dial` may carry (a DNS name is at most 253 bytes).
 pub const DIAL_HOST_MAX_BYTES: usize = 253;
 
+/// A DNS name the host dials: at most [`DIAL_HOST_MAX_BYTES`], of dot-separated
+/// labels of ASCII letters, digits, `-` and `_`, 1-63 bytes each, none starting
+/// with `-`. The guest's proxy refuses other names itself (a clearer error for the
+/// program), and the host checks the same rule.
+pub fn is_valid_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= DIAL_HOST_MAX_BYTES
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
+
 /// Longest note of a `ProxyRefused`.
 pub const PROXY_NOTE_MAX_BYTES: usize = 512;
 

@@ -138,9 +138,10 @@ impl Outbox {
     }
 
     /// Like [`Outbox::send`], without waiting: a control frame from a context that
-    /// must not block (the reader). Dropped when the queue is full; only `Close` is
-    /// sent this way, and its channel is gone from this side's table either way.
-    fn try_send(&self, session: u64, frame: &LinkFrame) {
+    /// must not block (the reader). Dropped when the queue is full, so only frames
+    /// whose loss the peer survives go this way: a `Close` (its channel is gone from
+    /// this side's table either way), a refused `Dial` (the agent's dial times out).
+    pub fn try_send(&self, session: u64, frame: &LinkFrame) {
         let mut bytes = Vec::new();
         if encode_frame(frame, &mut bytes).is_ok() {
             let _ = self.tx.try_send(Outgoing { session, bytes });

@@ -171,16 +171,7 @@ fn parse_pattern(dest: &str) -> Result<Pattern, &'static str> {
 }
 
 fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && !label.starts_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
+    sandbox_protocol::link::egress::is_valid_host_name(name)
 }
 
 /// `addr` with the bits past `prefix` cleared.

@@ -107,9 +107,10 @@ impl Egress {
             } else {
                 format!("channel {channel} is not an egress channel")
             };
-            outbox
-                .send(session, &refuse(DialRefusal::EgressOff, message))
-                .await;
+            // Never waited for: this runs on the link's reader, which must not stall
+            // on a guest that floods dials and reads nothing (a dropped refusal
+            // makes the agent's dial time out instead).
+            outbox.try_send(session, &refuse(DialRefusal::EgressOff, message));
             return;
         };
         let Ok(permit) = self.slots.clone().try_acquire_owned() else {
@@ -117,9 +118,7 @@ impl Egress {
             if let Some(log) = &log {
                 log.write(&attempt.record(Verdict::Denied, None, Some(message.clone())));
             }
-            outbox
-                .send(session, &refuse(DialRefusal::Invalid, message))
-                .await;
+            outbox.try_send(session, &refuse(DialRefusal::Invalid, message));
             return;
         };
         let channels = channels.clone();
