@@ -47,19 +47,6 @@ fn main() -> std::process::ExitCode {
     }])
 }
 
-/// Deterministic incompressible bytes.
-fn noise(len: usize) -> Vec<u8> {
-    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state.to_le_bytes()[0]
-        })
-        .collect()
-}
-
 /// `copy_from_host`'s arguments.
 fn in_args(id: &str, host_path: &str, path: &str) -> Value {
     json!({"sandbox_id": id, "host_path": host_path, "path": path})
@@ -136,7 +123,7 @@ async fn host_files() {
     }
 
     let tree = Tree::new();
-    let data = noise(20 << 20);
+    let data = support::noise(20 << 20);
     std::fs::write(tree.allowed().join("in/big.bin"), &data).unwrap();
     let script = tree.allowed().join("in/hello.sh");
     std::fs::write(&script, b"#!/bin/sh\necho hello from the host\n").unwrap();
@@ -395,7 +382,7 @@ async fn trees(server: &support::McpServer, id: &str, tree: &Tree) {
     let top = tree.allowed().join("in/tree");
     std::fs::create_dir_all(top.join("sub/deeper")).unwrap();
     std::fs::write(top.join("a.txt"), b"alpha").unwrap();
-    let blob = noise(1 << 20);
+    let blob = support::noise(1 << 20);
     std::fs::write(top.join("sub/deeper/blob.bin"), &blob).unwrap();
     symlink(tree.top.join("secret"), top.join("sub/secret-link")).unwrap();
     symlink("a.txt", top.join("inner-link")).unwrap();

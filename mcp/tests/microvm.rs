@@ -68,20 +68,6 @@ fn str_of(value: &Value) -> &str {
     value.as_str().unwrap()
 }
 
-/// `len` bytes that are the same on every run and compress badly (xorshift).
-fn noise(len: usize) -> Vec<u8> {
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        out.extend_from_slice(&state.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 /// Regression: the first claim, which waited for the pool's boot, was labelled warm.
 async fn a_booting_claim_reports_progress_and_big_files_cross_the_vm_transport() {
     use base64::Engine as _;
@@ -124,7 +110,7 @@ async fn a_booting_claim_reports_progress_and_big_files_cross_the_vm_transport()
     }
     let id = str_of(&claim["sandbox_id"]).to_owned();
 
-    let data = noise(20 * 1024 * 1024);
+    let data = support::noise(20 * 1024 * 1024);
     let part = 4 * 1024 * 1024;
     let b64 = base64::engine::general_purpose::STANDARD;
     let started = Instant::now();
@@ -279,7 +265,7 @@ async fn a_long_exec_reports_progress_and_oversize_requests_get_errors() {
 
     // The session and the sandbox go on; the oversize write never happened, and a
     // 6 MiB file in one call (over the wire's 4 MiB frame) goes through.
-    let data = noise(6 << 20);
+    let data = support::noise(6 << 20);
     use base64::Engine as _;
     server
         .ok(

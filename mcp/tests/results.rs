@@ -30,20 +30,6 @@ fn b64() -> base64::engine::GeneralPurpose {
     base64::engine::general_purpose::STANDARD
 }
 
-/// `len` bytes that are the same on every run and compress badly (xorshift).
-fn noise(len: usize) -> Vec<u8> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        out.extend_from_slice(&state.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
 fn sha256(data: &[u8]) -> String {
     format!("{:x}", Sha256::digest(data))
 }
@@ -53,7 +39,7 @@ async fn a_20_mib_binary_file_goes_in_and_out_in_parts_intact() {
     let agent = TestAgent::start();
     let server = attached(&agent).await;
     let path = agent.dir().join("blob.bin").display().to_string();
-    let data = noise(20 * 1024 * 1024);
+    let data = support::noise(20 * 1024 * 1024);
     let part = 4 * 1024 * 1024;
 
     for (n, chunk) in data.chunks(part).enumerate() {
@@ -136,7 +122,7 @@ async fn a_20_mib_binary_file_goes_in_and_out_in_parts_intact() {
         .await;
     assert!(gap.contains("send the part at offset 3"), "{gap}");
     let whole = format!("{}/six.bin", agent.dir().display());
-    let six = noise(6 * 1024 * 1024);
+    let six = support::noise(6 * 1024 * 1024);
     let wrote = server
         .ok(
             "write_file",

@@ -20,6 +20,15 @@ const MIB: u64 = 1024 * 1024;
 /// The bound the hardening work promises for one client's abuse, over the idle size.
 const GROWTH_BOUND_BYTES: u64 = 64 * MIB;
 
+/// Asserts the agent grew from `idle` to `peak` by at most [`GROWTH_BOUND_BYTES`].
+fn assert_growth_bounded(idle: u64, peak: u64, under: &str) {
+    assert!(
+        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
+        "the agent grew by {} MiB under {under}",
+        peak.saturating_sub(idle) / MIB
+    );
+}
+
 /// Resident memory of `pid` in bytes.
 fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -126,11 +135,7 @@ async fn pipelined_reads_whose_replies_are_never_read_stay_bounded() {
             peak / MIB,
             after / MIB
         );
-        assert!(
-            peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
-            "the agent grew by {} MiB under one connection's flood",
-            peak.saturating_sub(idle) / MIB
-        );
+        assert_growth_bounded(idle, peak, "one connection's flood");
         assert!(
             after.saturating_sub(idle) <= RESIDUAL_BOUND_BYTES,
             "the agent kept {} MiB after the flooding client went",
@@ -502,11 +507,7 @@ async fn many_chatty_running_processes_share_one_ring_pool() {
         dropped / MIB
     );
     assert!(kept <= 24 * MIB, "the rings held {} MiB", kept / MIB);
-    assert!(
-        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
-        "the agent grew by {} MiB",
-        peak.saturating_sub(idle) / MIB
-    );
+    assert_growth_bounded(idle, peak, "the flood");
     for spawned in pids {
         client.kill(spawned, libc::SIGKILL).await.unwrap();
     }
@@ -552,11 +553,7 @@ async fn sessions_printing_their_caps_into_an_unread_connection_stay_in_the_budg
         idle / MIB,
         peak / MIB
     );
-    assert!(
-        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
-        "the agent grew by {} MiB",
-        peak.saturating_sub(idle) / MIB
-    );
+    assert_growth_bounded(idle, peak, "the flood");
     flood.abort();
 }
 
@@ -652,11 +649,7 @@ async fn many_connections_of_unread_large_replies_share_one_budget() {
         idle / MIB,
         peak / MIB
     );
-    assert!(
-        peak.saturating_sub(idle) <= GROWTH_BOUND_BYTES,
-        "the agent grew by {} MiB under 24 connections of unread replies",
-        peak.saturating_sub(idle) / MIB
-    );
+    assert_growth_bounded(idle, peak, "24 connections of unread replies");
     for flood in floods {
         flood.abort();
     }
@@ -719,17 +712,21 @@ async fn file_waits_past_the_cap_are_refused_as_busy_and_slots_come_back() {
     }
     // Every wait is in the agent (one that reached it is parked on its file).
     let probe = agent.client().await;
-    let busy = loop {
-        match probe
-            .wait_for_file_text(&ready, "x", Some(Duration::from_millis(1)))
-            .await
-        {
-            Err(error) if error.wire_kind() == Some(sandbox_protocol::ErrorKind::Busy) => {
-                break error
+    let busy = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match probe
+                .wait_for_file_text(&ready, "x", Some(Duration::from_millis(1)))
+                .await
+            {
+                Err(error) if error.wire_kind() == Some(sandbox_protocol::ErrorKind::Busy) => {
+                    break error;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
             }
-            _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
-    };
+    })
+    .await
+    .expect("a wait past the cap is refused as busy, not accepted");
     assert!(busy.to_string().contains("64 waits for files"), "{busy}");
     // One ends; the next wait is accepted and finds its text.
     waits.abort_all();

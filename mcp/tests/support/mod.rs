@@ -483,6 +483,22 @@ pub fn text(result: &CallToolResult) -> String {
         .join("\n")
 }
 
+/// `len` bytes that are the same on every run and compress badly (xorshift), for
+/// transfers checked by checksum.
+#[allow(dead_code)] // Each test crate uses a different part.
+pub fn noise(len: usize) -> Vec<u8> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.extend_from_slice(&state.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
 /// The bytes a result costs on the wire, and its text and structured parts.
 #[allow(dead_code)] // Each test crate uses a different part.
 pub fn sizes(result: &CallToolResult) -> (usize, usize, usize) {
