@@ -26,23 +26,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use sandbox_vmm::client::{AgentUrl, UrlError};
+use sandbox_vmm::client::UrlError;
 use sandbox_vmm::launcher::snapshot::MAX_BRANCH;
 use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
 
 use crate::host::{HostDirs, HostError, DEFAULT_HOST_MAX_BYTES};
 
-/// Most live sandboxes a server may be configured for.
-pub const MAX_SANDBOXES_LIMIT: usize = 256;
-
-/// Default bound on one VM boot, from QEMU's start to the agent's `Ready`.
-pub const DEFAULT_BOOT_TIMEOUT_SECS: u64 = launcher::DEFAULT_READY_TIMEOUT_SECS;
-
-/// Default of `--max-fork-count`: the most children one `fork` makes.
-pub const DEFAULT_MAX_FORK_COUNT: usize = 16;
-
-/// The id the attached agent gets in attach mode.
-pub const ATTACHED_ID: &str = "attached";
+pub use sandbox_engine::config::{
+    AttachConfig, LaunchConfig, Mode, ATTACHED_ID, DEFAULT_BOOT_TIMEOUT_SECS,
+    DEFAULT_MAX_FORK_COUNT, MAX_SANDBOXES_LIMIT,
+};
 
 /// The tool set the server offers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -155,46 +148,6 @@ pub struct Config {
     pub profile: Profile,
     /// The host directories the host file tools may use (opened once).
     pub host: Arc<HostDirs>,
-}
-
-/// Where sandboxes come from.
-// Built once per server: the size difference between the variants costs nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone)]
-pub enum Mode {
-    /// One already-running agent, exposed as the pre-claimed sandbox [`ATTACHED_ID`].
-    Attach(AttachConfig),
-    /// MicroVMs booted by this server.
-    Launch(LaunchConfig),
-}
-
-/// Attach mode.
-#[derive(Debug, Clone)]
-pub struct AttachConfig {
-    /// The agent.
-    pub url: AgentUrl,
-    /// Its shared secret.
-    pub token: Option<String>,
-}
-
-/// Launch mode.
-#[derive(Debug, Clone)]
-pub struct LaunchConfig {
-    /// How VMs are booted.
-    pub launcher: LauncherConfig,
-    /// The template used when a claim names none.
-    pub template: TemplateRef,
-    /// Warm VMs to keep booted.
-    pub pool: usize,
-    /// Most VMs at once (claimed, warm and booting).
-    pub max_sandboxes: usize,
-    /// Bound on one boot.
-    pub boot_timeout: Duration,
-    /// Most children one fork makes.
-    pub max_fork_count: usize,
-    /// The operator's egress allowlist: what any sandbox with `net: egress` may reach
-    /// at most (a sandbox's `allow` narrows it). Empty: egress is refused.
-    pub egress_allow: sandbox_vmm::egress::Allowlist,
 }
 
 /// The command line does not make a valid configuration.
@@ -334,6 +287,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sandbox_vmm::client::AgentUrl;
 
     fn parse(argv: &[&str]) -> Args {
         let mut full = vec!["sandbox-mcp"];

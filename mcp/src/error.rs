@@ -7,10 +7,12 @@ use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock};
 use sandbox_protocol::ErrorKind;
 use sandbox_vmm::client::ClientError;
 
-use crate::pool::ClaimError;
-use crate::registry::{Gone, Lookup};
 use crate::render::rfc3339;
 use crate::upload::UploadError;
+use sandbox_engine::config::ATTACHED_ID;
+use sandbox_engine::error::{CreateError, InsertError, LookupError, NetError, SpecError, TtlError};
+use sandbox_engine::pool::ClaimError;
+use sandbox_engine::registry::{Gone, Lookup};
 use sandbox_vmm::error_chain;
 
 /// A tool call that failed in an ordinary way.
@@ -117,6 +119,107 @@ impl ToolError {
             }
             _ => Self::new(format!("{}.", capitalized(&error.to_string()))),
         }
+    }
+}
+
+/// The edge between the engine's typed errors and this server's words: what
+/// happened, then what to call next.
+impl ToolError {
+    /// An id the node does not hold.
+    pub fn unknown(error: &LookupError) -> Self {
+        Self::lookup(&error.id, &error.why, &error.live)
+    }
+
+    /// A TTL out of range.
+    pub fn ttl(error: &TtlError) -> Self {
+        Self::new(format!(
+            "ttl_seconds may be at most {} (24 hours); got {}. Pass a smaller value, or 0 \
+             for one hour.",
+            error.max, error.asked
+        ))
+    }
+
+    /// A template or size a claim cannot use.
+    pub fn spec(error: &SpecError) -> Self {
+        Self::new(match error {
+            SpecError::UnknownSize(name) => format!(
+                "Size {name} is not one the launcher knows; use small, medium, large, xlarge \
+                 or 2xlarge."
+            ),
+            SpecError::Template {
+                template,
+                error,
+                available,
+            } => format!(
+                "Template {template} cannot be used: {error}. Templates available: {}.",
+                available.join(", ")
+            ),
+        })
+    }
+
+    /// A network a claim cannot have.
+    pub fn net(error: &NetError) -> Self {
+        Self::new(match error {
+            NetError::AllowWithoutEgress => "allow applies to net \"egress\" only: pass net \
+                 \"egress\" with it, or leave it out."
+                .to_owned(),
+            NetError::Attached => "The attached agent runs in no VM this server launched, so \
+                 it has no egress to give: claim with net \"none\"."
+                .to_owned(),
+            NetError::NoAllowlist => "This server gives no egress: its operator set no \
+                 allowlist (sandbox-mcp --egress-allow ENTRY). Claim with net \"none\"; to get \
+                 files in, use write_file."
+                .to_owned(),
+            NetError::Allow(error) => format!(
+                "{error}. Entries are host names, \"*.domain\", \"*\", IP addresses or CIDR \
+                 blocks, each with an optional \":port\" or \":low-high\"."
+            ),
+        })
+    }
+
+    /// A sandbox that could not be registered.
+    pub fn insert(error: &InsertError) -> Self {
+        match error {
+            InsertError::Token(cause) => Self::new(format!(
+                "Cannot make the sandbox's token: no random bytes from the kernel ({cause}). \
+                 Nothing was kept; try again."
+            )),
+            InsertError::Closed => {
+                Self::new("The server is shutting down; no sandbox is available.")
+            }
+        }
+    }
+
+    /// A `create_sandbox` that failed.
+    pub fn create(error: &CreateError) -> Self {
+        match error {
+            CreateError::Ttl(error) => Self::ttl(error),
+            CreateError::Net(error) => Self::net(error),
+            CreateError::Spec(error) => Self::spec(error),
+            CreateError::Claim { template, error } => Self::claim(template, error),
+            CreateError::Insert(error) => Self::insert(error),
+            CreateError::AttachedTaken => Self::new(format!(
+                "This server is attached to one existing agent, exposed as sandbox_id \
+                 {ATTACHED_ID:?}, and it is already yours: pass sandbox_id {ATTACHED_ID:?} to \
+                 the other tools. No other sandbox can be created in attach mode."
+            )),
+            CreateError::Draining => Self::new(
+                "The node is draining: it takes no new claims. Use the sandboxes you hold, or \
+                 ask its operator to end the drain.",
+            ),
+        }
+    }
+}
+
+impl From<LookupError> for ToolError {
+    fn from(error: LookupError) -> Self {
+        Self::unknown(&error)
+    }
+}
+
+impl From<TtlError> for ToolError {
+    fn from(error: TtlError) -> Self {
+        Self::ttl(&error)
     }
 }
 

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use crate::output::{size, Capture, Keep};
 use crate::progress::Progress;
 use crate::render::ExecResult;
-use crate::util::millis;
+use sandbox_engine::util::millis;
 
 /// What `exec` returns of each stream without `max_bytes`: about a screenful of a
 /// build log's end, a few thousand tokens.

@@ -65,23 +65,17 @@ pub mod files;
 pub mod fleet;
 pub mod host;
 pub mod logging;
-pub mod node;
 pub mod output;
 pub mod params;
-pub mod pool;
 pub mod processes;
 pub mod progress;
-pub mod registry;
 pub mod render;
-pub mod sandbox;
 pub mod sandstorm;
 pub mod schema;
 pub mod snapshot;
 pub mod stdio;
-pub mod token;
 pub mod tools;
 pub mod upload;
-pub mod util;
 
 use std::future::Future;
 
@@ -116,7 +110,7 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let profile = config.profile;
     let host = config.host.clone();
-    let node = node::Node::start(config).await;
+    let node = sandbox_engine::Node::start(config.mode).await;
     let server = tools::SandboxServer::new(node.clone(), profile, host).with_client_log(log);
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let (mut front, transport) = stdio::Front::start(stdin, stdout);

@@ -26,7 +26,7 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::Context;
 use tracing_subscriber::Layer;
 
-use crate::util::lock;
+use sandbox_engine::util::lock;
 
 /// Targets forwarded: this crate's own events, not its libraries'.
 const TARGET_PREFIX: &str = "sandbox_mcp";
@@ -39,8 +39,13 @@ const TARGET_EXCLUDED: &str = "sandbox_mcp::stdio";
 
 /// Whether events of `target` go to the client.
 pub fn forwards(target: &str) -> bool {
-    target.starts_with(TARGET_PREFIX) && !target.starts_with(TARGET_EXCLUDED)
+    (target.starts_with(TARGET_PREFIX) || target.starts_with(ENGINE_TARGET_PREFIX))
+        && !target.starts_with(TARGET_EXCLUDED)
 }
+
+/// The engine's events (a sandbox destroyed at its deadline, one that did not
+/// wake) concern the client as much as the server's own.
+const ENGINE_TARGET_PREFIX: &str = "sandbox_engine";
 
 /// The level forwarded before the client sets one.
 const DEFAULT_LEVEL: LoggingLevel = LoggingLevel::Warning;
@@ -203,7 +208,7 @@ mod tests {
     /// then read instead.
     #[test]
     fn only_the_servers_own_events_go_to_the_client_not_the_stdio_fronts() {
-        assert!(forwards("sandbox_mcp::registry"));
+        assert!(forwards("sandbox_engine::registry"));
         assert!(forwards("sandbox_mcp::host::tools"));
         assert!(!forwards("sandbox_mcp::stdio"));
         assert!(!forwards("sandbox_mcp::stdio::scan"));

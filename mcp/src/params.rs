@@ -85,6 +85,22 @@ pub struct CreateSandboxParams {
     pub ttl_seconds: u64,
 }
 
+impl CreateSandboxParams {
+    /// The engine's claim.
+    pub fn claim_request(self) -> sandbox_engine::node::ClaimRequest {
+        sandbox_engine::node::ClaimRequest {
+            template: self.template,
+            size: self.size.map(|size| size.as_str().to_owned()),
+            net: match self.net {
+                Net::None => sandbox_engine::node::NetRequest::None,
+                Net::Egress => sandbox_engine::node::NetRequest::Egress,
+            },
+            allow: self.allow,
+            ttl_seconds: self.ttl_seconds,
+        }
+    }
+}
+
 /// `exec`
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

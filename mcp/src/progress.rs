@@ -21,7 +21,7 @@ use rmcp::service::RequestContext;
 use rmcp::{Peer, RoleServer};
 use tokio::time::Instant;
 
-use crate::util::lock;
+use sandbox_engine::util::lock;
 
 /// How often the ticker looks at the status.
 pub const PROGRESS_TICK_MS: u64 = 1000;

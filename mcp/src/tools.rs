@@ -41,7 +41,6 @@ use crate::error::{Op, ToolError};
 use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC_STDIN_MAX_BYTES};
 use crate::host::HostDirs;
 use crate::logging::ClientLog;
-use crate::node::Node;
 use crate::output::{size, stream_name};
 use crate::params::{
     command_of, max_bytes, timeout_secs, CreateSandboxParams, EvalCodeParams, ExecParams,
@@ -50,14 +49,15 @@ use crate::params::{
 };
 use crate::progress::Progress;
 use crate::render::{
-    failure_with, success, CreateSandboxResult, DirEntryRow, EvalCodeResult, ExecResult,
-    KillResult, ListDirResult, LogsResult, NodeInfoResult, PsResult, ReadFileResult, ReleaseResult,
-    SpawnResult, WaitForTextResult, WriteFileResult,
+    failure_with, from_engine, success, CreateSandboxResult, DirEntryRow, EvalCodeResult,
+    ExecResult, KillResult, ListDirResult, LogsResult, NodeInfoResult, PsResult, ReadFileResult,
+    ReleaseResult, SpawnResult, WaitForTextResult, WriteFileResult,
 };
-use crate::sandbox::Sandbox;
 use crate::upload::Uploads;
-use crate::util::millis;
 use crate::{eval, files, processes, schema};
+use sandbox_engine::node::Node;
+use sandbox_engine::sandbox::Sandbox;
+use sandbox_engine::util::millis;
 
 /// The cap on one tool call: five minutes, plus the grace an exec that hits it gets
 /// to return what it collected.
@@ -191,7 +191,12 @@ impl SandboxServer {
         Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
         progress.set_status("create_sandbox: waiting for a VM (a warm one, or a boot)");
-        Ok(success(&self.node.create(params).await?))
+        let claimed = self
+            .node
+            .create(params.claim_request())
+            .await
+            .map_err(|error| ToolError::create(&error))?;
+        Ok(success(&from_engine::created(&claimed)))
     }
 
     #[tool(
@@ -602,7 +607,8 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(success(&self.node.release(&params.sandbox_id).await?))
+        let sandbox = self.node.release(&params.sandbox_id).await?;
+        Ok(success(&from_engine::released(&sandbox)))
     }
 
     #[tool(
@@ -620,7 +626,7 @@ impl SandboxServer {
         )
     )]
     async fn node_info(&self) -> Result<CallToolResult, ToolError> {
-        Ok(success(&self.node.info()))
+        Ok(success(&from_engine::node_info(&self.node.status())))
     }
 }
 

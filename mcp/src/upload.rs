@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::util::lock;
+use sandbox_engine::util::lock;
 
 /// An upload with no part for this long is abandoned.
 pub const UPLOAD_IDLE_SECS: u64 = 600;

@@ -15,7 +15,7 @@
 //! # A batch
 //! `create_sandboxes` is all or nothing: the room for every VM is checked before
 //! anything is claimed, warm VMs are taken first and the rest boot (or restore from
-//! the template's ready snapshot) side by side ([`crate::pool::Pool::claim_many`]);
+//! the template's ready snapshot) side by side ([`sandbox_engine::pool::Pool::claim_many`]);
 //! one failed boot fails the batch with nothing kept. Each sandbox is then like one
 //! from `create_sandbox`: own id and token, its TTL, destroyed with the session.
 //!
@@ -23,41 +23,9 @@
 //! no second tool does it.
 //!
 //! # Layout
-//! - this file: [`BatchError`].
-//! - [`ops`]: the operations, as methods of [`crate::node::Node`].
+//! - the operations are the engine's (`sandbox_engine::batch`).
 //! - [`tools`], [`params`], [`render`]: the default profile's tools, inputs, outputs.
 
-pub mod ops;
 pub mod params;
 pub mod render;
 pub mod tools;
-
-use crate::error::ToolError;
-use crate::pool::launcher::BootError;
-use crate::pool::ClaimError;
-
-/// Why a batch of sandboxes was not made (nothing of it was kept).
-#[derive(Debug, thiserror::Error)]
-pub enum BatchError {
-    /// The server is attached to one agent: there is nothing to claim.
-    #[error("This server is attached to one existing agent and claims no VMs")]
-    Attached,
-    /// The count is out of range.
-    #[error("count must be between 1 and {max}; got {count}")]
-    Count {
-        /// Asked for.
-        count: u64,
-        /// `--max-sandboxes`.
-        max: usize,
-    },
-    /// The template or size cannot be used; the message says why and lists the
-    /// templates there are, naming no tool.
-    #[error("{}", .0.message)]
-    Spec(ToolError),
-    /// No room, a failed boot, or shutdown.
-    #[error(transparent)]
-    Claim(#[from] ClaimError<BootError>),
-    /// A sandbox could not be registered (the session is ending) or given a token.
-    #[error("{}", .0.message)]
-    Insert(ToolError),
-}

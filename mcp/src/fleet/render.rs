@@ -8,10 +8,11 @@ use std::time::SystemTime;
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::ops::{Batch, Ping, TemplateEntry};
 use crate::render::{rfc3339, CreateSandboxResult, Render};
-use crate::sandbox::{Lineage, Sandbox};
-use crate::util::millis;
+use sandbox_engine::batch::{Batch, Ping};
+use sandbox_engine::node::TemplateEntry;
+use sandbox_engine::sandbox::{Lineage, Sandbox};
+use sandbox_engine::util::millis;
 
 /// `create_sandboxes`
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -34,7 +35,7 @@ impl CreateSandboxesResult {
             .iter()
             .map(|(sandbox, origin)| CreateSandboxResult {
                 sandbox_id: sandbox.id.to_string(),
-                deadline: sandbox.deadline.map(|deadline| rfc3339(deadline.wall)),
+                deadline: sandbox.deadline().map(|deadline| rfc3339(deadline.wall)),
                 ttl_seconds: Some(ttl_secs),
                 template: sandbox.template.clone(),
                 size: Some(size.to_string()),
@@ -123,8 +124,8 @@ impl SandboxRow {
             vcpus: sandbox.size.map(|size| size.vcpus),
             memory_mib: sandbox.size.map(|size| size.memory_mib),
             claimed_at: rfc3339(sandbox.claimed_at),
-            deadline: sandbox.deadline.map(|deadline| rfc3339(deadline.wall)),
-            seconds_left: sandbox.deadline.map(|deadline| {
+            deadline: sandbox.deadline().map(|deadline| rfc3339(deadline.wall)),
+            seconds_left: sandbox.deadline().map(|deadline| {
                 deadline
                     .wall
                     .duration_since(now)

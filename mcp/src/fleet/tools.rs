@@ -15,13 +15,13 @@ use super::render::{
     CreateSandboxesResult, EgressLogResult, EgressRow, ListSandboxesResult, ListTemplatesResult,
     PingResult, SandboxRow, TemplateRow,
 };
-use super::BatchError;
 use crate::error::{Op, ToolError};
-use crate::node::claim_ttl_secs;
 use crate::params::SandboxParams;
-use crate::pool::ClaimError;
 use crate::render::success;
 use crate::tools::SandboxServer;
+use sandbox_engine::error::BatchError;
+use sandbox_engine::node::claim_ttl_secs;
+use sandbox_engine::pool::ClaimError;
 
 /// Tools of this router that need a server that launches microVMs.
 pub(crate) const LAUNCH_ONLY: [&str; 3] = ["create_sandboxes", "egress_log", "list_templates"];
@@ -97,7 +97,21 @@ impl SandboxServer {
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         let tail = usize::try_from(params.tail.unwrap_or(100).min(1000)).unwrap_or(1000);
-        let records = self.node.egress_log(&sandbox, tail)?;
+        let records = match self.node.egress_log(&sandbox, tail) {
+            None => {
+                return Err(ToolError::new(
+                    "An attached agent has no egress log: this server launches no VMs.",
+                ))
+            }
+            Some(Err(error)) => {
+                return Err(ToolError::new(format!(
+                    "Cannot read the egress log of {}: {}",
+                    sandbox.id,
+                    sandbox_vmm::error_chain(&error)
+                )))
+            }
+            Some(Ok(records)) => records,
+        };
         Ok(success(&EgressLogResult {
             sandbox_id: sandbox.id.to_string(),
             server_allowlist: self.node.egress_allow(),
@@ -126,7 +140,7 @@ impl SandboxServer {
             .iter()
             .map(|sandbox| SandboxRow::new(sandbox))
             .collect();
-        let claimable = self.node.info().capacity.claimable;
+        let claimable = self.node.status().capacity.claimable;
         Ok(success(&ListSandboxesResult {
             sandboxes,
             claimable,
@@ -214,7 +228,9 @@ fn batch_error(error: &BatchError, template: Option<&str>, count: u64) -> ToolEr
             "count must be between 1 and {max} (this server's sandbox limit); got {count}. \
              node_info shows how many more can be claimed now."
         )),
-        BatchError::Spec(error) | BatchError::Insert(error) => error.clone(),
+        BatchError::Spec(error) => ToolError::spec(error),
+        BatchError::Insert(error) => ToolError::insert(error),
+        BatchError::Draining => ToolError::create(&sandbox_engine::error::CreateError::Draining),
         BatchError::Claim(claim @ ClaimError::Short { .. }) => ToolError::no_room(
             "create_sandboxes",
             usize::try_from(count).unwrap_or(usize::MAX),

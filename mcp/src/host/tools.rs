@@ -29,7 +29,7 @@ use crate::output::size;
 use crate::progress::Progress;
 use crate::render::{success, Render};
 use crate::tools::{absolute, client, SandboxServer};
-use crate::util::millis;
+use sandbox_engine::util::millis;
 
 /// The tools of this router, whose descriptions get the allowed directories.
 pub(crate) const HOST_TOOLS: [&str; 3] = ["copy_from_host", "copy_to_host", "list_host_dir"];

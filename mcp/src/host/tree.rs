@@ -20,10 +20,10 @@ use super::tools::{on_host, CopyFromHostParams, CopyResult, CopyToHostParams, Di
 use super::HostError;
 use crate::error::{Op, ToolError};
 use crate::render::success;
-use crate::sandbox::Sandbox;
 use crate::tools::{client, SandboxServer};
-use crate::util::millis;
 use rmcp::model::CallToolResult;
+use sandbox_engine::sandbox::Sandbox;
+use sandbox_engine::util::millis;
 
 /// Most entries (files and directories) one tree copy takes.
 pub const TREE_MAX_ENTRIES: usize = 10_000;

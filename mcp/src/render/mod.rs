@@ -408,6 +408,112 @@ impl Render for NodeInfoResult {
     }
 }
 
+/// The engine's results for the sandbox-level tools, in this profile's shapes.
+pub mod from_engine {
+    use sandbox_engine::node::{Claimed, NodeStatus};
+    use sandbox_engine::sandbox::Sandbox;
+    use sandbox_engine::util::millis;
+
+    use super::{
+        rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo,
+        ReleaseResult, TemplateInfo,
+    };
+    use crate::config::ATTACHED_ID;
+
+    /// `create_sandbox`
+    pub fn created(claimed: &Claimed) -> CreateSandboxResult {
+        let sandbox = &claimed.sandbox;
+        let Some(origin) = claimed.origin else {
+            return CreateSandboxResult {
+                sandbox_id: sandbox.id.to_string(),
+                deadline: None,
+                ttl_seconds: None,
+                template: ATTACHED_ID.to_owned(),
+                size: None,
+                vcpus: None,
+                memory_mib: None,
+                warm: true,
+                origin: "attached".to_owned(),
+                claim_ms: millis(claimed.duration),
+                note: Some(
+                    "Attach mode: this is the one existing agent the server was started with. \
+                     It has no deadline; template, size and ttl_seconds do not apply."
+                        .to_owned(),
+                ),
+            };
+        };
+        CreateSandboxResult {
+            sandbox_id: sandbox.id.to_string(),
+            deadline: sandbox.deadline().map(|deadline| rfc3339(deadline.wall)),
+            ttl_seconds: claimed.ttl_secs,
+            template: sandbox.template.clone(),
+            size: sandbox.size.map(|size| size.to_string()),
+            vcpus: sandbox.size.map(|size| size.vcpus),
+            memory_mib: sandbox.size.map(|size| size.memory_mib),
+            warm: origin.is_warm(),
+            origin: origin.as_str().to_owned(),
+            claim_ms: millis(claimed.duration),
+            note: None,
+        }
+    }
+
+    /// `release`
+    pub fn released(sandbox: &Sandbox) -> ReleaseResult {
+        let outcome = if sandbox.is_attached() {
+            "forgotten by this session; the attached agent and its processes keep running \
+             (create_sandbox claims it again)"
+        } else {
+            "the VM and everything in it was destroyed"
+        };
+        ReleaseResult {
+            sandbox_id: sandbox.id.to_string(),
+            outcome: outcome.to_owned(),
+        }
+    }
+
+    /// `node_info`
+    pub fn node_info(status: &NodeStatus) -> NodeInfoResult {
+        NodeInfoResult {
+            mode: if status.attached { "attach" } else { "launch" }.to_owned(),
+            default_template: status.default_template.clone(),
+            pool: status.pool.as_ref().map(|pool| PoolInfo {
+                template: pool.template.clone(),
+                size: pool.size.to_string(),
+                target: pool.target,
+                warm: pool.warm,
+                booting: pool.booting,
+                last_error: pool.last_error.clone(),
+            }),
+            templates: status
+                .templates
+                .iter()
+                .map(|entry| TemplateInfo {
+                    name: entry.name.clone(),
+                    default_size: entry.size.map(|size| size.to_string()),
+                    default: entry.default,
+                })
+                .collect(),
+            claims: status
+                .sandboxes
+                .iter()
+                .map(|sandbox| ClaimInfo {
+                    sandbox_id: sandbox.id.to_string(),
+                    template: sandbox.template.clone(),
+                    size: sandbox.size.map(|size| size.to_string()),
+                    claimed_at: rfc3339(sandbox.claimed_at),
+                    deadline: sandbox.deadline().map(|deadline| rfc3339(deadline.wall)),
+                })
+                .collect(),
+            capacity: CapacityInfo {
+                max_sandboxes: status.capacity.max_sandboxes,
+                vms: status.capacity.vms,
+                live_claims: status.capacity.live_claims,
+                claimable: status.capacity.claimable,
+            },
+        }
+    }
+}
+
 /// RFC 3339 in UTC with second precision (`2026-11-29T09:45:39Z`).
 pub fn rfc3339(time: SystemTime) -> String {
     humantime::format_rfc3339_seconds(time).to_string()

@@ -7,11 +7,11 @@ use sandbox_vmm::client::ClientError;
 use sandbox_vmm::error_chain;
 
 use crate::error::ToolError;
-use crate::fleet::BatchError;
-use crate::pool::ClaimError;
-use crate::registry::{Gone, Lookup};
 use crate::render::rfc3339;
-use crate::sandbox::{Unreachable, WakeError};
+use sandbox_engine::error::BatchError;
+use sandbox_engine::pool::ClaimError;
+use sandbox_engine::registry::{Gone, Lookup};
+use sandbox_engine::sandbox::{Unreachable, WakeError};
 
 /// An id the session does not hold.
 pub fn lookup(id: &str, why: &Lookup, live: &[String]) -> ToolError {
@@ -64,7 +64,11 @@ pub fn batch(error: &BatchError, tag: &str, n: u64) -> ToolError {
             "n must be between 1 and {max} (this server's sandbox limit); got {n}. Call \
              spawn_sandboxes again with a smaller n."
         )),
-        BatchError::Spec(error) | BatchError::Insert(error) => error.clone(),
+        BatchError::Spec(error) => ToolError::spec(error),
+        BatchError::Insert(error) => ToolError::insert(error),
+        BatchError::Draining => ToolError::new(
+            "The node is draining: it takes no new sandboxes. Use the ones you hold.",
+        ),
         BatchError::Claim(claim) => self::claim(claim, tag, n),
     }
 }

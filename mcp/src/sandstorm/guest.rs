@@ -19,11 +19,11 @@ use super::render::{
 use super::{EVAL_TIMEOUT_SECS, EXCERPT_BYTES};
 use crate::error::ToolError;
 use crate::exec::{self, End, Shape, EXEC_MAX_BYTES};
-use crate::node::Node;
 use crate::output::Keep;
 use crate::progress::Progress;
-use crate::sandbox::Sandbox;
-use crate::util::millis;
+use sandbox_engine::node::Node;
+use sandbox_engine::sandbox::Sandbox;
+use sandbox_engine::util::millis;
 
 /// `exec_command`: `args` run without a shell; a non-zero exit is a normal result,
 /// a run cut off (its timeout, a lost agent) an error result that keeps the output.

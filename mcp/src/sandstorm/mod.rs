@@ -21,7 +21,7 @@
 //! does both at once).
 //!
 //! # Tokens
-//! Every sandbox has its own random token ([`crate::token`]). `spawn_sandboxes`
+//! Every sandbox has its own random token ([`sandbox_engine::token`]). `spawn_sandboxes`
 //! returns it next to each id, once; `list_sandboxes` and `get_sandbox` never show
 //! it. `exec_command`, `eval_code`, `wait_for_text` and `ping_sandbox` require it as
 //! `sandbox_token` ([`ops::authorized`]): a missing or wrong one is an `isError`
@@ -51,7 +51,7 @@ pub mod render;
 pub mod tools;
 
 #[cfg(doc)]
-use crate::node::Node;
+use sandbox_engine::node::Node;
 
 /// How long `eval_code` lets code run before interrupting it: sandstorm-mcp's
 /// default per-request timeout (`SANDSTORM_HTTP_TIMEOUT`), which its clients expect.

@@ -14,10 +14,12 @@ use super::errors;
 use super::params::{BranchSandboxParams, SpawnSandboxesParams};
 use super::render::{unix_secs, BranchInfo, KillInfo, SnapshotInfo};
 use crate::error::ToolError;
-use crate::node::{Node, DEFAULT_TTL_SECS};
-use crate::sandbox::Sandbox;
-use crate::snapshot::ops::sandbox_id_of;
-use crate::snapshot::SnapshotHost;
+use sandbox_engine::config::DEFAULT_TTL_SECS;
+use sandbox_engine::node::{sandbox_id_of, Node};
+use sandbox_engine::sandbox::Sandbox;
+use sandbox_engine::snapshot::ops::bytes_on_disk;
+use sandbox_engine::snapshot::SnapshotHost;
+use sandbox_engine::util::millis;
 
 /// The modes sandstorm's branch_sandbox takes; all capture the same way here.
 const BRANCH_MODES: [&str; 3] = ["full", "diff", "live"];
@@ -109,7 +111,9 @@ pub async fn spawn(
                 .slots(n)
                 .await
                 .map_err(|error| errors::claim(&error, tag, params.n))?;
-            node.branch_into(&manifest, slots, "spawn_sandboxes").await
+            node.branch_into(&manifest, slots)
+                .await
+                .map_err(|error| ToolError::branch("spawn_sandboxes", &error))
         }
     }
 }
@@ -172,23 +176,16 @@ pub async fn branch(node: &Node, params: &BranchSandboxParams) -> Result<BranchI
     free_tag(host, &tag)?;
     let taken = node
         .checkpoint(source.id.as_str(), Some(tag.clone()))
-        .await?;
-    let created_at_unix = host
-        .launcher()
-        .checkpoint_store()
-        .find(&taken.checkpoint_id)
-        .map_or_else(
-            |_| unix_secs(SystemTime::now()),
-            |info| info.manifest.created_at_unix_ms / 1000,
-        );
+        .await
+        .map_err(|error| ToolError::checkpoint(source.id.as_str(), &error))?;
     Ok(BranchInfo {
         tag,
-        snapshot_id: taken.checkpoint_id,
-        source_sandbox_id: taken.sandbox_id,
-        pause_ms: taken.pause_ms,
-        took_ms: taken.took_ms,
-        created_at_unix,
-        bytes_on_disk: taken.bytes_on_disk,
+        snapshot_id: taken.manifest.id.clone(),
+        source_sandbox_id: taken.sandbox.id.to_string(),
+        pause_ms: millis(taken.pause),
+        took_ms: millis(taken.took),
+        created_at_unix: taken.manifest.created_at_unix_ms / 1000,
+        bytes_on_disk: bytes_on_disk(&taken.manifest),
         status: "ready".to_owned(),
     })
 }
@@ -304,7 +301,7 @@ mod tests {
         // here: the check happens before any call.
         let args =
             Args::try_parse_from(["sandbox-mcp", "--agent", "unix:///nonexistent/a.sock"]).unwrap();
-        let node = Node::start(Config::from_args(args, |_| None).unwrap()).await;
+        let node = Node::start(Config::from_args(args, |_| None).unwrap().mode).await;
         let id = crate::config::ATTACHED_ID;
         let token = sandbox(&node, id).unwrap().token.reveal().to_owned();
 

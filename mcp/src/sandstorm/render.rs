@@ -15,7 +15,7 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::sandbox::{Lineage, Sandbox};
+use sandbox_engine::sandbox::{Lineage, Sandbox};
 
 /// A list result: what FastMCP makes of a returned list.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -57,7 +57,7 @@ impl SandboxInfo {
             snapshot_tag,
             state: sandbox.status().as_str().to_owned(),
             created_at_unix: unix_secs(sandbox.claimed_at),
-            expires_at_unix: sandbox.deadline.map(|deadline| unix_secs(deadline.wall)),
+            expires_at_unix: sandbox.deadline().map(|deadline| unix_secs(deadline.wall)),
             vcpus: sandbox.size.map(|size| size.vcpus),
             memory_mib: sandbox.size.map(|size| size.memory_mib),
         }

@@ -23,8 +23,8 @@ use super::render::{
 use super::{guest, ops};
 use crate::error::ToolError;
 use crate::progress::Progress;
-use crate::sandbox::Sandbox;
 use crate::tools::SandboxServer;
+use sandbox_engine::sandbox::Sandbox;
 
 #[tool_router(router = sandstorm_router, vis = "pub(crate)")]
 impl SandboxServer {

@@ -5,8 +5,12 @@ use sandbox_vmm::error_chain;
 use sandbox_vmm::launcher::snapshot::SnapshotError;
 
 use crate::error::{Op, ToolError};
-use crate::pool::ClaimError;
-use crate::sandbox::{HibernateError, Unreachable, WakeError};
+use sandbox_engine::error::{
+    AdoptError, BranchError, CaptureError, CheckpointError, DeleteCheckpointError, ForkError,
+    HibernateOpError, ListCheckpointsError, PromoteError,
+};
+use sandbox_engine::pool::ClaimError;
+use sandbox_engine::sandbox::{HibernateError, Unreachable, WakeError};
 
 impl ToolError {
     /// A sandbox whose guest could not be reached: its agent, or its wake.
@@ -128,6 +132,125 @@ impl ToolError {
             }
         };
         Self::new(format!("{what} failed: {text}. {hint}"))
+    }
+}
+
+/// The snapshot operations' errors, each in the words of the tool that called it.
+impl ToolError {
+    /// A capture (fork, checkpoint, promote) that failed, for `tool`.
+    pub fn capture(tool: &str, sandbox_id: &str, error: &CaptureError) -> Self {
+        match error {
+            CaptureError::Unreachable(error) => Self::unreachable(Op::Other, sandbox_id, error),
+            CaptureError::Snapshot(error) => Self::snapshot(tool, error),
+        }
+    }
+
+    /// Children that could not be kept.
+    pub fn adopt(error: &AdoptError) -> Self {
+        match error {
+            AdoptError::Connect(error) => Self::new(format!(
+                "A new sandbox's agent did not answer ({}); none was kept. Try again.",
+                error_chain(error)
+            )),
+            AdoptError::Insert(error) => Self::insert(error),
+        }
+    }
+
+    /// `fork`
+    pub fn fork(sandbox_id: &str, error: &ForkError) -> Self {
+        match error {
+            ForkError::NotLaunch => Self::needs_launch_mode("fork"),
+            ForkError::Count { count, max } => Self::new(format!(
+                "count must be between 1 and {max} (this server's max_fork_count); got \
+                 {count}. Call fork with a count in that range, several times if you need \
+                 more children."
+            )),
+            ForkError::Lookup(error) => Self::unknown(error),
+            ForkError::NoRoom { wanted, error } => Self::no_room("fork", *wanted, error),
+            ForkError::Capture(error) => Self::capture("fork", sandbox_id, error),
+            ForkError::Children(error) => Self::adopt(error),
+        }
+    }
+
+    /// `checkpoint`
+    pub fn checkpoint(sandbox_id: &str, error: &CheckpointError) -> Self {
+        match error {
+            CheckpointError::NotLaunch => Self::needs_launch_mode("checkpoint"),
+            CheckpointError::Name(error) => Self::snapshot("checkpoint", error),
+            CheckpointError::Lookup(error) => Self::unknown(error),
+            CheckpointError::Capture(error) => Self::capture("checkpoint", sandbox_id, error),
+        }
+    }
+
+    /// A branch of a checkpoint that failed, for `tool`.
+    pub fn branch(tool: &str, error: &BranchError) -> Self {
+        match error {
+            BranchError::NotLaunch => Self::needs_launch_mode(tool),
+            BranchError::EmptyKey => {
+                Self::new("checkpoint_id is empty: pass an id from checkpoint or list_checkpoints.")
+            }
+            BranchError::Find(error) | BranchError::Branch(error) => Self::snapshot(tool, error),
+            BranchError::NoRoom { wanted, error } => Self::no_room(tool, *wanted, error.as_ref()),
+            BranchError::Children(error) => Self::adopt(error),
+            BranchError::Draining => Self::new(
+                "The node is draining: it takes no new claims. Use the sandboxes you hold, or \
+                 ask its operator to end the drain.",
+            ),
+        }
+    }
+
+    /// `list_checkpoints`
+    pub fn list_checkpoints(error: &ListCheckpointsError) -> Self {
+        match error {
+            ListCheckpointsError::NotLaunch => Self::needs_launch_mode("list_checkpoints"),
+            ListCheckpointsError::List(error) => Self::snapshot("list_checkpoints", error),
+        }
+    }
+
+    /// `delete_checkpoint`
+    pub fn delete_checkpoint(error: &DeleteCheckpointError) -> Self {
+        match error {
+            DeleteCheckpointError::NotLaunch => Self::needs_launch_mode("delete_checkpoint"),
+            DeleteCheckpointError::Find(error) | DeleteCheckpointError::Delete(error) => {
+                Self::snapshot("delete_checkpoint", error)
+            }
+            DeleteCheckpointError::InUse { id, users } => Self::new(format!(
+                "Checkpoint {id} is in use by {}, and is kept while they live. Release those \
+                 sandboxes first (release), then call delete_checkpoint again.",
+                users
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
+    /// `hibernate`
+    pub fn hibernate(sandbox_id: &str, error: &HibernateOpError) -> Self {
+        match error {
+            HibernateOpError::Lookup(error) => Self::unknown(error),
+            HibernateOpError::Hibernate(error) => Self::hibernation(sandbox_id, error),
+        }
+    }
+
+    /// `promote`
+    pub fn promote(sandbox_id: &str, error: &PromoteError) -> Self {
+        match error {
+            PromoteError::NotLaunch => Self::needs_launch_mode("promote"),
+            PromoteError::Name(error) => Self::snapshot("promote", error),
+            PromoteError::Default(name) => Self::new(format!(
+                "{name:?} is this server's default template (its warm pool serves it) and \
+                 cannot be replaced by promote. Call promote with another template name."
+            )),
+            PromoteError::Built(name) => Self::new(format!(
+                "{name:?} is a built template, not one made by promote, and promote does \
+                 not replace it. Call promote with another template name (node_info lists \
+                 the templates)."
+            )),
+            PromoteError::Lookup(error) => Self::unknown(error),
+            PromoteError::Capture(error) => Self::capture("promote", sandbox_id, error),
+        }
     }
 }
 

@@ -291,6 +291,144 @@ fn mib(bytes: u64) -> String {
     format!("{mib:.1} MiB")
 }
 
+/// The engine's results as this profile's: ids as the tools show them, times in
+/// RFC 3339, durations in milliseconds.
+pub mod from_engine {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use sandbox_engine::config::DEFAULT_TTL_SECS;
+    use sandbox_engine::node::sandbox_id_of;
+    use sandbox_engine::sandbox::Sandbox;
+    use sandbox_engine::snapshot::ops::{
+        bytes_on_disk, Branched, CheckpointEntry, Checkpointed, Forked, Hibernated, Promoted,
+    };
+    use sandbox_engine::util::millis;
+    use sandbox_vmm::launcher::snapshot::Manifest;
+
+    use super::{
+        BranchResult, CheckpointResult, CheckpointRow, ChildRow, DeleteCheckpointResult,
+        ForkResult, HibernateResult, ListCheckpointsResult, PromoteResult,
+    };
+    use crate::render::rfc3339;
+
+    /// A fork or branch child.
+    pub fn child_row(child: &Sandbox) -> ChildRow {
+        ChildRow {
+            sandbox_id: child.id.to_string(),
+            deadline: child
+                .deadline()
+                .map(|deadline| rfc3339(deadline.wall))
+                .unwrap_or_default(),
+            ttl_seconds: DEFAULT_TTL_SECS,
+        }
+    }
+
+    /// When a checkpoint was taken.
+    pub fn created_at(manifest: &Manifest) -> String {
+        rfc3339(UNIX_EPOCH + Duration::from_millis(manifest.created_at_unix_ms))
+    }
+
+    /// `fork`
+    pub fn fork(forked: &Forked) -> ForkResult {
+        ForkResult {
+            sandbox_id: forked.parent.id.to_string(),
+            children: forked
+                .children
+                .iter()
+                .map(|child| child_row(child))
+                .collect(),
+            pause_ms: millis(forked.pause),
+            fork_ms: millis(forked.took),
+        }
+    }
+
+    /// `checkpoint`
+    pub fn checkpoint(taken: &Checkpointed) -> CheckpointResult {
+        let manifest = &taken.manifest;
+        CheckpointResult {
+            checkpoint_id: manifest.id.clone(),
+            name: manifest.name.clone(),
+            sandbox_id: taken.sandbox.id.to_string(),
+            template: taken.sandbox.template.clone(),
+            created_at: created_at(manifest),
+            pause_ms: millis(taken.pause),
+            took_ms: millis(taken.took),
+            bytes_on_disk: bytes_on_disk(manifest),
+        }
+    }
+
+    /// `branch_checkpoint`: its one child, or `None` when the branch made none.
+    pub fn branch(branched: &Branched) -> Option<BranchResult> {
+        let child = branched.children.first()?;
+        let row = child_row(child);
+        let size = branched.manifest.machine.size;
+        Some(BranchResult {
+            sandbox_id: row.sandbox_id,
+            checkpoint_id: branched.manifest.id.clone(),
+            deadline: row.deadline,
+            ttl_seconds: row.ttl_seconds,
+            template: child.template.clone(),
+            size: size.to_string(),
+            vcpus: size.vcpus,
+            memory_mib: size.memory_mib,
+            branch_ms: millis(branched.took),
+        })
+    }
+
+    /// `list_checkpoints`
+    pub fn checkpoints(entries: &[CheckpointEntry]) -> ListCheckpointsResult {
+        ListCheckpointsResult {
+            checkpoints: entries
+                .iter()
+                .map(|entry| CheckpointRow {
+                    checkpoint_id: entry.manifest.id.clone(),
+                    name: entry.manifest.name.clone(),
+                    source_sandbox_id: sandbox_id_of(&entry.manifest.source_vm).to_string(),
+                    template: entry.manifest.machine.template.clone(),
+                    created_at: created_at(&entry.manifest),
+                    bytes_on_disk: bytes_on_disk(&entry.manifest),
+                    in_use_by: entry.users.iter().map(ToString::to_string).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// `delete_checkpoint`
+    pub fn deleted(manifest: &Manifest) -> DeleteCheckpointResult {
+        DeleteCheckpointResult {
+            checkpoint_id: manifest.id.clone(),
+            name: manifest.name.clone(),
+            freed_bytes: bytes_on_disk(manifest),
+        }
+    }
+
+    /// `hibernate`
+    pub fn hibernated(done: &Hibernated) -> HibernateResult {
+        HibernateResult {
+            sandbox_id: done.sandbox.id.to_string(),
+            hibernated_now: done.now,
+            hibernated_at: rfc3339(done.image.at),
+            took_ms: millis(done.image.took),
+            bytes_on_disk: done.image.bytes_on_disk,
+            deadline: done
+                .sandbox
+                .deadline()
+                .map(|deadline| rfc3339(deadline.wall)),
+        }
+    }
+
+    /// `promote`
+    pub fn promoted(done: &Promoted) -> PromoteResult {
+        PromoteResult {
+            template: done.name.clone(),
+            sandbox_id: done.sandbox.id.to_string(),
+            replaced: done.replaced,
+            pause_ms: millis(done.pause),
+            took_ms: millis(done.took),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! The snapshot tools: a second tool router on [`SandboxServer`], combined with the
 //! first in [`SandboxServer::new`] when the server launches microVMs (attach mode
 //! does not offer them). Each tool only checks and forwards its arguments; the work
-//! is in [`super::ops`].
+//! is the engine's (`sandbox_engine::snapshot::ops`).
 
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
@@ -10,8 +10,8 @@ use rmcp::{tool, tool_router};
 
 use super::params::{CheckpointIdParams, CheckpointParams, ForkParams, PromoteParams};
 use super::render::{
-    BranchResult, CheckpointResult, DeleteCheckpointResult, ForkResult, HibernateResult,
-    ListCheckpointsResult, PromoteResult,
+    from_engine, BranchResult, CheckpointResult, DeleteCheckpointResult, ForkResult,
+    HibernateResult, ListCheckpointsResult, PromoteResult,
 };
 use crate::error::ToolError;
 use crate::params::SandboxParams;
@@ -43,8 +43,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<ForkParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let result = self.node.fork(&params.sandbox_id, params.count).await?;
-        Ok(success(&result))
+        let forked = self
+            .node
+            .fork(&params.sandbox_id, params.count)
+            .await
+            .map_err(|error| ToolError::fork(&params.sandbox_id, &error))?;
+        Ok(success(&from_engine::fork(&forked)))
     }
 
     #[tool(
@@ -68,11 +72,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<CheckpointParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let result = self
+        let taken = self
             .node
             .checkpoint(&params.sandbox_id, params.name)
-            .await?;
-        Ok(success(&result))
+            .await
+            .map_err(|error| ToolError::checkpoint(&params.sandbox_id, &error))?;
+        Ok(success(&from_engine::checkpoint(&taken)))
     }
 
     #[tool(
@@ -96,7 +101,14 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<CheckpointIdParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let result = self.node.branch_checkpoint(&params.checkpoint_id).await?;
+        let tool = "branch_checkpoint";
+        let branched = self
+            .node
+            .branch(&params.checkpoint_id, 1)
+            .await
+            .map_err(|error| ToolError::branch(tool, &error))?;
+        let result = from_engine::branch(&branched)
+            .ok_or_else(|| ToolError::new("branch_checkpoint made no sandbox; try again."))?;
         Ok(success(&result))
     }
 
@@ -115,7 +127,11 @@ impl SandboxServer {
         )
     )]
     async fn list_checkpoints(&self) -> Result<CallToolResult, ToolError> {
-        Ok(success(&self.node.list_checkpoints()?))
+        let entries = self
+            .node
+            .list_checkpoints()
+            .map_err(|error| ToolError::list_checkpoints(&error))?;
+        Ok(success(&from_engine::checkpoints(&entries)))
     }
 
     #[tool(
@@ -136,9 +152,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<CheckpointIdParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(success(
-            &self.node.delete_checkpoint(&params.checkpoint_id)?,
-        ))
+        Ok(success(&from_engine::deleted(
+            &self
+                .node
+                .delete_checkpoint(&params.checkpoint_id)
+                .map_err(|error| ToolError::delete_checkpoint(&error))?,
+        )))
     }
 
     #[tool(
@@ -162,7 +181,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(success(&self.node.hibernate(&params.sandbox_id).await?))
+        let done = self
+            .node
+            .hibernate(&params.sandbox_id)
+            .await
+            .map_err(|error| ToolError::hibernate(&params.sandbox_id, &error))?;
+        Ok(success(&from_engine::hibernated(&done)))
     }
 
     #[tool(
@@ -186,17 +210,76 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<PromoteParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let result = self
+        let done = self
             .node
             .promote(&params.sandbox_id, &params.template)
-            .await?;
-        Ok(success(&result))
+            .await
+            .map_err(|error| ToolError::promote(&params.sandbox_id, &error))?;
+        Ok(success(&from_engine::promoted(&done)))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use clap::Parser;
+    use sandbox_engine::Node;
+
     use super::*;
+    use crate::config::{Args, Config};
+
+    /// A node attached to an agent that is not there (nothing is called on it).
+    async fn attached_node() -> Arc<Node> {
+        let args =
+            Args::try_parse_from(["sandbox-mcp", "--agent", "unix:///nonexistent/a.sock"]).unwrap();
+        let config = Config::from_args(args, |_| None).unwrap();
+        Node::start(config.mode).await
+    }
+
+    #[tokio::test]
+    async fn in_attach_mode_the_snapshot_tools_are_not_offered_and_say_what_they_need() {
+        use rmcp::ServerHandler;
+        let node = attached_node().await;
+        let server = SandboxServer::new(
+            node.clone(),
+            crate::config::Profile::Default,
+            Default::default(),
+        );
+        assert!(server.get_tool("exec").is_some());
+        assert!(server.get_tool("fork").is_none());
+        assert!(server.get_tool("hibernate").is_none());
+        // The fleet tools that describe work on the attached agent; those that claim
+        // or list templates are not offered.
+        assert!(server.get_tool("list_sandboxes").is_some());
+        assert!(server.get_tool("ping_sandbox").is_some());
+        assert!(server.get_tool("create_sandboxes").is_none());
+        assert!(server.get_tool("list_templates").is_none());
+        let fork = ToolError::fork("attached", &node.fork("attached", 1).await.unwrap_err());
+        assert!(fork
+            .message
+            .starts_with("fork needs a server that launches microVMs"));
+        let list = ToolError::list_checkpoints(&node.list_checkpoints().unwrap_err());
+        assert!(
+            list.message.contains("exec and the file tools"),
+            "{}",
+            list.message
+        );
+        let branch =
+            ToolError::branch("branch_checkpoint", &node.branch("c", 1).await.unwrap_err());
+        assert!(branch.message.starts_with("branch_checkpoint needs"));
+        let hibernate =
+            ToolError::hibernate("attached", &node.hibernate("attached").await.unwrap_err());
+        assert!(
+            hibernate.message.contains("attached agent"),
+            "{}",
+            hibernate.message
+        );
+        let unknown =
+            ToolError::hibernate("sbx-nope", &node.hibernate("sbx-nope").await.unwrap_err());
+        assert!(unknown.message.starts_with("Unknown sandbox_id"));
+        node.shutdown().await;
+    }
 
     #[test]
     fn every_snapshot_tool_has_a_title_annotations_a_schema_and_a_usable_description() {

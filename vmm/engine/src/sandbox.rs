@@ -306,8 +306,8 @@ pub struct Sandbox<V = LaunchedVm> {
     pub size: Option<Size>,
     /// When it was claimed.
     pub claimed_at: SystemTime,
-    /// When it is destroyed; `None` for an attached agent.
-    pub deadline: Option<Deadline>,
+    /// When it is destroyed; `None` for an attached agent. Moved by `renew`.
+    deadline: std::sync::Mutex<Option<Deadline>>,
     /// Whether the claim came from the warm pool.
     pub warm: bool,
     /// How long the claim took.
@@ -336,7 +336,7 @@ impl<V: Machine> Sandbox<V> {
             template: claim.template,
             size: claim.size,
             claimed_at: SystemTime::now(),
-            deadline: claim.deadline,
+            deadline: std::sync::Mutex::new(claim.deadline),
             warm: claim.warm,
             claim_duration: claim.duration,
             lineage: claim.lineage,
@@ -348,6 +348,16 @@ impl<V: Machine> Sandbox<V> {
             },
             backing,
         }
+    }
+
+    /// When it is destroyed; `None` for an attached agent.
+    pub fn deadline(&self) -> Option<Deadline> {
+        *crate::util::lock(&self.deadline)
+    }
+
+    /// Moves its deadline (the registry re-arms the timer).
+    pub(crate) fn set_deadline(&self, deadline: Deadline) {
+        *crate::util::lock(&self.deadline) = Some(deadline);
     }
 
     /// True for the attached agent.

@@ -1,14 +1,13 @@
-//! The fleet operations, as methods of [`Node`]: a batch of claims, a ping, the
-//! templates. Both profiles call them; neither's wording is here.
+//! Many sandboxes at once, as methods of [`Node`]: a batch of claims (all or none),
+//! and a ping that does not wake a hibernated sandbox.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use sandbox_protocol::AgentInfo;
-use sandbox_vmm::launcher::template::TEMPLATE_FILE;
-use sandbox_vmm::launcher::{Size, TemplateRef};
+use sandbox_vmm::launcher::Size;
 
-use super::BatchError;
+use crate::error::BatchError;
 use crate::node::{NewVm, Node};
 use crate::pool::{Lease, Origin, VmSpec};
 use crate::sandbox::{Lineage, Sandbox, Status, Unreachable};
@@ -37,25 +36,6 @@ pub struct Ping {
     pub round_trip: Option<Duration>,
 }
 
-/// A template this host holds.
-#[derive(Debug, Clone)]
-pub struct TemplateEntry {
-    /// Its name, for `template` (or `snapshot_tag`).
-    pub name: String,
-    /// Whether it is the server's default (the one kept warm).
-    pub default: bool,
-    /// The size its VMs get unless told otherwise; `None` when it cannot be loaded.
-    pub size: Option<Size>,
-    /// Made by `promote` (its VMs restore a captured state).
-    pub promoted: bool,
-    /// Interpreter sessions its agent starts at boot, as `NAME:LANGUAGE`.
-    pub sessions: Vec<String>,
-    /// When its `template.json` was last written.
-    pub modified: Option<SystemTime>,
-    /// Why it cannot be loaded, if it cannot.
-    pub error: Option<String>,
-}
-
 impl Node {
     /// `count` sandboxes of `template` (the default when `None`) at `size` (its
     /// default when `None`), each living `ttl`: all of them, or none.
@@ -69,6 +49,9 @@ impl Node {
         let Some(pool) = self.pool() else {
             return Err(BatchError::Attached);
         };
+        if self.is_draining() {
+            return Err(BatchError::Draining);
+        }
         let max = pool.max();
         let wanted = usize::try_from(count)
             .ok()
@@ -131,58 +114,5 @@ impl Node {
             info: Some(info),
             round_trip: Some(started.elapsed()),
         })
-    }
-
-    /// The templates under the templates root (and the default, when it is a path),
-    /// by name; empty in attach mode.
-    pub fn template_entries(&self) -> Vec<TemplateEntry> {
-        let Some(pool) = self.pool() else {
-            return Vec::new();
-        };
-        let default = pool.default_template();
-        let mut references: Vec<TemplateRef> = self
-            .template_names()
-            .into_iter()
-            .map(TemplateRef::Name)
-            .collect();
-        if !references.contains(default) {
-            references.push(default.clone());
-        }
-        let launcher = pool.factory().launcher();
-        references
-            .into_iter()
-            .map(|reference| {
-                let is_default = reference == *default;
-                match launcher.template(&reference) {
-                    Ok(template) => TemplateEntry {
-                        name: reference.to_string(),
-                        default: is_default,
-                        size: Some(template.default_size),
-                        promoted: template.snapshot.is_some(),
-                        sessions: template
-                            .image_config
-                            .sessions
-                            .iter()
-                            .map(|session| {
-                                format!("{}:{}", session.name, session.language.as_str())
-                            })
-                            .collect(),
-                        modified: std::fs::metadata(template.dir.join(TEMPLATE_FILE))
-                            .and_then(|meta| meta.modified())
-                            .ok(),
-                        error: None,
-                    },
-                    Err(error) => TemplateEntry {
-                        name: reference.to_string(),
-                        default: is_default,
-                        size: None,
-                        promoted: false,
-                        sessions: Vec::new(),
-                        modified: None,
-                        error: Some(sandbox_vmm::error_chain(&error)),
-                    },
-                }
-            })
-            .collect()
     }
 }

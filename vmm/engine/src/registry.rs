@@ -13,7 +13,7 @@ use std::time::SystemTime;
 
 use crate::pool::launcher::LaunchedVm;
 use crate::pool::Machine;
-use crate::sandbox::{Sandbox, SandboxId};
+use crate::sandbox::{Deadline, Sandbox, SandboxId};
 use crate::util::{join_all, lock};
 
 /// Tombstones kept; the oldest are dropped past this.
@@ -77,7 +77,7 @@ impl<V> State<V> {
     }
 }
 
-/// The session's sandboxes. Generic over the VM only so that unit tests can hold
+/// The node's sandboxes. Generic over the VM only so that unit tests can hold
 /// fake VMs; the server uses [`LaunchedVm`].
 #[derive(Debug)]
 pub struct Registry<V = LaunchedVm> {
@@ -101,22 +101,53 @@ impl<V: Machine> Registry<V> {
             if !state.closed {
                 state.gone.remove(&sandbox.id);
                 state.live.insert(sandbox.id.clone(), sandbox.clone());
-                if let Some(deadline) = sandbox.deadline {
-                    let registry = Arc::downgrade(self);
-                    let id = sandbox.id.clone();
-                    let timer = tokio::spawn(async move {
-                        tokio::time::sleep_until(deadline.instant).await;
-                        expire(registry, id).await;
-                    });
-                    state
-                        .timers
-                        .insert(sandbox.id.clone(), timer.abort_handle());
+                if let Some(deadline) = sandbox.deadline() {
+                    self.arm(&mut state, &sandbox.id, deadline);
                 }
                 return Ok(sandbox);
             }
         }
         sandbox.destroy().await;
         Err(Lookup::Closed)
+    }
+
+    /// Starts (or restarts) `id`'s TTL timer for `deadline`.
+    fn arm(self: &Arc<Self>, state: &mut State<V>, id: &SandboxId, deadline: Deadline) {
+        let registry = Arc::downgrade(self);
+        let timer_id = id.clone();
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep_until(deadline.instant).await;
+            expire(registry, timer_id).await;
+        });
+        if let Some(old) = state.timers.insert(id.clone(), timer.abort_handle()) {
+            old.abort();
+        }
+    }
+
+    /// Moves the deadline of the live sandbox `id` to `deadline` (later or sooner),
+    /// re-arming its timer. The attached agent has none to move: `Ok(None)`.
+    pub fn renew(
+        self: &Arc<Self>,
+        id: &str,
+        deadline: Deadline,
+    ) -> Result<Option<Arc<Sandbox<V>>>, Lookup> {
+        let mut state = lock(&self.state);
+        if state.closed {
+            return Err(Lookup::Closed);
+        }
+        let id = SandboxId::new(id);
+        let Some(sandbox) = state.live.get(&id).cloned() else {
+            return Err(state
+                .gone
+                .get(&id)
+                .map_or(Lookup::Unknown, |(_, why)| Lookup::Gone(*why)));
+        };
+        if sandbox.deadline().is_none() {
+            return Ok(None);
+        }
+        sandbox.set_deadline(deadline);
+        self.arm(&mut state, &id, deadline);
+        Ok(Some(sandbox))
     }
 
     /// The live sandbox `id`.
@@ -199,7 +230,15 @@ async fn expire<V: Machine>(registry: Weak<Registry<V>>, id: SandboxId) {
     let Some(registry) = registry.upgrade() else {
         return;
     };
-    lock(&registry.state).timers.remove(&id);
+    {
+        let mut state = lock(&registry.state);
+        // A renew that raced this timer moved the deadline and armed a new one.
+        let renewed = state.live.get(&id).and_then(|sandbox| sandbox.deadline());
+        if renewed.is_some_and(|deadline| deadline.instant > tokio::time::Instant::now()) {
+            return;
+        }
+        state.timers.remove(&id);
+    }
     let expired_at = SystemTime::now();
     match registry.remove(&id, Gone::Expired(expired_at)) {
         Ok(sandbox) => {
@@ -285,6 +324,33 @@ mod tests {
             Err(Lookup::Gone(Gone::Released))
         ));
         assert_eq!(get(&counters.destroyed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renew_moves_the_deadline_and_the_old_timer_does_not_fire() {
+        let (pool, counters) = started_pool(0, 1);
+        let registry = Registry::new();
+        let lease = claim(&pool).await;
+        registry
+            .insert(sandbox("sbx-1", lease, Duration::from_secs(10)))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let renewed = registry
+            .renew("sbx-1", Deadline::after(Duration::from_secs(60)))
+            .unwrap();
+        assert!(renewed.is_some());
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            registry.get("sbx-1").is_ok(),
+            "alive past its first deadline"
+        );
+        assert_eq!(get(&counters.destroyed), 0);
+        until("the renewed TTL", || registry.get("sbx-1").is_err()).await;
+        assert!(matches!(
+            registry.renew("sbx-1", Deadline::after(Duration::from_secs(60))),
+            Err(Lookup::Gone(Gone::Expired(_)))
+        ));
     }
 
     #[tokio::test(start_paused = true)]
