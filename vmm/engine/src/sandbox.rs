@@ -360,6 +360,16 @@ impl<V: Machine> Sandbox<V> {
         *crate::util::lock(&self.deadline) = Some(deadline);
     }
 
+    /// Where its agent listens (a relay's or the VMM's socket in the run folder).
+    pub fn agent_url(&self) -> &AgentUrl {
+        &self.agent.url
+    }
+
+    /// The token its agent requires: the node's, per VM, never a client's.
+    pub fn agent_token(&self) -> Option<&str> {
+        self.agent.options.token.as_deref()
+    }
+
     /// True for the attached agent.
     pub fn is_attached(&self) -> bool {
         matches!(self.backing, Backing::Attached)

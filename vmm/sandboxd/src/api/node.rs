@@ -1,0 +1,153 @@
+//! The node itself: info, drain, peers, health and metrics.
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Serialize;
+
+use super::{ApiError, AppState};
+
+#[derive(Serialize)]
+pub struct PoolRow {
+    template: String,
+    size: String,
+    target: usize,
+    warm: usize,
+    booting: usize,
+    last_error: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct TemplateRow {
+    name: String,
+    default: bool,
+    size: Option<String>,
+    promoted: bool,
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct Capacity {
+    max_sandboxes: usize,
+    vms: usize,
+    live_claims: usize,
+    claimable: usize,
+}
+
+#[derive(Serialize)]
+pub struct InfoReply {
+    version: &'static str,
+    addr: String,
+    default_template: String,
+    draining: bool,
+    pool: Option<PoolRow>,
+    templates: Vec<TemplateRow>,
+    capacity: Capacity,
+    live_claims: usize,
+    peers: Vec<String>,
+}
+
+pub async fn info(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<InfoReply>, ApiError> {
+    state.require_operator(&headers)?;
+    let status = state.node.status();
+    Ok(Json(InfoReply {
+        version: env!("CARGO_PKG_VERSION"),
+        addr: state.advertise.clone(),
+        default_template: status.default_template,
+        draining: status.draining,
+        pool: status.pool.map(|pool| PoolRow {
+            template: pool.template,
+            size: pool.size.to_string(),
+            target: pool.target,
+            warm: pool.warm,
+            booting: pool.booting,
+            last_error: pool.last_error,
+        }),
+        templates: status
+            .templates
+            .into_iter()
+            .map(|entry| TemplateRow {
+                name: entry.name,
+                default: entry.default,
+                size: entry.size.map(|size| size.to_string()),
+                promoted: entry.promoted,
+                error: entry.error,
+            })
+            .collect(),
+        live_claims: status.capacity.live_claims,
+        capacity: Capacity {
+            max_sandboxes: status.capacity.max_sandboxes,
+            vms: status.capacity.vms,
+            live_claims: status.capacity.live_claims,
+            claimable: status.capacity.claimable,
+        },
+        peers: Vec::new(),
+    }))
+}
+
+#[derive(Serialize)]
+pub struct DrainReply {
+    draining: bool,
+    live_claims: usize,
+}
+
+pub async fn drain(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<DrainReply>, ApiError> {
+    set_drain(&state, &headers, true)
+}
+
+pub async fn uncordon(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<DrainReply>, ApiError> {
+    set_drain(&state, &headers, false)
+}
+
+fn set_drain(
+    state: &AppState,
+    headers: &HeaderMap,
+    draining: bool,
+) -> Result<Json<DrainReply>, ApiError> {
+    state.require_operator(headers)?;
+    state.node.set_draining(draining);
+    Ok(Json(DrainReply {
+        draining,
+        live_claims: state.node.registry().list().len(),
+    }))
+}
+
+#[derive(Serialize)]
+pub struct PeersReply {
+    peers: Vec<String>,
+}
+
+/// A single node has no peers.
+pub async fn peers(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<PeersReply>, ApiError> {
+    state.require_operator(&headers)?;
+    Ok(Json(PeersReply { peers: Vec::new() }))
+}
+
+pub async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let status = state.node.status();
+    let text = state.metrics.render(&status);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+}

@@ -1,0 +1,248 @@
+//! Configuration in two stages: the command line ([`Args`], parsed by clap with
+//! environment fallbacks) and the validated [`Config`] the daemon runs on.
+//!
+//! | flag | variable | default |
+//! | --- | --- | --- |
+//! | `--listen ADDR` | `SANDBOXD_LISTEN` | `127.0.0.1:7777` |
+//! | `--token-file FILE` | `SANDBOXD_TOKEN_FILE` | `$SANDBOX_HOME/sandboxd/token`, made at first start |
+//! | `--advertise ADDR` | `SANDBOXD_ADVERTISE` | the listen address |
+//! | `--insecure-listen` | none | off: a non-loopback address is refused (no TLS yet) |
+//! | `--template NAME` | `SANDBOX_TEMPLATE` | `default` |
+//! | `--pool N` | `SANDBOX_POOL` | `1` |
+//! | `--max-sandboxes N` | `SANDBOX_MAX` | `8` |
+//! | `--sandbox-home DIR` | `SANDBOX_HOME` | `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` |
+//! | `--boot-timeout SECS` | `SANDBOX_BOOT_TIMEOUT` | `60` |
+//! | `--max-fork-count N` | `SANDBOX_MAX_FORK_COUNT` | `16` |
+//! | `--egress-allow ENTRY` (repeatable) | `SANDBOX_EGRESS_ALLOW` (comma-separated) | none |
+//!
+//! The launcher's own variables (`SANDBOX_RUN_DIR`, `SANDBOX_ACCEL`, ...) are read
+//! through the environment lookup handed to [`Config::from_args`].
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use sandbox_engine::config::{
+    LaunchConfig, Mode, DEFAULT_BOOT_TIMEOUT_SECS, DEFAULT_MAX_FORK_COUNT, MAX_SANDBOXES_LIMIT,
+};
+use sandbox_vmm::launcher::snapshot::MAX_BRANCH;
+use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
+
+/// The address sandboxd listens on by default (seed 000's port).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7777";
+
+/// The node daemon: microVM sandboxes behind an HTTP API.
+#[derive(Debug, Parser)]
+#[command(name = "sandboxd", version, about)]
+pub struct Args {
+    /// Address to listen on. A non-loopback address needs --insecure-listen (the
+    /// API carries tokens; TLS is not built in yet: put a TLS proxy in front).
+    #[arg(long, env = "SANDBOXD_LISTEN", default_value = DEFAULT_LISTEN, value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// File holding the operator token (mode 0600 or stricter). Default:
+    /// $SANDBOX_HOME/sandboxd/token, made with a random token at first start.
+    #[arg(long = "token-file", env = "SANDBOXD_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The address clients are told to reach this node at (`owner_addr`).
+    #[arg(long, env = "SANDBOXD_ADVERTISE", value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
+    /// Listen on a non-loopback address without TLS.
+    #[arg(long = "insecure-listen")]
+    pub insecure_listen: bool,
+    /// Template claimed when a claim names none.
+    #[arg(
+        long,
+        env = "SANDBOX_TEMPLATE",
+        default_value = "default",
+        value_name = "NAME"
+    )]
+    pub template: String,
+    /// Booted VMs of the default template kept ready (0 disables the pool).
+    #[arg(long, env = "SANDBOX_POOL", default_value_t = 1, value_name = "N")]
+    pub pool: usize,
+    /// Most VMs this node runs at once, warm ones included.
+    #[arg(
+        long = "max-sandboxes",
+        env = "SANDBOX_MAX",
+        default_value_t = 8,
+        value_name = "N"
+    )]
+    pub max_sandboxes: usize,
+    /// Root of templates, checkpoints and run folders.
+    #[arg(long = "sandbox-home", env = "SANDBOX_HOME", value_name = "DIR")]
+    pub sandbox_home: Option<PathBuf>,
+    /// Seconds one VM boot may take.
+    #[arg(long = "boot-timeout", env = "SANDBOX_BOOT_TIMEOUT", default_value_t = DEFAULT_BOOT_TIMEOUT_SECS, value_name = "SECS")]
+    pub boot_timeout_secs: u64,
+    /// Most children one fork may make.
+    #[arg(long = "max-fork-count", env = "SANDBOX_MAX_FORK_COUNT", default_value_t = DEFAULT_MAX_FORK_COUNT, value_name = "N")]
+    pub max_fork_count: usize,
+    /// An egress allowlist entry (repeatable): the most a sandbox claimed with
+    /// `net: egress` may reach. None: egress is refused.
+    #[arg(
+        long = "egress-allow",
+        env = "SANDBOX_EGRESS_ALLOW",
+        value_delimiter = ',',
+        value_name = "ENTRY"
+    )]
+    pub egress_allow: Vec<String>,
+}
+
+/// What the daemon runs on, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it listens.
+    pub listen: SocketAddr,
+    /// What claims report as `owner_addr`.
+    pub advertise: String,
+    /// The operator token's file; made when it is the default and missing.
+    pub token_file: PathBuf,
+    /// Whether `token_file` may be created.
+    pub token_file_is_default: bool,
+    /// The engine's configuration.
+    pub mode: Mode,
+}
+
+/// The command line does not make a valid configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A non-loopback address without `--insecure-listen`.
+    #[error(
+        "--listen {0} is not a loopback address: the API carries tokens in the clear. Put a \
+         TLS proxy in front and pass --insecure-listen, or listen on 127.0.0.1"
+    )]
+    NotLoopback(SocketAddr),
+    /// The launcher's environment is unusable.
+    #[error("Invalid launcher environment")]
+    Launcher(#[source] launcher::ConfigError),
+    /// `--sandbox-home` is relative.
+    #[error("--sandbox-home must be an absolute path, not {0:?}")]
+    RelativeHome(PathBuf),
+    /// `--max-sandboxes` is out of range.
+    #[error("--max-sandboxes must be between 1 and {MAX_SANDBOXES_LIMIT}, not {0}")]
+    MaxSandboxes(usize),
+    /// The pool is larger than the VM limit.
+    #[error("--pool ({pool}) cannot exceed --max-sandboxes ({max})")]
+    PoolOverMax {
+        /// `--pool`.
+        pool: usize,
+        /// `--max-sandboxes`.
+        max: usize,
+    },
+    /// `--boot-timeout 0`.
+    #[error("--boot-timeout must be at least 1 second")]
+    BootTimeout,
+    /// An empty `--template`.
+    #[error("--template must not be empty")]
+    EmptyTemplate,
+    /// `--max-fork-count` is out of range.
+    #[error("--max-fork-count must be between 1 and {MAX_BRANCH}, not {0}")]
+    MaxForkCount(usize),
+    /// An `--egress-allow` entry does not parse.
+    #[error("Invalid --egress-allow")]
+    EgressAllow(#[source] sandbox_vmm::egress::EntryError),
+}
+
+impl Config {
+    /// Validates `args`; `env` looks up the launcher's variables.
+    pub fn from_args(
+        args: Args,
+        env: impl Fn(&str) -> Option<OsString>,
+    ) -> Result<Self, ConfigError> {
+        if !args.listen.ip().is_loopback() && !args.insecure_listen {
+            return Err(ConfigError::NotLoopback(args.listen));
+        }
+        if !(1..=MAX_SANDBOXES_LIMIT).contains(&args.max_sandboxes) {
+            return Err(ConfigError::MaxSandboxes(args.max_sandboxes));
+        }
+        if args.pool > args.max_sandboxes {
+            return Err(ConfigError::PoolOverMax {
+                pool: args.pool,
+                max: args.max_sandboxes,
+            });
+        }
+        if args.boot_timeout_secs == 0 {
+            return Err(ConfigError::BootTimeout);
+        }
+        if args.template.trim().is_empty() {
+            return Err(ConfigError::EmptyTemplate);
+        }
+        if !(1..=MAX_BRANCH).contains(&args.max_fork_count) {
+            return Err(ConfigError::MaxForkCount(args.max_fork_count));
+        }
+        let egress_allow = sandbox_vmm::egress::Allowlist::parse(&args.egress_allow)
+            .map_err(ConfigError::EgressAllow)?;
+        if let Some(home) = &args.sandbox_home {
+            if !home.is_absolute() {
+                return Err(ConfigError::RelativeHome(home.clone()));
+            }
+        }
+        let home = args.sandbox_home.clone();
+        let launcher = LauncherConfig::from_vars(|name| match (name, &home) {
+            ("SANDBOX_HOME", Some(home)) => Some(home.clone().into_os_string()),
+            _ => env(name),
+        })
+        .map_err(ConfigError::Launcher)?;
+        let (token_file, token_file_is_default) = match args.token_file {
+            Some(file) => (file, false),
+            None => (launcher.home.root().join("sandboxd").join("token"), true),
+        };
+        Ok(Self {
+            listen: args.listen,
+            advertise: args.advertise.unwrap_or_else(|| args.listen.to_string()),
+            token_file,
+            token_file_is_default,
+            mode: Mode::Launch(LaunchConfig {
+                launcher,
+                template: TemplateRef::parse(args.template.trim()),
+                pool: args.pool,
+                max_sandboxes: args.max_sandboxes,
+                boot_timeout: Duration::from_secs(args.boot_timeout_secs),
+                max_fork_count: args.max_fork_count,
+                egress_allow,
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(argv: &[&str]) -> Result<Config, ConfigError> {
+        let mut full = vec!["sandboxd", "--sandbox-home", "/s"];
+        full.extend_from_slice(argv);
+        Config::from_args(Args::try_parse_from(full).unwrap(), |_| None)
+    }
+
+    #[test]
+    fn defaults_listen_on_loopback_port_7777_with_a_token_in_the_home() {
+        let config = config(&[]).unwrap();
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(config.advertise, DEFAULT_LISTEN);
+        assert_eq!(config.token_file, PathBuf::from("/s/sandboxd/token"));
+        assert!(config.token_file_is_default);
+    }
+
+    #[test]
+    fn a_public_address_needs_the_insecure_flag() {
+        let refused = config(&["--listen", "0.0.0.0:7777"]).unwrap_err();
+        assert!(
+            refused.to_string().contains("--insecure-listen"),
+            "{refused}"
+        );
+        assert!(config(&["--listen", "0.0.0.0:7777", "--insecure-listen"]).is_ok());
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_flag_named() {
+        let bad = |argv: &[&str]| config(argv).unwrap_err().to_string();
+        assert!(bad(&["--max-sandboxes", "0"]).contains("--max-sandboxes"));
+        assert!(bad(&["--pool", "9"]).contains("--pool"));
+        assert!(bad(&["--boot-timeout", "0"]).contains("--boot-timeout"));
+        assert!(bad(&["--template", " "]).contains("--template"));
+        assert!(bad(&["--max-fork-count", "0"]).contains("--max-fork-count"));
+    }
+}

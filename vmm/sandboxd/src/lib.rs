@@ -1,0 +1,65 @@
+//! `sandboxd`: the node daemon. One sandbox engine (`sandbox-engine`) per host,
+//! shared by every client: a REST/JSON control plane in seed 000's shape (claims,
+//! sandboxes, checkpoints, the node) and a data plane that upgrades an HTTP
+//! connection to a sandbox's agent protocol.
+//!
+//! # How data flows
+//! [`server`] accepts TCP connections and serves HTTP/1.1 on each; the [`api`]
+//! router checks the caller's token ([`auth`]), turns the request into an engine
+//! call, and the answer into JSON (or an [`api::ApiError`] with a status). An
+//! upgraded connection is spliced to the sandbox's agent socket after its `Hello`
+//! has been given the VM's token. The warm pool, capacity and deadlines are the
+//! engine's, one for all clients.
+//!
+//! # Lifetime
+//! The daemon owns its VMs: they stop when it stops (SIGTERM or SIGINT destroys
+//! every sandbox and warm VM). Re-adopting running VMs after a restart is not built
+//! yet.
+//!
+//! # Layout
+//! - [`config`]: command line → [`Config`].
+//! - [`auth`]: the operator token and the callers it tells apart.
+//! - [`api`]: routes, handlers, the error mapping.
+//! - [`metrics`]: counters for `/metrics`.
+//! - [`server`]: the accept loop and its bounds.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod metrics;
+pub mod server;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+pub use config::{Args, Config};
+
+/// Serves the node until `shutdown` resolves, then destroys every sandbox.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let operator = auth::OperatorToken::load(&config.token_file, config.token_file_is_default)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("Cannot listen on {}", config.listen))?;
+    let local = listener.local_addr()?;
+    let node = sandbox_engine::Node::start(config.mode).await;
+    let advertise = if config.advertise.ends_with(":0") {
+        local.to_string()
+    } else {
+        config.advertise
+    };
+    let state = api::AppState {
+        node: node.clone(),
+        operator,
+        advertise,
+        metrics: Arc::new(metrics::Metrics::default()),
+    };
+    tracing::info!(addr = %local, token_file = %config.token_file.display(), "sandboxd listening");
+    // The test harness and scripts read this line to learn the port.
+    println!("sandboxd listening on {local}");
+    server::serve(listener, api::router(state), shutdown).await;
+    tracing::info!("shutting down: destroying every sandbox");
+    node.shutdown().await;
+    Ok(())
+}
