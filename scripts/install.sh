@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs sandbox-mcp, sandboxctl and sandbox-relay (the per-VM host end of the
-# serial link, which both find next to themselves) from this checkout with
+# Installs sandbox-mcp, sandboxctl, sandboxd (the node daemon) and sandbox-relay
+# (the per-VM host end of the serial link, which all find next to themselves) from this checkout with
 # `cargo install --path ... --locked --root PREFIX`, into PREFIX/bin.
 #
 #   scripts/install.sh                      # into ~/.cargo/bin (on PATH after rustup)
@@ -35,9 +35,10 @@ install() {
 }
 install --path mcp
 install --path vmm/sandboxctl
+install --path vmm/sandboxd
 install --path vmm --bin sandbox-relay
 
-echo "installed into $prefix/bin: sandbox-mcp sandboxctl sandbox-relay"
+echo "installed into $prefix/bin: sandbox-mcp sandboxctl sandboxd sandbox-relay"
 case ":$PATH:" in
   *":$prefix/bin:"*) ;;
   *) echo "note: $prefix/bin is not on PATH; add it, or name the full path in .mcp.json" >&2 ;;

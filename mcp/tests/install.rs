@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 use support::{assert_nothing_left, run_dir, McpServer};
 
 /// The binaries the install puts in `PREFIX/bin`.
-const INSTALLED: [&str; 3] = ["sandbox-mcp", "sandboxctl", "sandbox-relay"];
+const INSTALLED: [&str; 4] = ["sandbox-mcp", "sandboxctl", "sandboxd", "sandbox-relay"];
 
 fn main() -> std::process::ExitCode {
     vm_main(&[VmTest {
