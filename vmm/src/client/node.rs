@@ -350,7 +350,7 @@ mod tests {
         (url, server)
     }
 
-    async fn read_head(conn: &mut tokio::net::TcpStream) -> String {
+    async fn read_head<S: tokio::io::AsyncRead + Unpin>(conn: &mut S) -> String {
         let mut head = Vec::new();
         let mut byte = [0u8; 1];
         while !head.ends_with(b"\r\n\r\n") {
@@ -585,6 +585,61 @@ mod tests {
             tls_config(Some(&missing)),
             Err(NodeError::CaFile { .. })
         ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn https_upgrades_with_the_nodes_ca_file_and_refuses_an_unknown_certificate() {
+        let rcgen::CertifiedKey { cert, key_pair } =
+            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+        let dir = std::env::temp_dir().join(format!("sandbox-node-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = dir.join("node.pem");
+        std::fs::write(&ca, cert.pem()).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key_pair.serialize_der().into());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.der().clone()], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                // A client that refuses the certificate ends here.
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    continue;
+                };
+                read_head(&mut tls).await;
+                tls.write_all(SWITCHED).await.unwrap();
+                let mut buf = [0u8; 64];
+                while let Ok(n @ 1..) = tls.read(&mut buf).await {
+                    let _ = tls.write_all(&buf[..n]).await;
+                }
+            }
+        });
+        let base = format!("https://127.0.0.1:{port}/v1/sandboxes/a/agent");
+
+        let unknown: AgentUrl = base.parse().unwrap();
+        let err = dial(&unknown, None).await.err().unwrap();
+        assert!(
+            matches!(
+                node_error(&err),
+                Some(NodeError::Tls(_) | NodeError::NoSystemRoots)
+            ),
+            "{err:?}"
+        );
+
+        let trusted: AgentUrl = format!("{base}?ca={}", ca.display()).parse().unwrap();
+        let mut stream = dial(&trusted, Some("t")).await.unwrap();
+        stream.write_all(b"over tls").await.unwrap();
+        let mut echo = [0u8; 8];
+        stream.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"over tls");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
