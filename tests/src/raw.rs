@@ -65,6 +65,7 @@ impl RawConnection {
             AgentUrl::Unix(path) => Self::unix(path).await,
             AgentUrl::Hvsock { path, port } => Self::hvsock(path, *port).await,
             AgentUrl::Vsock { .. } => panic!("raw vsock connections are not supported: {url}"),
+            AgentUrl::Node(_) => Self::node(url, None).await,
         }
     }
 
@@ -78,6 +79,21 @@ impl RawConnection {
             .await
             .unwrap_or_else(|e| panic!("CONNECT {port} failed: {}", error_chain(&e)));
         Self::new(Box::new(stream))
+    }
+
+    /// Upgrades a node daemon's data-plane request (`url` an [`AgentUrl::Node`],
+    /// `bearer` its token); sends nothing else.
+    ///
+    /// [`AgentUrl::Node`]: sandbox_vmm::client::AgentUrl::Node
+    pub async fn node(url: &sandbox_vmm::client::AgentUrl, bearer: Option<&str>) -> Self {
+        let options = sandbox_vmm::client::ConnectOptions {
+            token: bearer.map(str::to_owned),
+            ..Default::default()
+        };
+        match sandbox_vmm::Client::open_stream(url, &options).await {
+            Ok(stream) => Self::new(Box::new(stream)),
+            Err(error) => panic!("cannot upgrade {url}: {}", error_chain(&error)),
+        }
     }
 
     /// Completes a valid handshake with `token`.

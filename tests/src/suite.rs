@@ -16,7 +16,9 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use tokio::sync::OnceCell;
 
 use crate::scenarios::{self, Scenario};
-use crate::transport::{BoxFuture, Target, Transport, UnixTransport, VmTransport};
+use crate::transport::{
+    BoxFuture, Target, Transport, UnixTransport, UpgradeTransport, VmTransport,
+};
 use crate::vm::{gate, Gate, SKIP_NOTE};
 
 /// How many trials run at once unless `--test-threads` says otherwise. Not one per
@@ -51,6 +53,13 @@ pub const TRANSPORTS: &[TransportKind] = &[
         name: "link",
         gate: || Gate::Open,
         start: || Box::pin(async { Arc::new(UnixTransport::start_link()) as Arc<dyn Transport> }),
+    },
+    TransportKind {
+        name: "upgrade",
+        gate: || Gate::Open,
+        start: || {
+            Box::pin(async { Arc::new(UpgradeTransport::start().await) as Arc<dyn Transport> })
+        },
     },
     TransportKind {
         name: "microvm",

@@ -8,7 +8,9 @@
 //!   or serving the link behind a `sandbox-relay` ([`UnixTransport::start_link`]);
 //! - [`VmTransport`]: the agent as PID 1 of a real microVM of the default template or
 //!   another ([`VmTransport::boot_template`]), over the launcher's transport
-//!   (its serial link by default).
+//!   (its serial link by default);
+//! - [`UpgradeTransport`]: the agent on a Unix socket behind a node daemon's data
+//!   plane: an HTTP/1.1 upgrade to a [`TestNode`] that splices to it.
 //!
 //! A new transport (say, a virtio-serial relay) implements [`Transport`] and adds one
 //! entry to [`crate::suite::TRANSPORTS`]; every scenario then runs over it too.
@@ -19,9 +21,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use sandbox_vmm::client::Client;
+use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 use sandbox_vmm::launcher::TemplateRef;
 
+use crate::node::{TestNode, SANDBOX};
 use crate::raw::RawConnection;
 use crate::vm::{default_template, TestVm, VmHost};
 use crate::{AgentOptions, TempDir, TestAgent};
@@ -206,6 +209,75 @@ impl Transport for UnixTransport {
 
     fn log_tail(&self) -> String {
         tail(&self.agent.log())
+    }
+}
+
+/// The agent on a Unix socket behind a node daemon's data plane: every client and
+/// raw connection is an HTTP/1.1 upgrade to a [`TestNode`], which splices it to the
+/// agent. The client presents the node's Bearer token only; the agent requires a
+/// token of its own, which only the node holds (it puts it into each `Hello`).
+#[derive(Debug)]
+pub struct UpgradeTransport {
+    // First: stops accepting before the agent goes.
+    node: TestNode,
+    agent: UnixTransport,
+}
+
+/// The Bearer token the [`UpgradeTransport`]'s node requires.
+const NODE_BEARER: &str = "node-bearer-token";
+
+/// The token the [`UpgradeTransport`]'s agent requires; never sent by its clients.
+const AGENT_TOKEN: &str = "agent-only-token";
+
+impl UpgradeTransport {
+    /// Starts an agent with a token and a node in front of it.
+    pub async fn start() -> Self {
+        let options = AgentOptions {
+            token: Some(AGENT_TOKEN.to_owned()),
+            ..AgentOptions::default()
+        };
+        let agent = UnixTransport::start_with(options, 1 << 30);
+        let url = AgentUrl::Unix(agent.agent().socket().to_owned());
+        let node = TestNode::start(url, Some(AGENT_TOKEN.to_owned()), NODE_BEARER).await;
+        Self { node, agent }
+    }
+
+    async fn client(&self) -> Client {
+        let url = self.node.url(SANDBOX);
+        let options = ConnectOptions {
+            token: Some(NODE_BEARER.to_owned()),
+            ..ConnectOptions::default()
+        };
+        match Client::connect(&url, &options).await {
+            Ok(client) => client,
+            Err(error) => panic!(
+                "cannot connect through the test node: {}
+agent log:
+{}",
+                sandbox_vmm::error_chain(&error),
+                self.log_tail()
+            ),
+        }
+    }
+}
+
+impl Transport for UpgradeTransport {
+    fn facts(&self) -> &Facts {
+        self.agent.facts()
+    }
+
+    fn connect(&self) -> BoxFuture<'_, Client> {
+        Box::pin(self.client())
+    }
+
+    fn open_raw(&self) -> BoxFuture<'_, RawConnection> {
+        Box::pin(
+            async move { RawConnection::node(&self.node.url(SANDBOX), Some(NODE_BEARER)).await },
+        )
+    }
+
+    fn log_tail(&self) -> String {
+        self.agent.log_tail()
     }
 }
 

@@ -1,6 +1,7 @@
 //! Every transport-independent scenario (`sandbox_tests::scenarios`) over every
-//! transport (`sandbox_tests::suite::TRANSPORTS`): the agent on a Unix socket and the
-//! agent as PID 1 of a real microVM. Trials are named `TRANSPORT::AREA::NAME`;
+//! transport (`sandbox_tests::suite::TRANSPORTS`): the agent on a Unix socket, behind
+//! a relay's link, behind a node daemon's HTTP upgrade (`upgrade`), and as PID 1 of a
+//! real microVM. Trials are named `TRANSPORT::AREA::NAME`;
 //! `cargo test -p sandbox-tests --test suite -- unix::` runs one transport.
 //!
 //! The microVM trials need QEMU, `vhost-device-vsock` and the default template

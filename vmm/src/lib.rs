@@ -19,6 +19,8 @@
 //! - [`launcher`]: boots and stops the microVMs the agent runs in.
 //! - [`egress`]: `net: egress` on the host: the allowlist, dialling for the guest,
 //!   and the per-VM egress log.
+//! - [`splice`]: a node daemon's data plane, server side: an upgraded HTTP
+//!   connection joined to a local agent (its client side is [`client::node`]).
 //! - [`relay`]: the per-VM host end of a snapshot-capable VM's one agent stream,
 //!   serving many clients as channels of the link (binary `sandbox-relay`).
 
@@ -26,6 +28,7 @@ pub mod client;
 pub mod egress;
 pub mod launcher;
 pub mod relay;
+pub mod splice;
 
 pub use client::{Client, ClientError, ConnectOptions};
 

@@ -6,6 +6,11 @@
 //! - `hvsock:///run/vm.vsock:1024`: hybrid vsock (Firecracker, Cloud Hypervisor,
 //!   vhost-device-vsock): the VMM's Unix socket plus the guest port, reached with the
 //!   `CONNECT` handshake in [`super::hvsock`].
+//! - `http://HOST:PORT/v1/sandboxes/ID/agent` (or `https://`, optionally with
+//!   `?ca=PEM_FILE`): sandbox `ID` behind a node daemon, reached with an HTTP/1.1
+//!   `Upgrade: sandbox-agent` request in [`super::node`] (feature `node`). The
+//!   [`super::ConnectOptions::token`] is then the daemon's Bearer token, and the daemon,
+//!   not the client, gives the agent its own token (see [`crate::splice`]).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -35,16 +40,166 @@ pub enum AgentUrl {
         /// The agent's port inside the guest.
         port: u32,
     },
+    /// `http://HOST:PORT/v1/sandboxes/ID/agent`, `https://...[?ca=PEM_FILE]`.
+    /// Boxed: it is the largest variant, and every [`ClientError`] carries a URL.
+    Node(Box<NodeUrl>),
+}
+
+/// A sandbox behind a node daemon: [`AgentUrl::Node`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct NodeUrl {
+    /// `http://HOST[:PORT]` or `https://HOST[:PORT]`, as written, without a
+    /// trailing slash.
+    pub base: String,
+    /// The sandbox's id on that node.
+    pub sandbox: String,
+    /// For `https`: a PEM file of the certificates to trust instead of the system's
+    /// roots (a node with a self-signed certificate). It lives in the URL (`?ca=`, as
+    /// libpq's `sslrootcert`) so that every front end taking an agent URL can name it.
+    pub tls_ca: Option<PathBuf>,
+}
+
+impl AgentUrl {
+    /// The URL of `sandbox` on the node at `base` (`http(s)://HOST[:PORT]`).
+    pub fn node(base: impl Into<String>, sandbox: impl Into<String>) -> Self {
+        Self::Node(Box::new(NodeUrl {
+            base: base.into(),
+            sandbox: sandbox.into(),
+            tls_ca: None,
+        }))
+    }
+}
+
+/// The `Upgrade` protocol token of the data plane: `GET` [`agent_path`] with
+/// `Connection: Upgrade` and `Upgrade: sandbox-agent` turns the HTTP connection into
+/// the agent protocol (answered `101 Switching Protocols` with the same headers).
+pub const NODE_UPGRADE_TOKEN: &str = "sandbox-agent";
+
+/// The first part of a data-plane path, before the sandbox id.
+const AGENT_PATH_PREFIX: &str = "/v1/sandboxes/";
+
+/// The last part of a data-plane path, after the sandbox id.
+const AGENT_PATH_SUFFIX: &str = "/agent";
+
+/// Longest sandbox id a node URL may carry.
+pub const MAX_SANDBOX_ID_BYTES: usize = 128;
+
+/// The data-plane path of `sandbox` on a node: `/v1/sandboxes/{sandbox}/agent`.
+pub fn agent_path(sandbox: &str) -> String {
+    format!("{AGENT_PATH_PREFIX}{sandbox}{AGENT_PATH_SUFFIX}")
+}
+
+/// The sandbox id a data-plane request path names, if it is one: the inverse of
+/// [`agent_path`], for the daemon's router and the URL parser alike. Ids are
+/// `[A-Za-z0-9._-]`, 1 to [`MAX_SANDBOX_ID_BYTES`] bytes, so they never need escaping.
+pub fn sandbox_of_agent_path(path: &str) -> Option<&str> {
+    let id = path
+        .strip_prefix(AGENT_PATH_PREFIX)?
+        .strip_suffix(AGENT_PATH_SUFFIX)?;
+    is_sandbox_id(id).then_some(id)
+}
+
+fn is_sandbox_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_SANDBOX_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && id != "."
+        && id != ".."
+}
+
+/// Where a node daemon listens, taken apart from [`AgentUrl::Node`]'s `base`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeEndpoint {
+    /// `https`.
+    pub tls: bool,
+    /// The host name or address, without brackets around an IPv6 address.
+    pub host: String,
+    /// The port (80 or 443 when the URL names none).
+    pub port: u16,
+    /// `HOST[:PORT]` as written, for the `Host` header.
+    pub authority: String,
+}
+
+impl NodeEndpoint {
+    /// Takes `http://HOST[:PORT]` or `https://HOST[:PORT]` apart.
+    pub fn parse(base: &str) -> Result<Self, UrlError> {
+        let bad = |why: &'static str| UrlError::BadNodeAddress {
+            base: base.to_owned(),
+            why,
+        };
+        let (tls, authority) = if let Some(rest) = base.strip_prefix("https://") {
+            (true, rest)
+        } else if let Some(rest) = base.strip_prefix("http://") {
+            (false, rest)
+        } else {
+            return Err(bad("not http:// or https://"));
+        };
+        if authority.contains('@') {
+            return Err(bad(
+                "user info is not supported; the token goes in the options",
+            ));
+        }
+        let bracketed = authority.starts_with('[');
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let Some((host, after)) = v6.split_once(']') else {
+                return Err(bad("unclosed [ in the address"));
+            };
+            match after {
+                "" => (host, None),
+                _ => match after.strip_prefix(':') {
+                    Some(port) => (host, Some(port)),
+                    None => return Err(bad("junk after ]")),
+                },
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            }
+        };
+        let host_ok = if bracketed {
+            host.parse::<std::net::Ipv6Addr>().is_ok()
+        } else {
+            !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+        };
+        if !host_ok {
+            return Err(bad("no valid host"));
+        }
+        let port = match port {
+            None => {
+                if tls {
+                    443
+                } else {
+                    80
+                }
+            }
+            Some(port) => port.parse::<u16>().map_err(|_| bad("bad port"))?,
+        };
+        Ok(Self {
+            tls,
+            host: host.to_owned(),
+            port,
+            authority: authority.to_owned(),
+        })
+    }
 }
 
 /// Why a string is not an agent URL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UrlError {
     /// No `scheme://` at the start.
-    #[error("{0:?} has no scheme; expected unix://PATH, vsock://CID:PORT or hvsock://PATH:PORT")]
+    #[error(
+        "{0:?} has no scheme; expected unix://PATH, vsock://CID:PORT, hvsock://PATH:PORT \
+         or http(s)://HOST:PORT/v1/sandboxes/ID/agent"
+    )]
     MissingScheme(String),
-    /// A scheme other than `unix`, `vsock` or `hvsock`.
-    #[error("Unknown scheme {0:?}; expected unix, vsock or hvsock")]
+    /// A scheme other than `unix`, `vsock`, `hvsock`, `http` or `https`.
+    #[error("Unknown scheme {0:?}; expected unix, vsock, hvsock, http or https")]
     UnknownScheme(String),
     /// Nothing after `unix://` or `hvsock://`.
     #[error("{0:?} names no socket path")]
@@ -58,6 +213,20 @@ pub enum UrlError {
     /// The CID is not a number in `0..2^32`.
     #[error("Bad CID {0:?}")]
     BadCid(String),
+    /// A node URL's `scheme://HOST[:PORT]` part is not usable.
+    #[error("Bad node address {base:?}: {why}")]
+    BadNodeAddress {
+        /// The `scheme://authority` part.
+        base: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A node URL's path is not `/v1/sandboxes/ID/agent` with a valid id.
+    #[error("{0:?} does not name /v1/sandboxes/ID/agent (ids are [A-Za-z0-9._-], 1 to 128 bytes)")]
+    BadNodePath(String),
+    /// A node URL's query is something other than `?ca=PEM_FILE` on `https`.
+    #[error("{0:?}: the only query a node URL takes is ?ca=PEM_FILE, on https")]
+    BadNodeQuery(String),
 }
 
 impl FromStr for AgentUrl {
@@ -91,9 +260,39 @@ impl FromStr for AgentUrl {
                     port,
                 })
             }
+            "http" | "https" => parse_node(url, scheme, rest),
             other => Err(UrlError::UnknownScheme(other.to_owned())),
         }
     }
+}
+
+/// `rest` is what follows `scheme://` in a node URL.
+fn parse_node(url: &str, scheme: &str, rest: &str) -> Result<AgentUrl, UrlError> {
+    let (authority, path) = match rest.find('/') {
+        Some(slash) => rest.split_at(slash),
+        None => (rest, ""),
+    };
+    let base = format!("{scheme}://{authority}");
+    let endpoint = NodeEndpoint::parse(&base)?;
+    let (path, query) = match path.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (path, None),
+    };
+    let Some(sandbox) = sandbox_of_agent_path(path) else {
+        return Err(UrlError::BadNodePath(url.to_owned()));
+    };
+    let tls_ca = match query {
+        None => None,
+        Some(query) => match query.strip_prefix("ca=") {
+            Some(ca) if endpoint.tls && !ca.is_empty() => Some(PathBuf::from(ca)),
+            _ => return Err(UrlError::BadNodeQuery(url.to_owned())),
+        },
+    };
+    Ok(AgentUrl::Node(Box::new(NodeUrl {
+        base,
+        sandbox: sandbox.to_owned(),
+        tls_ca,
+    })))
 }
 
 /// Splits `HOST:PORT` at its last colon (paths may contain colons, ports do not).
@@ -116,6 +315,13 @@ impl fmt::Display for AgentUrl {
             Self::Unix(path) => write!(f, "unix://{}", path.display()),
             Self::Vsock { cid, port } => write!(f, "vsock://{cid}:{port}"),
             Self::Hvsock { path, port } => write!(f, "hvsock://{}:{port}", path.display()),
+            Self::Node(node) => {
+                write!(f, "{}{}", node.base, agent_path(&node.sandbox))?;
+                match &node.tls_ca {
+                    Some(ca) => write!(f, "?ca={}", ca.display()),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -125,8 +331,12 @@ pub trait AgentStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> AgentStream for T {}
 
-/// Opens a byte stream to the agent (no timeout: the caller bounds it).
-pub(crate) async fn dial(url: &AgentUrl) -> Result<Box<dyn AgentStream>, ClientError> {
+/// Opens a byte stream to the agent (no timeout: the caller bounds it). `bearer` is
+/// the node daemon's token, for [`AgentUrl::Node`]; the other transports ignore it.
+pub(crate) async fn dial(
+    url: &AgentUrl,
+    bearer: Option<&str>,
+) -> Result<Box<dyn AgentStream>, ClientError> {
     let connect_error = |error| ClientError::Connect {
         url: url.clone(),
         error,
@@ -156,6 +366,13 @@ pub(crate) async fn dial(url: &AgentUrl) -> Result<Box<dyn AgentStream>, ClientE
                     error,
                 })?;
             Ok(Box::new(stream))
+        }
+        #[cfg(feature = "node")]
+        AgentUrl::Node(node) => super::node::upgrade(url, node, bearer).await,
+        #[cfg(not(feature = "node"))]
+        AgentUrl::Node(_) => {
+            let _ = bearer;
+            Err(ClientError::NodeUnsupported { url: url.clone() })
         }
     }
 }
@@ -206,6 +423,100 @@ mod tests {
             "hvsock:///x/y:9",
         ] {
             assert_eq!(parse(url).unwrap().to_string(), url);
+        }
+    }
+
+    #[test]
+    fn parses_node_urls() {
+        assert_eq!(
+            parse("http://10.0.0.5:7777/v1/sandboxes/sb-1.a_B/agent"),
+            Ok(AgentUrl::node("http://10.0.0.5:7777", "sb-1.a_B"))
+        );
+        assert_eq!(
+            parse("https://node.example:8443/v1/sandboxes/x/agent?ca=/etc/node/ca.pem"),
+            Ok(AgentUrl::Node(Box::new(NodeUrl {
+                base: "https://node.example:8443".into(),
+                sandbox: "x".into(),
+                tls_ca: Some("/etc/node/ca.pem".into()),
+            })))
+        );
+    }
+
+    #[test]
+    fn node_endpoints_default_their_port_and_unbracket_ipv6() {
+        let plain = NodeEndpoint::parse("http://node").unwrap();
+        assert_eq!(
+            (plain.tls, plain.host.as_str(), plain.port),
+            (false, "node", 80)
+        );
+        let tls = NodeEndpoint::parse("https://[::1]:9").unwrap();
+        assert_eq!((tls.tls, tls.host.as_str(), tls.port), (true, "::1", 9));
+        assert_eq!(tls.authority, "[::1]:9");
+        assert_eq!(NodeEndpoint::parse("https://[::1]").unwrap().port, 443);
+    }
+
+    #[test]
+    fn node_urls_display_round_trip() {
+        for url in [
+            "http://127.0.0.1:7777/v1/sandboxes/a/agent",
+            "https://[::1]:7777/v1/sandboxes/a-b/agent?ca=/x/ca.pem",
+            "http://node/v1/sandboxes/z/agent",
+        ] {
+            assert_eq!(parse(url).unwrap().to_string(), url);
+        }
+    }
+
+    #[test]
+    fn agent_paths_round_trip_and_refuse_odd_ids() {
+        assert_eq!(sandbox_of_agent_path(&agent_path("sb-7")), Some("sb-7"));
+        for path in [
+            "/v1/sandboxes//agent",
+            "/v1/sandboxes/../agent",
+            "/v1/sandboxes/a/b/agent",
+            "/v1/sandboxes/a%20b/agent",
+            "/v1/sandboxes/a/agent/",
+            "/v1/sandboxes/a",
+            "/v2/sandboxes/a/agent",
+        ] {
+            assert_eq!(sandbox_of_agent_path(path), None, "{path}");
+        }
+        let long = agent_path(&"a".repeat(MAX_SANDBOX_ID_BYTES + 1));
+        assert_eq!(sandbox_of_agent_path(&long), None);
+    }
+
+    #[test]
+    fn rejects_bad_node_urls() {
+        let bad_address = |url: &str| {
+            assert!(
+                matches!(parse(url), Err(UrlError::BadNodeAddress { .. })),
+                "{url}: {:?}",
+                parse(url)
+            );
+        };
+        bad_address("http://:7777/v1/sandboxes/a/agent");
+        bad_address("http://h:99999/v1/sandboxes/a/agent");
+        bad_address("http://h:x/v1/sandboxes/a/agent");
+        bad_address("http://user:pw@h:1/v1/sandboxes/a/agent");
+        bad_address("http://a:b:1/v1/sandboxes/a/agent");
+        bad_address("http://[::1/v1/sandboxes/a/agent");
+        bad_address("http://[nope]:1/v1/sandboxes/a/agent");
+        assert_eq!(
+            parse("http://h:1"),
+            Err(UrlError::BadNodePath("http://h:1".into()))
+        );
+        assert_eq!(
+            parse("http://h:1/v1/sandboxes/a/exec"),
+            Err(UrlError::BadNodePath(
+                "http://h:1/v1/sandboxes/a/exec".into()
+            ))
+        );
+        // A CA file means nothing without TLS, and no other query is known.
+        for url in [
+            "http://h:1/v1/sandboxes/a/agent?ca=/x.pem",
+            "https://h:1/v1/sandboxes/a/agent?ca=",
+            "https://h:1/v1/sandboxes/a/agent?token=t",
+        ] {
+            assert_eq!(parse(url), Err(UrlError::BadNodeQuery(url.into())), "{url}");
         }
     }
 

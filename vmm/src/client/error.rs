@@ -10,6 +10,8 @@ use sandbox_protocol::{ErrorKind, WireError};
 
 use super::connect::{AgentUrl, UrlError};
 use super::hvsock::HvsockError;
+#[cfg(feature = "node")]
+use super::node::NodeError;
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +36,47 @@ pub enum ClientError {
         /// What went wrong.
         #[source]
         error: HvsockError,
+    },
+    /// The node daemon answered the upgrade request with an HTTP error (a refused
+    /// token, an unknown sandbox, a draining node).
+    #[error("Node refused {url}: {status} {code}: {message}")]
+    NodeRefused {
+        /// The node URL.
+        url: AgentUrl,
+        /// The HTTP status.
+        status: u16,
+        /// The daemon's error code (`error.code` of its JSON body); empty when the
+        /// body was not the daemon's JSON.
+        code: String,
+        /// The daemon's message (`error.message`), or the start of a body that was
+        /// not its JSON.
+        message: String,
+    },
+    /// Reaching the node daemon failed before it answered (TLS, a broken or
+    /// oversize HTTP answer, an upgrade to another protocol).
+    #[cfg(feature = "node")]
+    #[error("Upgrade at {url} failed")]
+    Node {
+        /// The node URL.
+        url: AgentUrl,
+        /// What went wrong (boxed: rustls's errors would double the size of every
+        /// `Result` of this crate).
+        #[source]
+        error: Box<NodeError>,
+    },
+    /// A node URL was given to a build without the `node` feature.
+    #[cfg(not(feature = "node"))]
+    #[error("{url} names a node daemon; this build has no `node` feature")]
+    NodeUnsupported {
+        /// The node URL.
+        url: AgentUrl,
+    },
+    /// The URL names no agent this side can splice to (a node's data plane splices
+    /// to local agents only).
+    #[error("{url} is not a local agent")]
+    NotLocal {
+        /// The URL.
+        url: AgentUrl,
     },
     /// Connecting and the handshake together took longer than allowed.
     #[error("Timed out connecting to {url} after {timeout:?}")]
@@ -135,6 +178,9 @@ impl ClientError {
             | Self::HelloIo(_)
             | Self::HelloClosed
             | Self::ConnectionLost { .. } => true,
+            // The node is busy or the sandbox not ready yet; a proxy in front of it
+            // is restarting.
+            Self::NodeRefused { status, .. } => matches!(status, 502..=504 | 429),
             Self::HelloRefused(error) => error.kind == ErrorKind::Busy,
             _ => false,
         }

@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`connect`]: agent URLs (`unix://`, `vsock://`, `hvsock://`) and dialing them.
 //! - [`hvsock`]: the hybrid-vsock `CONNECT` handshake.
+//! - [`node`] (feature `node`): a sandbox behind a node daemon, reached with an
+//!   HTTP/1.1 `Upgrade` over TCP or TLS.
 //! - `hello`: the protocol handshake (`Hello` under id 0).
 //! - `mux`: the writer task, the reader task that routes frames by request id, and
 //!   the pending-request table.
@@ -27,6 +29,8 @@ mod hello;
 pub mod hvsock;
 mod machine;
 mod mux;
+#[cfg(feature = "node")]
+pub mod node;
 pub mod stream;
 mod wait;
 
@@ -42,7 +46,7 @@ use sandbox_protocol::{
 };
 use tokio::time::Instant;
 
-pub use connect::{AgentStream, AgentUrl, UrlError};
+pub use connect::{AgentStream, AgentUrl, NodeEndpoint, NodeUrl, UrlError, NODE_UPGRADE_TOKEN};
 pub use error::ClientError;
 pub use hvsock::HvsockError;
 pub use stream::{ExecEvent, ExecStream, LogsEvent, LogsStream, RequestStream, Step};
@@ -61,7 +65,10 @@ const RETRY_MAX_PAUSE_MS: u64 = 250;
 /// How to connect.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
-    /// The agent's shared secret, when it requires one.
+    /// The agent's shared secret, when it requires one. For an [`AgentUrl::Node`] it
+    /// is the node daemon's token instead (operator or per-sandbox), sent as
+    /// `Authorization: Bearer`; the `Hello` then carries none, as the daemon gives
+    /// the agent its own (the node's tokens never reach a guest).
     pub token: Option<String>,
     /// Bound on dialing plus the handshake, per attempt.
     pub connect_timeout: Duration,
@@ -87,10 +94,35 @@ impl Client {
     /// `opts.connect_timeout`.
     pub async fn connect(url: &AgentUrl, opts: &ConnectOptions) -> Result<Self, ClientError> {
         let attempt = async {
-            let stream = connect::dial(url).await?;
-            Self::over_stream(stream, opts.token.clone()).await
+            let stream = connect::dial(url, opts.token.as_deref()).await?;
+            let hello_token = match url {
+                AgentUrl::Node(_) => None,
+                _ => opts.token.clone(),
+            };
+            Self::over_stream(stream, hello_token).await
         };
         match tokio::time::timeout(opts.connect_timeout, attempt).await {
+            Ok(result) => result,
+            Err(_) => Err(ClientError::ConnectTimeout {
+                url: url.clone(),
+                timeout: opts.connect_timeout,
+            }),
+        }
+    }
+
+    /// Opens a raw byte stream to whatever `url` names (for a node, the upgraded
+    /// connection, `opts.token` as its Bearer), bounded by `opts.connect_timeout`;
+    /// nothing of the agent protocol is sent. For tools that speak frames by hand.
+    pub async fn open_stream(
+        url: &AgentUrl,
+        opts: &ConnectOptions,
+    ) -> Result<Box<dyn AgentStream>, ClientError> {
+        match tokio::time::timeout(
+            opts.connect_timeout,
+            connect::dial(url, opts.token.as_deref()),
+        )
+        .await
+        {
             Ok(result) => result,
             Err(_) => Err(ClientError::ConnectTimeout {
                 url: url.clone(),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use sandbox_vmm::client::Client;
+use sandbox_vmm::client::{AgentUrl, Client, ClientError, ConnectOptions};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -46,6 +46,8 @@ impl Daemon {
     /// Starts `sandboxd ARGS` on a free loopback port with its own run folder,
     /// checkpoint store and token file under `dir`, and `envs` added.
     pub async fn start(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Self {
+        // The relay the launcher starts next to itself, built in this profile.
+        sandbox_tests::binaries();
         std::fs::create_dir_all(dir).unwrap();
         let run = dir.join("run");
         std::fs::create_dir_all(&run).unwrap();
@@ -168,35 +170,15 @@ impl Daemon {
         parse(&answer)
     }
 
-    /// A client of sandbox `id`'s agent through the data plane, with `bearer`.
-    pub async fn agent(&self, id: &str, bearer: &str) -> Result<Client, Answer> {
-        let mut stream = TcpStream::connect(&self.addr).await.unwrap();
-        let request = format!(
-            "GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nHost: {}\r\nConnection: Upgrade\r\nUpgrade: sandbox-agent\r\nAuthorization: Bearer {bearer}\r\n\r\n",
-            self.addr
-        );
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            if stream.read(&mut byte).await.unwrap() == 0 {
-                return Err(parse(&head));
-            }
-            head.push(byte[0]);
-        }
-        let answer = parse(&head);
-        if answer.status != 101 {
-            let mut rest = Vec::new();
-            let _ = stream.read_to_end(&mut rest).await;
-            head.extend_from_slice(&rest);
-            return Err(parse(&head));
-        }
-        Ok(
-            tokio::time::timeout(Duration::from_secs(30), Client::over_stream(stream, None))
-                .await
-                .expect("no Hello answer through the upgrade")
-                .expect("the agent refused the Hello through the upgrade"),
-        )
+    /// A client of sandbox `id`'s agent through the data plane, with `bearer`: the
+    /// workspace's own client, over its `http://` node URL.
+    pub async fn agent(&self, id: &str, bearer: &str) -> Result<Client, ClientError> {
+        let url = AgentUrl::node(format!("http://{}", self.addr), id);
+        let options = ConnectOptions {
+            token: Some(bearer.to_owned()),
+            ..ConnectOptions::default()
+        };
+        Client::connect(&url, &options).await
     }
 
     /// SIGTERM, then waits for the exit.
