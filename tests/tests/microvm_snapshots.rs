@@ -53,6 +53,10 @@ fn main() -> std::process::ExitCode {
             run: || block_on(hibernate_and_wake()),
         },
         VmTest {
+            name: "concurrent_wakes_of_one_vm_share_one_restore_and_keep_its_ram",
+            run: || block_on(concurrent_wakes_share_one_restore()),
+        },
+        VmTest {
             name: "boots_restore_the_templates_ready_snapshot_and_promote_makes_a_template",
             run: || block_on(ready_snapshots_and_promote()),
         },
@@ -604,6 +608,64 @@ async fn hibernate_and_wake() {
         sandbox_vmm::launcher::snapshot::RamImage::File
     );
     host.launcher.delete_checkpoint(&again.manifest.id).unwrap();
+    host.launcher
+        .stop(&id, Duration::from_secs(5))
+        .await
+        .unwrap();
+    host.assert_empty();
+}
+
+/// Regression (issue 22, item 2): three wakes of one hibernated VM at once. Each
+/// loser's wake failed ("another process holds this VM") and its clean-up deleted the
+/// RAM file the winner was restoring into, so in most rounds every wake failed. Now
+/// one restores and the others wait for it and return the VM it woke.
+async fn concurrent_wakes_share_one_restore() {
+    let Some(host) = Host::new("wakes") else {
+        return;
+    };
+    let mut spec = BootSpec::new(default_template());
+    spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+    spec.detached = true;
+    let vm = host.launcher.boot(spec).await.unwrap();
+    sh(&client(&vm).await, "echo kept > /tmp/kept").await;
+    let id = vm.detach().unwrap().id;
+    let run = host.launcher.config().run_root.join(id.as_str());
+    for round in 1..=2 {
+        host.launcher.hibernate(&id).await.unwrap();
+        let (a, b, c) = tokio::join!(
+            host.launcher.wake(&id),
+            host.launcher.wake(&id),
+            host.launcher.wake(&id)
+        );
+        let urls: Vec<String> = [a, b, c]
+            .into_iter()
+            .map(|woken| match woken {
+                Ok(woken) => woken.record.agent_url,
+                Err(e) => panic!("round {round}: {}", sandbox_vmm::error_chain(&e)),
+            })
+            .collect();
+        assert!(urls.iter().all(|url| *url == urls[0]), "{urls:?}");
+        let ram = std::fs::read_link(run.join("ram")).unwrap();
+        assert!(
+            ram.is_file(),
+            "round {round}: the woken VM's RAM file is gone"
+        );
+        let qemus = std::process::Command::new("pgrep")
+            .args(["-f", "--", &format!("-name sandbox-{id}")])
+            .output()
+            .unwrap();
+        let qemus = String::from_utf8_lossy(&qemus.stdout).lines().count();
+        assert_eq!(qemus, 1, "round {round}: QEMUs running this VM");
+        let token = std::fs::read_to_string(run.join("token")).unwrap();
+        let options = ConnectOptions {
+            token: Some(token.trim().to_owned()),
+            ..ConnectOptions::default()
+        };
+        let c = Client::connect(&urls[0].parse().unwrap(), &options)
+            .await
+            .unwrap();
+        assert_eq!(sh(&c, "cat /tmp/kept").await, "kept\n", "round {round}");
+    }
     host.launcher
         .stop(&id, Duration::from_secs(5))
         .await

@@ -128,10 +128,13 @@ pub(crate) fn parse_vm_id(id: &str) -> anyhow::Result<VmId> {
 /// it as on a running VM.
 pub(crate) async fn wake_if_hibernated(id: &str) -> anyhow::Result<()> {
     let launcher = launcher()?;
-    let hibernated = launcher
-        .list()?
-        .into_iter()
-        .any(|entry| entry.name == id && entry.status == VmStatus::Hibernated);
+    // A VM being woken by another process (its lock held, maybe its QEMU up) still
+    // says so in its record: the wake below waits for that one and shares its result.
+    let hibernated = launcher.list()?.into_iter().any(|entry| {
+        entry.name == id
+            && (entry.status == VmStatus::Hibernated
+                || entry.record.is_some_and(|r| r.hibernation.is_some()))
+    });
     if !hibernated {
         return Ok(());
     }
