@@ -339,6 +339,11 @@ struct VmView {
 }
 
 fn vm_ls(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
+    // Dead VMs (owner and QEMU gone) are removed, not listed: a home nobody boots
+    // from again would keep them forever otherwise.
+    if let Err(error) = launcher.sweep() {
+        tracing::warn!(error = %error, "sweep of stale run folders failed");
+    }
     let views: Vec<VmView> = launcher
         .list()?
         .into_iter()

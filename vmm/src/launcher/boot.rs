@@ -329,12 +329,14 @@ impl Launcher {
     }
 
     /// A fresh RAM file path on the RAM tmpfs, linked from the run folder so that
-    /// whoever removes the folder frees the memory too.
+    /// whoever removes the folder frees the memory too. Its name is new for every
+    /// start of the VM (a wake starts it again): whoever cleans up after one QEMU
+    /// (its exit watcher, a failed start) can never remove the next one's memory.
     fn ram_file(&self, dir: &RunDir) -> Result<PathBuf, LaunchError> {
-        let path = self
-            .config
-            .ram_dir
-            .join(format!("sandbox-{}.ram", dir.id()));
+        let path =
+            self.config
+                .ram_dir
+                .join(format!("sandbox-{}-{}.ram", dir.id(), VmId::generate()));
         let link = dir.file(run_dir::RAM_LINK);
         // A woken VM's folder has the link of its previous life.
         let _ = std::fs::remove_file(&link);

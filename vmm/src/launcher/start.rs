@@ -241,6 +241,9 @@ impl Launcher {
         };
         let started = Instant::now();
         let mut qemu = self.spawn_qemu(&qemu_spec, &dir, lifetime).await?;
+        // The RAM file is the VM's own when shared (a mapped checkpoint image is not).
+        let own_ram = ram_file.and_then(|(path, shared)| shared.then_some(path));
+        super::vm::watch_exit(&qemu, start.detached.then_some(&attach.daemon), own_ram);
         record.qemu_pid = Some(qemu.pid());
         record.daemon_pid = Some(attach.daemon.pid());
         dir.write_record(&record)?;
