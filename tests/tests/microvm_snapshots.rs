@@ -667,6 +667,14 @@ async fn concurrent_wakes_share_one_restore() {
             .await
             .unwrap();
         assert_eq!(sh(&c, "cat /tmp/kept").await, "kept\n", "round {round}");
+        // Regression (issue 22, item 11): each cycle left a `hibernation-*` folder.
+        let images: Vec<_> = std::fs::read_dir(&run)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("hibernation-"))
+            .collect();
+        assert!(images.is_empty(), "round {round}: images left: {images:?}");
     }
     host.launcher
         .stop(&id, Duration::from_secs(5))
@@ -786,6 +794,36 @@ async fn a_disk_vm_checkpoints_and_branches() {
         matches!(in_use, Err(SnapshotError::InUse { .. })),
         "{in_use:?}"
     );
+    // Hibernate/wake cycles keep the disk (its chain now runs through the run
+    // folder) and leave no image folder behind (issue 22, item 11).
+    drop(parent_client);
+    let mut parent = parent;
+    for cycle in 1..=2 {
+        let id = parent.id().clone();
+        if let Err(e) = host.launcher.hibernate_owned(parent).await {
+            panic!("hibernate failed: {}", sandbox_vmm::error_chain(&e.error));
+        }
+        parent = host
+            .launcher
+            .wake_owned(&id)
+            .await
+            .unwrap_or_else(|e| panic!("wake failed: {}", sandbox_vmm::error_chain(&e)));
+        let c = client(&parent).await;
+        let expected = if cycle == 1 {
+            "after\n".to_owned()
+        } else {
+            format!("cycle{}\n", cycle - 1)
+        };
+        assert_eq!(sh(&c, "cat /root-marker").await, expected);
+        sh(&c, &format!("echo cycle{cycle} > /root-marker && sync")).await;
+        let images: Vec<_> = std::fs::read_dir(parent.run_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("hibernation-"))
+            .collect();
+        assert!(images.is_empty(), "cycle {cycle}: images left: {images:?}");
+    }
     for vm in children {
         vm.shutdown(Duration::from_secs(5)).await.unwrap();
     }

@@ -6,8 +6,9 @@
 //! (`hibernation-<id>/`, see `manifest`), so it goes with the VM when it is stopped.
 //! Waking copies the RAM image into the VM's own tmpfs RAM file (so the woken VM can
 //! be checkpointed cheaply again), restores into the same run folder, id, token and
-//! agent socket, and then drops the RAM image and the state stream; the disk image and
-//! the kernel links stay, as the woken VM still uses them.
+//! agent socket, and then removes the image folder: what the woken VM still uses (the
+//! kernel and initramfs, the frozen disk its new overlay is based on) is hard-linked
+//! into the run folder first.
 //!
 //! A VM is hibernated either by id, detached ([`Launcher::hibernate`] and
 //! [`Launcher::wake`], what `sandboxctl` uses), or through the handle of a VM this
@@ -16,15 +17,15 @@
 //! sleeps: its woken QEMU dies with this process again, and if this process dies
 //! first, the next sweep removes the image (see `run_dir`'s `Hibernated`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::capture::{AfterCapture, CheckpointSpec};
-use super::manifest::{read_manifest, RamImage, RAM_FILE, STATE_FILE};
+use super::manifest::{read_manifest, RamImage, INITRAMFS_FILE, KERNEL_FILE, RAM_FILE};
 use super::{BranchSpec, SnapshotError};
 use crate::launcher::boot::{stop_foreign, Launcher};
 use crate::launcher::run_dir::{self, qemu_name, RunDir, VmId, VmRecord, RAM_LINK};
-use crate::launcher::start::IncomingRam;
+use crate::launcher::start::{read_disk_top, IncomingRam};
 use crate::launcher::vm::Vm;
 
 /// How long QEMU gets to exit after a hibernation captured its state.
@@ -319,6 +320,10 @@ impl Launcher {
                 RamImage::InStream => IncomingRam::Stream,
             };
         }
+        // What the woken VM goes on using moves out of the image folder, which then
+        // goes whole (each cycle left a `hibernation-*` folder behind).
+        let disk_top_before = read_disk_top(&run);
+        keep_outside_image(&run, &name, &mut start)?;
         // Still the VM it was: its own checkpoint reference, token and folder.
         start.checkpoint = record.checkpoint.clone();
         start.token = run_dir::read_token(&run).unwrap_or(start.token);
@@ -344,7 +349,16 @@ impl Launcher {
             drop(vm);
             return Err(error.into());
         }
-        drop_spent_image(&folder);
+        if let Err(error) = std::fs::remove_dir_all(&folder) {
+            tracing::warn!(vm = %id, %error, "cannot remove the spent hibernation image");
+        }
+        // The overlay the hibernation switched the disk to is unused: the woken VM
+        // writes a fresh one.
+        if let Some(unused) =
+            disk_top_before.filter(|top| Some(top) != read_disk_top(&run).as_ref())
+        {
+            let _ = std::fs::remove_file(unused);
+        }
         Ok(Restored::Here(Box::new(vm)))
     }
 }
@@ -364,10 +378,34 @@ enum Restored {
     ByAnother(VmRecord),
 }
 
-/// The big parts of a woken VM's image are spent; the disk and kernel links stay (the
-/// woken VM still uses them).
-fn drop_spent_image(folder: &std::path::Path) {
-    for spent in [RAM_FILE, STATE_FILE] {
-        let _ = std::fs::remove_file(folder.join(spent));
+/// Points a wake's `start` at hard links, in the run folder, to the image's files the
+/// woken VM keeps using: the kernel and initramfs (its `machine.json` names them for
+/// later checkpoints) and the frozen disk (the base of its new overlay). Hard links
+/// within the run folder: the image folder can then go whole, and nothing is copied.
+fn keep_outside_image(
+    run: &Path,
+    image: &str,
+    start: &mut crate::launcher::start::Start,
+) -> Result<(), SnapshotError> {
+    let relink = |from: &Path, name: &str| -> Result<PathBuf, SnapshotError> {
+        let to = run.join(name);
+        let temp = run.join(format!(".{name}.tmp"));
+        let _ = std::fs::remove_file(&temp);
+        std::fs::hard_link(from, &temp)
+            .and_then(|()| std::fs::rename(&temp, &to))
+            .map_err(|error| SnapshotError::Write {
+                path: to.clone(),
+                error,
+            })?;
+        Ok(to)
+    };
+    start.machine.kernel = relink(&start.machine.kernel, KERNEL_FILE)?;
+    if let Some(initramfs) = &start.machine.initramfs {
+        start.machine.initramfs = Some(relink(initramfs, INITRAMFS_FILE)?);
     }
+    if let Some(disk) = &start.disk_base {
+        let image_id = image.trim_start_matches("hibernation-");
+        start.disk_base = Some(relink(disk, &format!("disk-{image_id}.qcow2"))?);
+    }
+    Ok(())
 }
