@@ -599,7 +599,7 @@ pub(crate) fn qemu_name(id: &VmId) -> String {
 
 /// True when a process `pid` exists (a recycled pid reads as alive: an image then
 /// waits longer, it is never removed early).
-fn process_alive(pid: u32) -> bool {
+pub(crate) fn process_alive(pid: u32) -> bool {
     Path::new("/proc").join(pid.to_string()).exists()
 }
 
