@@ -45,6 +45,12 @@ pub const ATTACH_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// The longest wait between two `Attach` attempts.
 pub const ATTACH_RETRY_MAX: Duration = Duration::from_secs(4);
 
+/// How long a frame from the guest may stop arriving half-way before the relay gives
+/// it up and attaches again. The agent writes each frame (at most 32 KiB) whole, so
+/// its bytes arrive together; only a guest writing into the agent's port by itself
+/// leaves a frame unfinished.
+pub const FRAME_STALL: Duration = Duration::from_secs(5);
+
 /// Where the relay connects and listens.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -141,7 +147,7 @@ async fn relay(
     let channels = Channels::new(outbox.clone());
     let writer_outbox = outbox.clone();
     let mut writer = tokio::spawn(async move { write_loop(write, rx, &writer_outbox).await });
-    let mut reader = LinkReader::new(read);
+    let mut reader = LinkReader::new(read).with_stall_timeout(FRAME_STALL);
     let mut on_ready = Some(on_ready);
     let mut state = Attaching::new();
     outbox
@@ -275,4 +281,89 @@ fn random_nonce() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     u64::from(nanos) ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_protocol::link::mux::LinkReader;
+    use sandbox_protocol::link::{encode_session_start, LinkItem};
+    use tokio::io::AsyncWriteExt;
+
+    /// The next frame from the relay, skipping markers (panics after 60 s).
+    async fn next_frame(reader: &mut LinkReader<tokio::net::unix::OwnedReadHalf>) -> LinkFrame {
+        let wait = async {
+            loop {
+                match reader.next().await.unwrap() {
+                    Some(LinkItem::Frame(frame)) => return frame,
+                    Some(_) => {}
+                    None => panic!("the relay closed the link"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), wait)
+            .await
+            .expect("no frame from the relay within 60 s")
+    }
+
+    /// Regression (issue 22, item 7): a guest that writes the start of a 32 KiB link
+    /// frame and never finishes it wedged the relay: every later client timed out.
+    /// Now the relay gives the frame up and attaches again, and serves clients.
+    #[tokio::test]
+    async fn a_frame_that_stalls_mid_body_makes_the_relay_attach_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent_path = dir.path().join("agent-link.sock");
+        let agent = UnixListener::bind(&agent_path).unwrap();
+        let config = RelayConfig {
+            agent: agent_path,
+            listen: dir.path().join("agent.sock"),
+            connect_timeout: Duration::from_secs(10),
+            egress: None,
+        };
+        let relay = tokio::spawn(async move { run(&config, |_| {}).await });
+        let (stream, _) = agent.accept().await.unwrap();
+        let (read, mut write) = stream.into_split();
+        let mut reader = LinkReader::new(read);
+        let ready = Ready {
+            magic: sandbox_protocol::MAGIC,
+            version: sandbox_protocol::PROTOCOL_VERSION,
+            agent_version: "test".into(),
+            boot_id: "b".into(),
+            uptime_ms: 1,
+        };
+        let attach = |frame: LinkFrame| {
+            let LinkFrame::Attach { session } = frame else {
+                panic!("expected Attach, got {frame:?}");
+            };
+            let mut out = Vec::new();
+            encode_session_start(
+                &LinkFrame::Attached {
+                    session,
+                    ready: ready.clone(),
+                },
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let attached = attach(next_frame(&mut reader).await);
+        write.write_all(&attached).await.unwrap();
+        // Half a frame: a 32 KiB length and a few bytes of body, then nothing.
+        let mut half = u32::try_from(32 * 1024).unwrap().to_le_bytes().to_vec();
+        half.extend_from_slice(&[7; 100]);
+        write.write_all(&half).await.unwrap();
+        // The relay gives it up and attaches again (a repeated Attach first comes
+        // only if the first was not answered: this one is the resync).
+        let again = attach(next_frame(&mut reader).await);
+        write.write_all(&again).await.unwrap();
+        // And a client is served: its channel opens on the link.
+        let _client = UnixStream::connect(dir.path().join("agent.sock"))
+            .await
+            .unwrap();
+        assert!(
+            matches!(next_frame(&mut reader).await, LinkFrame::Open { .. }),
+            "the client's channel did not open"
+        );
+        relay.abort();
+    }
 }
