@@ -106,6 +106,8 @@ pub(crate) async fn start(
         .arg(&paths.egress_policy)
         .arg("--egress-log")
         .arg(&paths.egress_log)
+        .arg("--log")
+        .arg(&paths.log)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);

@@ -25,6 +25,7 @@
 //! session, never the relay.
 
 mod egress;
+pub mod log;
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -160,6 +161,10 @@ async fn relay(
         .await;
     let mut next_channel: ChannelId = 0;
     let mut at_marker = false;
+    // A guest can break the framing as often as it likes: one warning a minute, with
+    // the count of the others.
+    let mut desyncs = log::Summary::new(log::WARN_WINDOW);
+    let mut attaches = log::Summary::new(log::WARN_WINDOW);
     loop {
         tokio::select! {
             item = reader.next() => {
@@ -172,7 +177,9 @@ async fn relay(
                 match item {
                     LinkItem::Sync => at_marker = true,
                     LinkItem::Desync if state.attached => {
-                        tracing::warn!(clients = channels.len(), "the link lost frame sync: dropping every client and attaching again");
+                        if let Some(held_back) = desyncs.event(std::time::Instant::now()) {
+                            tracing::warn!(clients = channels.len(), earlier_unlogged = held_back, "the link lost frame sync: dropping every client and attaching again (logged once a minute)");
+                        }
                         channels.reset();
                         state = Attaching::new();
                         outbox.start_session(&LinkFrame::Attach { session: state.nonce }, ATTACH_PADDING_BYTES).await;
@@ -180,7 +187,9 @@ async fn relay(
                     LinkItem::Desync => {}
                     LinkItem::Frame(LinkFrame::Attached { session, ready }) if after_marker && !state.attached && session == state.nonce => {
                         state.attached = true;
-                        tracing::info!(agent_version = %ready.agent_version, egress = egress.enabled(), "agent attached");
+                        if let Some(held_back) = attaches.event(std::time::Instant::now()) {
+                            tracing::info!(agent_version = %ready.agent_version, egress = egress.enabled(), earlier_unlogged = held_back, "agent attached");
+                        }
                         // Before any client's `Open`: the agent sets up its proxy (and the
                         // variables of the processes clients start) first.
                         if egress.enabled() {
