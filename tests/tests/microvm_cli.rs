@@ -67,6 +67,10 @@ fn main() -> std::process::ExitCode {
             run: a_dead_vm_frees_its_ram_at_once_and_vm_ls_removes_its_folder,
         },
         VmTest {
+            name: "a_guest_flooding_its_console_keeps_console_log_bounded_with_the_last_lines",
+            run: a_guest_flooding_its_console_keeps_console_log_bounded_with_the_last_lines,
+        },
+        VmTest {
             name: "a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125",
             run: a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125,
         },
@@ -196,6 +200,46 @@ fn a_dead_vm_frees_its_ram_at_once_and_vm_ls_removes_its_folder() {
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert!(!listed.contains(&id), "{listed}");
     assert!(!root.join(&id).exists(), "vm ls left the dead VM's folder");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Regression (issue 22, item 4): QEMU's file console had no cap (a guest writing to
+/// /dev/ttyS0 grew it 7.2 MB in 10 s). The relay copies it into a log rotated at
+/// 1 MiB, one old file kept, the last lines current.
+fn a_guest_flooding_its_console_keeps_console_log_bounded_with_the_last_lines() {
+    const CAP: u64 = 1024 * 1024;
+    let root = run_root("console");
+    let id = start_detached(&root);
+    let stop = StopOnDrop(&root, id.clone());
+    let flood = "yes 0123456789012345678901234567890123456789 | head -c 3000000 > /dev/ttyS0; echo FLOOD-END > /dev/ttyS0";
+    let output = sandboxctl(&root)
+        .args(["--vm", &id, "sh", flood])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let console = root.join(&id).join("console.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&console)
+        .unwrap_or_default()
+        .contains("FLOOD-END")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the console's last line never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let current = std::fs::metadata(&console).unwrap().len();
+    let old = std::fs::metadata(root.join(&id).join("console.log.1")).map_or(0, |m| m.len());
+    assert!(
+        current <= CAP && old <= CAP,
+        "console.log {current} B, .1 {old} B"
+    );
+    drop(stop);
     std::fs::remove_dir_all(&root).unwrap();
 }
 

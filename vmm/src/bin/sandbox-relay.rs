@@ -4,7 +4,8 @@
 //! until the agent stream ends. Logs go to stderr.
 //!
 //! Usage: `sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N]
-//! [--egress-policy FILE --egress-log FILE] [--log FILE]`. A policy file that does not exist
+//! [--egress-policy FILE --egress-log FILE] [--log FILE]
+//! [--console SOCKET --console-log FILE]`. A policy file that does not exist
 //! means `net: none`: it is read once, at start (a restored VM gets a new relay).
 
 use std::io::Write;
@@ -20,7 +21,7 @@ fn main() -> ExitCode {
     let (config, log) = match parse(std::env::args().skip(1)) {
         Ok(parsed) => parsed,
         Err(message) => {
-            eprintln!("sandbox-relay: {message}\nusage: sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N] [--egress-policy FILE --egress-log FILE] [--log FILE]");
+            eprintln!("sandbox-relay: {message}\nusage: sandbox-relay --agent SOCKET --listen SOCKET [--connect-timeout-ms N] [--egress-policy FILE --egress-log FILE] [--log FILE] [--console SOCKET --console-log FILE]");
             return ExitCode::from(2);
         }
     };
@@ -79,6 +80,7 @@ fn main() -> ExitCode {
 
 fn parse(mut args: impl Iterator<Item = String>) -> Result<(RelayConfig, Option<PathBuf>), String> {
     let (mut agent, mut listen, mut log_file) = (None, None, None);
+    let (mut console, mut console_log) = (None::<PathBuf>, None::<PathBuf>);
     let (mut policy, mut log) = (None::<PathBuf>, None::<PathBuf>);
     let mut connect_timeout = Duration::from_secs(10);
     while let Some(arg) = args.next() {
@@ -94,6 +96,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(RelayConfig, Option<
             "--egress-policy" => policy = Some(PathBuf::from(value()?)),
             "--egress-log" => log = Some(PathBuf::from(value()?)),
             "--log" => log_file = Some(PathBuf::from(value()?)),
+            "--console" => console = Some(PathBuf::from(value()?)),
+            "--console-log" => console_log = Some(PathBuf::from(value()?)),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -109,6 +113,11 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<(RelayConfig, Option<
         listen: listen.ok_or("--listen is required")?,
         connect_timeout,
         egress,
+        console: match (console, console_log) {
+            (None, None) => None,
+            (Some(socket), Some(log)) => Some((socket, log)),
+            _ => return Err("--console and --console-log go together".into()),
+        },
     };
     Ok((config, log_file))
 }

@@ -330,6 +330,10 @@ impl Launcher {
                     log: dir.file(RELAY_LOG),
                     egress_policy: dir.file(crate::egress::POLICY_FILE),
                     egress_log: dir.file(crate::egress::LOG_FILE),
+                    console: (
+                        dir.file(super::CONSOLE_SOCKET),
+                        dir.file(super::CONSOLE_LOG),
+                    ),
                 };
                 let (daemon, line) = relay_daemon::start(&self.config.relay_path, &paths, lifetime)
                     .await

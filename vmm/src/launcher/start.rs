@@ -195,6 +195,7 @@ impl Launcher {
         let mut ram_guard = RemoveOnDrop(attach.ram_file.clone());
         let name = qemu_name(dir.id());
         let console = dir.file(CONSOLE_LOG);
+        let console_socket = dir.file(super::CONSOLE_SOCKET);
         let vhost_socket = dir.file(VHOST_SOCKET);
         let serial_socket = dir.file(SERIAL_SOCKET);
         let qmp_socket = dir.file(QMP_SOCKET);
@@ -238,6 +239,8 @@ impl Launcher {
             qmp_socket: (transport == AgentTransport::Serial).then_some(qmp_socket.as_path()),
             disk: overlay.as_deref(),
             console_log: &console,
+            console_socket: (transport == AgentTransport::Serial)
+                .then_some(console_socket.as_path()),
         };
         let started = Instant::now();
         let mut qemu = self.spawn_qemu(&qemu_spec, &dir, lifetime).await?;

@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 /// Bytes the relay's log may reach before it is rotated (one old file is kept).
 pub const RELAY_LOG_MAX_BYTES: u64 = 1024 * 1024;
 
+/// Bytes of console the relay keeps in `console.log` before rotating it (one old file
+/// kept): the crash report quotes the last 4 KiB.
+pub const CONSOLE_LOG_MAX_BYTES: u64 = 1024 * 1024;
+
 /// One warning of a kind per this long; the others are counted.
 pub const WARN_WINDOW: Duration = Duration::from_secs(60);
 

@@ -63,6 +63,9 @@ pub struct RelayConfig {
     pub connect_timeout: Duration,
     /// `Some`: the VM has egress under this policy (`net: egress`); `None`: no route.
     pub egress: Option<crate::egress::EgressConfig>,
+    /// `Some((socket, log))`: copy QEMU's console from `socket` into `log`, rotated
+    /// at [`log::CONSOLE_LOG_MAX_BYTES`] (one old file kept).
+    pub console: Option<(PathBuf, PathBuf)>,
 }
 
 /// Why the relay stopped.
@@ -97,6 +100,10 @@ pub enum RelayError {
 /// Runs the relay until the agent stream ends; `on_ready` gets the agent's `Ready`
 /// from the first `Attached`.
 pub async fn run(config: &RelayConfig, on_ready: impl FnOnce(&Ready)) -> Result<(), RelayError> {
+    if let Some((socket, log)) = config.console.clone() {
+        let timeout = config.connect_timeout;
+        tokio::spawn(async move { copy_console(&socket, &log, timeout).await });
+    }
     let stream = connect(&config.agent, config.connect_timeout).await?;
     let listener = listen(&config.listen)?;
     let egress = egress::Egress::new(config.egress.as_ref());
@@ -117,6 +124,32 @@ async fn connect(path: &Path, timeout: Duration) -> Result<UnixStream, RelayErro
                 })
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// Copies the console from QEMU's socket into its bounded log until QEMU closes it.
+async fn copy_console(socket: &Path, log: &Path, timeout: Duration) {
+    use std::io::Write;
+    use tokio::io::AsyncReadExt;
+    let mut file = match log::RotatingLog::open(log, log::CONSOLE_LOG_MAX_BYTES, false) {
+        Ok(file) => file,
+        Err(error) => {
+            tracing::warn!(%error, "cannot open the console log; the console is dropped");
+            return;
+        }
+    };
+    let mut stream = match connect(socket, timeout).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::warn!(error = %crate::error_chain(&error), "no console");
+            return;
+        }
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 || file.write_all(&buf[..n]).is_err() {
+            break;
         }
     }
 }
@@ -328,6 +361,7 @@ mod tests {
             listen: dir.path().join("agent.sock"),
             connect_timeout: Duration::from_secs(10),
             egress: None,
+            console: None,
         };
         let relay = tokio::spawn(async move { run(&config, |_| {}).await });
         let (stream, _) = agent.accept().await.unwrap();
