@@ -100,6 +100,9 @@ impl WireError {
             Io::TimedOut => ErrorKind::TimedOut,
             Io::Unsupported => ErrorKind::Unsupported,
             Io::IsADirectory | Io::NotADirectory => ErrorKind::WrongType,
+            // EAGAIN: out of processes or threads (fork or clone under pid
+            // exhaustion), or a resource busy for now. Worth another try, not a bug.
+            Io::WouldBlock => ErrorKind::Busy,
             _ => ErrorKind::Internal,
         };
         Self {
@@ -122,6 +125,21 @@ mod tests {
             errno: Some(3),
         };
         assert_eq!(err.to_string(), "not_found: no such pid 7 (errno 3)");
+    }
+
+    /// Regression (issue 22, item 9): under pid exhaustion a fork's EAGAIN came back
+    /// as `internal`, which reads as a bug in the agent.
+    #[test]
+    fn eagain_is_busy_not_internal() {
+        let io = std::io::Error::from_raw_os_error(libc_eagain());
+        let err = WireError::from_io("fork", &io);
+        assert_eq!(err.kind, ErrorKind::Busy);
+        assert_eq!(err.errno, Some(libc_eagain()));
+    }
+
+    /// EAGAIN on Linux (the crate has no libc dependency).
+    fn libc_eagain() -> i32 {
+        11
     }
 
     #[test]

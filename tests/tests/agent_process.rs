@@ -290,3 +290,39 @@ async fn image_config_defaults_apply_to_execs_spawns_and_terminals_and_requests_
         String::from_utf8_lossy(&reply.stderr)
     );
 }
+
+/// Regression (issue 22, item 14): without cgroups (the agent as an ordinary
+/// process) a finished exec's leftovers were never killed: `sh --timeout 2 'sleep
+/// 1004 &'` returned 0, `ps` showed a plain `exited 0`, and the sleep outlived the
+/// deadline. Its process group now stands in for the cgroup: shown as `exited+1`,
+/// killed at the deadline.
+#[tokio::test]
+async fn an_unconfined_execs_leftovers_are_listed_and_killed_at_its_deadline() {
+    let agent = TestAgent::start_with(AgentOptions::default());
+    let client = agent.client().await;
+    let mut request = exec_sh("sleep 1004 & echo $!");
+    request.timeout_ms = Some(2000);
+    let reply = within(30, client.exec(request)).await.unwrap();
+    let sleep: u32 = String::from_utf8_lossy(&reply.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    let details = client.ps_detail().await.unwrap().expect("ps_detail");
+    let row = details
+        .iter()
+        .find(|d| d.info.pid == reply.pid)
+        .expect("the exec is listed");
+    assert!(
+        matches!(row.info.state, ProcessState::Exited(_)) && row.live_pids == 1,
+        "{row:?}"
+    );
+    let what = format!("the leftover sleep {sleep} to be killed at the exec's deadline");
+    eventually(Duration::from_secs(20), &what, || async {
+        let stat = std::fs::read_to_string(format!("/proc/{sleep}/stat")).unwrap_or_default();
+        let gone = stat
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| rest.trim_start().starts_with('Z'));
+        gone.then_some(())
+    })
+    .await;
+}

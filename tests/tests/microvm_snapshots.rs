@@ -53,6 +53,10 @@ fn main() -> std::process::ExitCode {
             run: || block_on(hibernate_and_wake()),
         },
         VmTest {
+            name: "concurrent_wakes_of_one_vm_share_one_restore_and_keep_its_ram",
+            run: || block_on(concurrent_wakes_share_one_restore()),
+        },
+        VmTest {
             name: "boots_restore_the_templates_ready_snapshot_and_promote_makes_a_template",
             run: || block_on(ready_snapshots_and_promote()),
         },
@@ -277,11 +281,13 @@ async fn fork_children_share_the_fork_point_then_diverge() {
         "{in_use:?}"
     );
 
-    let ram_dir = host.launcher.config().ram_dir.clone();
     for vm in grandchildren.children.into_iter().chain(fork.children) {
-        let ram_file = ram_dir.join(format!("sandbox-{}.ram", vm.id()));
+        // A child's own RAM file (one whose RAM came in the stream), if it has one.
+        let ram_file = std::fs::read_link(vm.run_dir().join("ram")).ok();
         vm.shutdown(Duration::from_secs(5)).await.unwrap();
-        assert!(!ram_file.exists(), "{} outlived its VM", ram_file.display());
+        if let Some(ram_file) = ram_file {
+            assert!(!ram_file.exists(), "{} outlived its VM", ram_file.display());
+        }
     }
     parent.shutdown(Duration::from_secs(5)).await.unwrap();
     for checkpoint in host.launcher.checkpoints().unwrap() {
@@ -611,6 +617,72 @@ async fn hibernate_and_wake() {
     host.assert_empty();
 }
 
+/// Regression (issue 22, item 2): three wakes of one hibernated VM at once. Each
+/// loser's wake failed ("another process holds this VM") and its clean-up deleted the
+/// RAM file the winner was restoring into, so in most rounds every wake failed. Now
+/// one restores and the others wait for it and return the VM it woke.
+async fn concurrent_wakes_share_one_restore() {
+    let Some(host) = Host::new("wakes") else {
+        return;
+    };
+    let mut spec = BootSpec::new(default_template());
+    spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+    spec.detached = true;
+    let vm = host.launcher.boot(spec).await.unwrap();
+    sh(&client(&vm).await, "echo kept > /tmp/kept").await;
+    let id = vm.detach().unwrap().id;
+    let run = host.launcher.config().run_root.join(id.as_str());
+    for round in 1..=2 {
+        host.launcher.hibernate(&id).await.unwrap();
+        let (a, b, c) = tokio::join!(
+            host.launcher.wake(&id),
+            host.launcher.wake(&id),
+            host.launcher.wake(&id)
+        );
+        let urls: Vec<String> = [a, b, c]
+            .into_iter()
+            .map(|woken| match woken {
+                Ok(woken) => woken.record.agent_url,
+                Err(e) => panic!("round {round}: {}", sandbox_vmm::error_chain(&e)),
+            })
+            .collect();
+        assert!(urls.iter().all(|url| *url == urls[0]), "{urls:?}");
+        let ram = std::fs::read_link(run.join("ram")).unwrap();
+        assert!(
+            ram.is_file(),
+            "round {round}: the woken VM's RAM file is gone"
+        );
+        let qemus = std::process::Command::new("pgrep")
+            .args(["-f", "--", &format!("-name sandbox-{id}")])
+            .output()
+            .unwrap();
+        let qemus = String::from_utf8_lossy(&qemus.stdout).lines().count();
+        assert_eq!(qemus, 1, "round {round}: QEMUs running this VM");
+        let token = std::fs::read_to_string(run.join("token")).unwrap();
+        let options = ConnectOptions {
+            token: Some(token.trim().to_owned()),
+            ..ConnectOptions::default()
+        };
+        let c = Client::connect(&urls[0].parse().unwrap(), &options)
+            .await
+            .unwrap();
+        assert_eq!(sh(&c, "cat /tmp/kept").await, "kept\n", "round {round}");
+        // Regression (issue 22, item 11): each cycle left a `hibernation-*` folder.
+        let images: Vec<_> = std::fs::read_dir(&run)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("hibernation-"))
+            .collect();
+        assert!(images.is_empty(), "round {round}: images left: {images:?}");
+    }
+    host.launcher
+        .stop(&id, Duration::from_secs(5))
+        .await
+        .unwrap();
+    host.assert_empty();
+}
+
 async fn ready_snapshots_and_promote() {
     let Some(host) = Host::new("ready") else {
         return;
@@ -722,6 +794,36 @@ async fn a_disk_vm_checkpoints_and_branches() {
         matches!(in_use, Err(SnapshotError::InUse { .. })),
         "{in_use:?}"
     );
+    // Hibernate/wake cycles keep the disk (its chain now runs through the run
+    // folder) and leave no image folder behind (issue 22, item 11).
+    drop(parent_client);
+    let mut parent = parent;
+    for cycle in 1..=2 {
+        let id = parent.id().clone();
+        if let Err(e) = host.launcher.hibernate_owned(parent).await {
+            panic!("hibernate failed: {}", sandbox_vmm::error_chain(&e.error));
+        }
+        parent = host
+            .launcher
+            .wake_owned(&id)
+            .await
+            .unwrap_or_else(|e| panic!("wake failed: {}", sandbox_vmm::error_chain(&e)));
+        let c = client(&parent).await;
+        let expected = if cycle == 1 {
+            "after\n".to_owned()
+        } else {
+            format!("cycle{}\n", cycle - 1)
+        };
+        assert_eq!(sh(&c, "cat /root-marker").await, expected);
+        sh(&c, &format!("echo cycle{cycle} > /root-marker && sync")).await;
+        let images: Vec<_> = std::fs::read_dir(parent.run_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("hibernation-"))
+            .collect();
+        assert!(images.is_empty(), "cycle {cycle}: images left: {images:?}");
+    }
     for vm in children {
         vm.shutdown(Duration::from_secs(5)).await.unwrap();
     }

@@ -218,12 +218,10 @@ async fn finished(progress: &mut tokio::sync::watch::Receiver<super::table::Prog
     let _ = progress.wait_for(|p| p.finished()).await;
 }
 
-/// Kills what a finished exec left in its cgroup once its deadline `at` passes (see
-/// the module docs). Nothing to do without a cgroup or leftovers.
+/// Kills what a finished exec left in its cgroup (unconfined: its process group)
+/// once its deadline `at` passes (see the module docs). Nothing to do without
+/// leftovers.
 fn kill_leftovers_at(record: Arc<ProcessRecord>, at: Instant) {
-    if record.cgroup.is_none() {
-        return;
-    }
     tokio::spawn(async move {
         // Look for leftovers only once the reply is on its way: reading
         // `cgroup.events` costs about 0.4 ms in a TCG guest, which the client should

@@ -168,23 +168,34 @@ impl ProcessRecord {
     }
 
     /// Kills the process and everything it started: its whole cgroup when it has
-    /// one, else its process group (a child that called `setsid` escapes that) while
-    /// the process runs. Once it exited its pid may name another process's group, so
-    /// without a cgroup nothing is signalled.
+    /// one, else its process group (a child that called `setsid` escapes that). After
+    /// it exited, the group is signalled only while it has members: the kernel keeps
+    /// the number of a group with members allocated, so it names no other process;
+    /// an empty group's number may have been reused, so it is left alone.
     pub fn kill_all_of_it(&self) -> std::io::Result<()> {
         match &self.cgroup {
             Some(cgroup) => cgroup.kill(),
-            None if self.progress().exit.is_none() => {
+            None if self.progress().exit.is_none() || self.group_members() > 0 => {
                 crate::sys::kill_process_group(self.pid.0, libc::SIGKILL)
             }
             None => Ok(()),
         }
     }
 
-    /// Processes still alive in its cgroup after it exited (what a finished exec left
-    /// behind); such a record is not forgotten, so they stay listed and killable.
+    /// Processes still alive in its cgroup (without one: its process group) after it
+    /// exited (what a finished exec left behind); such a record is not forgotten, so
+    /// they stay listed and killable.
     pub fn has_leftovers(&self) -> bool {
-        self.progress().exit.is_some() && self.cgroup.as_ref().is_some_and(|c| c.populated())
+        self.progress().exit.is_some()
+            && match &self.cgroup {
+                Some(cgroup) => cgroup.populated(),
+                None => self.group_members() > 0,
+            }
+    }
+
+    /// Live members of its process group (unconfined mode: each child leads one).
+    fn group_members(&self) -> usize {
+        crate::sys::proc::process_group_members(self.pid.0)
     }
 
     /// The OOM killer's kills in its cgroup, if any.
@@ -195,7 +206,10 @@ impl ProcessRecord {
     /// The `ps_detail` row.
     pub fn detail(&self) -> ProcessDetail {
         let live = self.cgroup.as_ref().map_or_else(
-            || usize::from(self.progress().exit.is_none()),
+            || match self.progress().exit {
+                None => 1,
+                Some(_) => self.group_members(),
+            },
             |c| c.pids().len(),
         );
         ProcessDetail {

@@ -568,13 +568,7 @@ fn start_request(
             Err(join) if join.is_cancelled() => {
                 AgentMsg::Error(WireError::new(ErrorKind::Cancelled, "request cancelled"))
             }
-            Err(_panic) => {
-                tracing::error!(%id, "request handler panicked");
-                AgentMsg::Error(WireError::new(
-                    ErrorKind::Internal,
-                    "the request failed inside the agent (a bug); the agent goes on",
-                ))
-            }
+            Err(join) => AgentMsg::Error(panic_error(id, join.into_panic())),
         };
         in_flight
             .lock()
@@ -592,6 +586,31 @@ fn start_request(
         drop(slot);
     });
     Ok(())
+}
+
+/// The error a request whose handler panicked gets. Most panics are bugs; one is
+/// not: tokio panics when it cannot start a blocking-pool thread ("OS can't spawn
+/// worker thread: Resource temporarily unavailable"), which a guest at its pid or
+/// thread limit causes for any request that reads a file (`cat` answered
+/// "internal ... (a bug)" under pid exhaustion). That one is `Busy`.
+fn panic_error(id: RequestId, payload: Box<dyn std::any::Any + Send>) -> WireError {
+    let text = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("");
+    if text.contains("can't spawn") || text.contains("os error 11") {
+        tracing::warn!(%id, panic = text, "no thread for a request: the guest is at its process limit");
+        return WireError::new(
+            ErrorKind::Busy,
+            "the agent could not start a thread (the guest is out of processes or threads: EAGAIN); try again once some exit",
+        );
+    }
+    tracing::error!(%id, "request handler panicked");
+    WireError::new(
+        ErrorKind::Internal,
+        "the request failed inside the agent (a bug); the agent goes on",
+    )
 }
 
 /// Final replies built without a charge ahead (a directory listing, `ps`) are charged
@@ -709,6 +728,17 @@ mod tests {
 
     use super::*;
     use crate::server::admission::Admission;
+
+    /// Regression (issue 22, item 9): a request that found no thread under pid
+    /// exhaustion came back as "internal ... (a bug)".
+    #[test]
+    fn a_thread_spawn_failure_is_busy_and_other_panics_are_internal() {
+        let eagain = "OS can't spawn worker thread: Resource temporarily unavailable (os error 11)";
+        let busy = panic_error(RequestId(1), Box::new(eagain.to_owned()));
+        assert_eq!(busy.kind, ErrorKind::Busy, "{busy}");
+        let bug = panic_error(RequestId(2), Box::new("index out of bounds"));
+        assert_eq!(bug.kind, ErrorKind::Internal, "{bug}");
+    }
 
     /// A client end of an in-memory connection to `agent`, served by [`serve`].
     struct Peer {

@@ -26,6 +26,32 @@ pub fn kill_process_group(pgid: i32, signal: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// How many processes are in process group `pgid` now (from `/proc/*/stat`). While
+/// one is, the kernel keeps the number allocated (a pid attached to a task as its
+/// group is never handed to a new process), so signalling the group reaches only them.
+pub fn process_group_members(pgid: i32) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|entry| std::fs::read_to_string(entry.path().join("stat")).ok())
+        .filter(|stat| {
+            // After the command's closing parenthesis: state, ppid, pgrp.
+            let fields = stat.rsplit_once(')').map(|(_, rest)| rest);
+            let pgrp = fields.and_then(|rest| rest.split_whitespace().nth(2));
+            let zombie = fields.and_then(|rest| rest.split_whitespace().next()) == Some("Z");
+            !zombie && pgrp.and_then(|p| p.parse::<i32>().ok()) == Some(pgid)
+        })
+        .count()
+}
+
 /// Sends `signal` to the single process `pid` (a member of a workload cgroup).
 pub fn kill_process(pid: i32, signal: i32) -> io::Result<()> {
     if pid <= 1 {

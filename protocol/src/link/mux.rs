@@ -39,6 +39,9 @@ pub struct LinkReader<R> {
     /// stream of tiny frames would otherwise cost a memmove of the buffer each).
     start: usize,
     decoder: LinkDecoder,
+    /// How long a frame may stay half-read with no byte arriving (see
+    /// [`LinkReader::with_stall_timeout`]); `None`: forever.
+    stall: Option<std::time::Duration>,
 }
 
 impl<R: AsyncRead + Unpin> LinkReader<R> {
@@ -50,9 +53,22 @@ impl<R: AsyncRead + Unpin> LinkReader<R> {
             buf: Vec::new(),
             start: 0,
             decoder: LinkDecoder::new(),
+            stall: None,
         };
         reader.hunt();
         reader
+    }
+
+    /// A frame that stops arriving mid-way for `limit` is given up: the reader hunts
+    /// for the next marker and [`LinkReader::next`] says [`LinkItem::Desync`], as for
+    /// a frame that does not decode. For a reader whose peer is hostile (the relay
+    /// reading a guest): a guest that wrote the start of a 32 KiB frame into the
+    /// agent's port and nothing more wedged the relay for good, each later client
+    /// waiting for bytes the frame would swallow. An honest peer writes each frame
+    /// whole, so its bytes follow one another closely.
+    pub fn with_stall_timeout(mut self, limit: std::time::Duration) -> Self {
+        self.stall = Some(limit);
+        self
     }
 
     /// Forgets buffered bytes and skips to the next session marker (the peer went
@@ -83,7 +99,22 @@ impl<R: AsyncRead + Unpin> LinkReader<R> {
                 self.buf.shrink_to(2 * READ_CHUNK_BYTES);
             }
             self.buf.reserve(READ_CHUNK_BYTES);
-            if self.inner.read_buf(&mut self.buf).await? == 0 {
+            // Bytes left over at a frame boundary, not hunting: a frame half-read.
+            let stall = self
+                .stall
+                .filter(|_| !self.decoder.is_hunting() && !self.buf.is_empty());
+            let read = self.inner.read_buf(&mut self.buf);
+            let read = match stall {
+                Some(limit) => match tokio::time::timeout(limit, read).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        self.hunt();
+                        return Ok(Some(LinkItem::Desync));
+                    }
+                },
+                None => read.await,
+            };
+            if read? == 0 {
                 return Ok(None);
             }
         }

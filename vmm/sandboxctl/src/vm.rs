@@ -128,10 +128,13 @@ pub(crate) fn parse_vm_id(id: &str) -> anyhow::Result<VmId> {
 /// it as on a running VM.
 pub(crate) async fn wake_if_hibernated(id: &str) -> anyhow::Result<()> {
     let launcher = launcher()?;
-    let hibernated = launcher
-        .list()?
-        .into_iter()
-        .any(|entry| entry.name == id && entry.status == VmStatus::Hibernated);
+    // A VM being woken by another process (its lock held, maybe its QEMU up) still
+    // says so in its record: the wake below waits for that one and shares its result.
+    let hibernated = launcher.list()?.into_iter().any(|entry| {
+        entry.name == id
+            && (entry.status == VmStatus::Hibernated
+                || entry.record.is_some_and(|r| r.hibernation.is_some()))
+    });
     if !hibernated {
         return Ok(());
     }
@@ -336,6 +339,11 @@ struct VmView {
 }
 
 fn vm_ls(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
+    // Dead VMs (owner and QEMU gone) are removed, not listed: a home nobody boots
+    // from again would keep them forever otherwise.
+    if let Err(error) = launcher.sweep() {
+        tracing::warn!(error = %error, "sweep of stale run folders failed");
+    }
     let views: Vec<VmView> = launcher
         .list()?
         .into_iter()

@@ -2,9 +2,15 @@
 //! run folder and read by front ends (`sandboxctl vm egress-log`, MCP).
 //!
 //! A refusal is written when it happens; an allowed connection when it ends, with
-//! the bytes each way. The guest decides how many connections it tries, so the file
-//! is bounded: past [`LOG_ROTATE_BYTES`] it becomes `egress.log.1` (replacing the
-//! previous one) and a new file starts.
+//! the bytes each way. The guest decides how many connections it tries, so each file
+//! is bounded: past [`LOG_ROTATE_BYTES`] it becomes `FILE.1` (replacing the previous
+//! one) and a new file starts.
+//!
+//! Allowed connections (every destination the guest reached) and the rest (denied,
+//! failed, refused by the proxy) go to two files, `egress.log` and
+//! `egress.log.refused`, each rotated on its own: a guest that floods refusals (11 MB
+//! of `ProxyRefused` notes in 7 s did) rotates only its refusals away, never the
+//! record of where it connected. [`read_log`] merges both.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -75,8 +81,12 @@ impl EgressLog {
 
     fn append(&self, record: &EgressRecord) -> std::io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
-        if std::fs::metadata(&self.path).is_ok_and(|m| m.len() >= LOG_ROTATE_BYTES) {
-            std::fs::rename(&self.path, rotated(&self.path))?;
+        let path = match record.verdict {
+            Verdict::Allowed => self.path.clone(),
+            Verdict::Denied | Verdict::Failed | Verdict::Refused => refusals(&self.path),
+        };
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() >= LOG_ROTATE_BYTES) {
+            std::fs::rename(&path, rotated(&path))?;
         }
         let mut line = serde_json::to_vec(record).map_err(std::io::Error::other)?;
         line.push(b'\n');
@@ -84,30 +94,42 @@ impl EgressLog {
             .append(true)
             .create(true)
             .mode(0o600)
-            .open(&self.path)?;
+            .open(&path)?;
         // One write per line: concurrent connections never interleave within a line.
         file.write_all(&line)
     }
 }
 
 fn rotated(path: &Path) -> PathBuf {
+    suffixed(path, ".1")
+}
+
+/// Where everything but allowed connections goes.
+fn refusals(path: &Path) -> PathBuf {
+    suffixed(path, ".refused")
+}
+
+fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(".1");
+    name.push(suffix);
     PathBuf::from(name)
 }
 
-/// The last `limit` records of the log at `path` (the rotated file first), oldest
-/// first. A missing log is empty; a line that does not parse is skipped (a record
-/// half written when the relay was killed).
+/// The last `limit` records of the log at `path` and its refusals (each rotated file
+/// first), oldest first by time. A missing log is empty; a line that does not parse is
+/// skipped (a record half written when the relay was killed).
 pub fn read_log(path: &Path, limit: usize) -> std::io::Result<Vec<EgressRecord>> {
     let mut records = Vec::new();
-    for file in [rotated(path), path.to_owned()] {
+    let refused = refusals(path);
+    for file in [rotated(&refused), refused, rotated(path), path.to_owned()] {
         match std::fs::read_to_string(&file) {
             Ok(text) => records.extend(text.lines().filter_map(|l| serde_json::from_str(l).ok())),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return Err(error),
         }
     }
+    // Stable: records of one time keep their order within a file.
+    records.sort_by_key(|record: &EgressRecord| record.time_unix_ms);
     let skip = records.len().saturating_sub(limit);
     Ok(records.split_off(skip))
 }
@@ -122,7 +144,7 @@ mod tests {
             host: "a.io".into(),
             port,
             address: None,
-            verdict: Verdict::Denied,
+            verdict: Verdict::Allowed,
             reason: Some("not in the allowlist".into()),
             bytes_out: 0,
             bytes_in: 0,
@@ -157,5 +179,35 @@ mod tests {
         log.write(&record(3));
         assert!(std::fs::metadata(&path).unwrap().len() < 1000);
         assert_eq!(read_log(&path, 10).unwrap(), [record(3)]);
+    }
+
+    /// Regression (issue 22, item 6): 11 MB of proxy refusals rotated `egress.log`
+    /// and `.1` away, and every allowed record with them. Refusals rotate apart now.
+    #[test]
+    fn a_flood_of_refusals_never_pushes_allowed_records_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("egress.log");
+        let log = EgressLog::new(path.clone());
+        log.write(&record(443));
+        let refusal = EgressRecord {
+            time_unix_ms: 2,
+            host: String::new(),
+            port: 0,
+            verdict: Verdict::Refused,
+            reason: Some("x".repeat(1024)),
+            ..record(0)
+        };
+        let flood = 3 * LOG_ROTATE_BYTES / 1024;
+        for _ in 0..flood {
+            log.write(&refusal);
+        }
+        let all = read_log(&path, usize::MAX).unwrap();
+        assert_eq!(
+            all.first(),
+            Some(&record(443)),
+            "the allowed record was lost"
+        );
+        assert!(all.len() > 1 && all.len() < 1 + usize::try_from(flood).unwrap());
+        assert_eq!(read_log(&path, 1).unwrap(), [refusal]);
     }
 }

@@ -290,6 +290,7 @@ async fn try_quick_boot_kvm(
         qmp_socket: None,
         disk: None,
         console_log: &console,
+        console_socket: None,
     };
     let log = fs::File::create(dir.file(QEMU_LOG))?;
     let mut command = Command::new(probe.qemu);

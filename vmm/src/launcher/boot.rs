@@ -100,6 +100,8 @@ pub struct Launcher {
     accel_lock: tokio::sync::Mutex<()>,
     /// QEMU's version, asked once (restores check checkpoints against it).
     pub(crate) qemu_version: OnceLock<Option<String>>,
+    /// Set once this launcher swept the checkpoint store (see [`Launcher::list`]).
+    checkpoints_swept: OnceLock<()>,
 }
 
 impl Launcher {
@@ -110,6 +112,7 @@ impl Launcher {
             tsc_khz: OnceLock::new(),
             accel_lock: tokio::sync::Mutex::new(()),
             qemu_version: OnceLock::new(),
+            checkpoints_swept: OnceLock::new(),
         }
     }
 
@@ -221,9 +224,21 @@ impl Launcher {
         Ok(vm)
     }
 
-    /// Every run folder and whether its VM is alive.
+    /// Every run folder and whether its VM is alive. The first call of a launcher
+    /// also sweeps the checkpoint store (see [`Launcher::sweep_checkpoints_once`]).
     pub fn list(&self) -> Result<Vec<RunDirEntry>, LaunchError> {
+        self.sweep_checkpoints_once();
         Ok(run_dir::list(&self.config.run_root)?)
+    }
+
+    /// Once per launcher, at the first look at the home: removes staging folders and
+    /// unused fork checkpoints that a process killed outright left (a front end
+    /// that starts and only lists or reads would otherwise never sweep). Run folders
+    /// are not swept here: a dead VM's folder holds the report of how it ended.
+    pub(crate) fn sweep_checkpoints_once(&self) {
+        self.checkpoints_swept.get_or_init(|| {
+            self.checkpoint_store().sweep();
+        });
     }
 
     /// Removes the folders of VMs whose owner and QEMU are gone; returns their names.
@@ -315,6 +330,10 @@ impl Launcher {
                     log: dir.file(RELAY_LOG),
                     egress_policy: dir.file(crate::egress::POLICY_FILE),
                     egress_log: dir.file(crate::egress::LOG_FILE),
+                    console: (
+                        dir.file(super::CONSOLE_SOCKET),
+                        dir.file(super::CONSOLE_LOG),
+                    ),
                 };
                 let (daemon, line) = relay_daemon::start(&self.config.relay_path, &paths, lifetime)
                     .await
@@ -329,12 +348,14 @@ impl Launcher {
     }
 
     /// A fresh RAM file path on the RAM tmpfs, linked from the run folder so that
-    /// whoever removes the folder frees the memory too.
+    /// whoever removes the folder frees the memory too. Its name is new for every
+    /// start of the VM (a wake starts it again): whoever cleans up after one QEMU
+    /// (its exit watcher, a failed start) can never remove the next one's memory.
     fn ram_file(&self, dir: &RunDir) -> Result<PathBuf, LaunchError> {
-        let path = self
-            .config
-            .ram_dir
-            .join(format!("sandbox-{}.ram", dir.id()));
+        let path =
+            self.config
+                .ram_dir
+                .join(format!("sandbox-{}-{}.ram", dir.id(), VmId::generate()));
         let link = dir.file(run_dir::RAM_LINK);
         // A woken VM's folder has the link of its previous life.
         let _ = std::fs::remove_file(&link);

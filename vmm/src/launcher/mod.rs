@@ -85,6 +85,9 @@ pub const LOG_TAIL_BYTES: u64 = 4096;
 
 /// Files in a run folder.
 pub const CONSOLE_LOG: &str = "console.log";
+/// QEMU's console socket (serial-transport VMs), which the relay copies into
+/// [`CONSOLE_LOG`].
+pub const CONSOLE_SOCKET: &str = "console.sock";
 /// QEMU's stdout and stderr.
 pub const QEMU_LOG: &str = "qemu.log";
 /// `vhost-device-vsock`'s stdout and stderr.
@@ -253,7 +256,7 @@ impl BootLogs {
     /// Reads the tails of the logs in `dir`.
     pub fn collect(dir: &Path) -> Self {
         Self {
-            console: tail(&dir.join(CONSOLE_LOG), LOG_TAIL_BYTES),
+            console: console_tail(dir),
             qemu: tail(&dir.join(QEMU_LOG), LOG_TAIL_BYTES),
             vhost: if dir.join(RELAY_LOG).exists() {
                 tail(&dir.join(RELAY_LOG), LOG_TAIL_BYTES)
@@ -285,6 +288,19 @@ impl fmt::Display for BootLogs {
         }
         Ok(())
     }
+}
+
+/// The end of a VM's console: `console.log`, after the end of its rotated `.1` when
+/// the current file holds less than [`LOG_TAIL_BYTES`].
+pub(crate) fn console_tail(dir: &Path) -> String {
+    let current = tail(&dir.join(CONSOLE_LOG), LOG_TAIL_BYTES);
+    if current.len() as u64 >= LOG_TAIL_BYTES {
+        return current;
+    }
+    let mut older = dir.join(CONSOLE_LOG).into_os_string();
+    older.push(".1");
+    let older = tail(Path::new(&older), LOG_TAIL_BYTES - current.len() as u64);
+    older + &current
 }
 
 /// The last `max` bytes of a file, from a line start; empty when unreadable.

@@ -10,8 +10,6 @@
 use std::fmt;
 use std::path::Path;
 
-use super::{tail, CONSOLE_LOG, LOG_TAIL_BYTES};
-
 /// How a VM's guest ended, as far as its console tells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GuestEnd {
@@ -45,7 +43,7 @@ pub struct PostMortem {
 impl PostMortem {
     /// Reads the console of the run folder `dir`.
     pub fn read(dir: &Path) -> Self {
-        let console_tail = tail(&dir.join(CONSOLE_LOG), LOG_TAIL_BYTES);
+        let console_tail = super::console_tail(dir);
         Self {
             end: classify(&console_tail),
             console_tail,

@@ -39,6 +39,8 @@ pub(crate) struct RelayPaths {
     pub egress_policy: PathBuf,
     /// Where the relay records egress.
     pub egress_log: PathBuf,
+    /// QEMU's console socket, and the bounded log the relay copies it into.
+    pub console: (PathBuf, PathBuf),
 }
 
 /// Why the relay's readiness line could not be had.
@@ -106,6 +108,12 @@ pub(crate) async fn start(
         .arg(&paths.egress_policy)
         .arg("--egress-log")
         .arg(&paths.egress_log)
+        .arg("--log")
+        .arg(&paths.log)
+        .arg("--console")
+        .arg(&paths.console.0)
+        .arg("--console-log")
+        .arg(&paths.console.1)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);

@@ -269,27 +269,29 @@ impl RunDir {
     /// process. It is never removed by this handle: what it holds (a hibernation
     /// image) must survive a failed wake.
     pub(crate) fn adopt(root: &Path, id: &VmId) -> Result<Self, RunDirError> {
+        Self::try_adopt(root, id)?.ok_or_else(|| RunDirError::Lock {
+            path: root.join(id.as_str()),
+            error: io::Error::new(io::ErrorKind::WouldBlock, "another process holds this VM"),
+        })
+    }
+
+    /// [`RunDir::adopt`] without the error when someone else holds the folder's lock
+    /// (another process's wake of the same VM, an owner, a sweep looking at it):
+    /// `Ok(None)`, so the caller can wait and look again.
+    pub(crate) fn try_adopt(root: &Path, id: &VmId) -> Result<Option<Self>, RunDirError> {
         let path = root.join(id.as_str());
-        let lock = lock_file(&path).and_then(|file| {
-            if sys::try_lock_exclusive(&file)? {
-                Ok(file)
-            } else {
-                Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    "another process holds this VM",
-                ))
-            }
-        });
-        let lock = lock.map_err(|error| RunDirError::Lock {
+        let locked =
+            lock_file(&path).and_then(|file| Ok(sys::try_lock_exclusive(&file)?.then_some(file)));
+        let lock = locked.map_err(|error| RunDirError::Lock {
             path: path.clone(),
             error,
         })?;
-        Ok(Self {
+        Ok(lock.map(|lock| Self {
             id: id.clone(),
             path,
             lock: Some(lock),
             keep: true,
-        })
+        }))
     }
 
     pub(crate) fn id(&self) -> &VmId {
@@ -597,7 +599,7 @@ pub(crate) fn qemu_name(id: &VmId) -> String {
 
 /// True when a process `pid` exists (a recycled pid reads as alive: an image then
 /// waits longer, it is never removed early).
-fn process_alive(pid: u32) -> bool {
+pub(crate) fn process_alive(pid: u32) -> bool {
     Path::new("/proc").join(pid.to_string()).exists()
 }
 

@@ -118,6 +118,17 @@ impl Launcher {
     /// Starts `start` and waits for its agent: the boot sequence of the module docs
     /// of `launcher`, plus the incoming migration of a restore.
     pub(crate) async fn start_machine(&self, start: Start) -> Result<Vm, LaunchError> {
+        self.start_machine_in(start, None).await
+    }
+
+    /// [`Launcher::start_machine`] in a run folder the caller adopted already (a
+    /// wake, which takes the VM's lock before it looks at the record, so that two
+    /// wakes of one VM never run at once).
+    pub(crate) async fn start_machine_in(
+        &self,
+        start: Start,
+        adopted: Option<RunDir>,
+    ) -> Result<Vm, LaunchError> {
         let lifetime = if start.detached {
             Lifetime::Detached
         } else {
@@ -125,9 +136,10 @@ impl Launcher {
         };
         let machine = &start.machine;
         let transport = machine.transport;
-        let dir = match &start.reuse {
-            Some((id, _)) => RunDir::adopt(&self.config.run_root, id)?,
-            None => RunDir::create(&self.config.run_root)?,
+        let dir = match (adopted, &start.reuse) {
+            (Some(dir), _) => dir,
+            (None, Some((id, _))) => RunDir::adopt(&self.config.run_root, id)?,
+            (None, None) => RunDir::create(&self.config.run_root)?,
         };
         let agent_url = match transport {
             AgentTransport::Vsock => {
@@ -176,8 +188,14 @@ impl Launcher {
             }
         }
         let attach = self.attach_agent(transport, &dir, lifetime).await?;
+        // Declared after `dir`, so dropped before it: a failed start removes the RAM
+        // file it made while this process still holds the folder's lock. (An adopted
+        // folder is kept on failure; the RAM file must not be, and removing it later,
+        // by the link, could hit the next waker's file.)
+        let mut ram_guard = RemoveOnDrop(attach.ram_file.clone());
         let name = qemu_name(dir.id());
         let console = dir.file(CONSOLE_LOG);
+        let console_socket = dir.file(super::CONSOLE_SOCKET);
         let vhost_socket = dir.file(VHOST_SOCKET);
         let serial_socket = dir.file(SERIAL_SOCKET);
         let qmp_socket = dir.file(QMP_SOCKET);
@@ -221,9 +239,14 @@ impl Launcher {
             qmp_socket: (transport == AgentTransport::Serial).then_some(qmp_socket.as_path()),
             disk: overlay.as_deref(),
             console_log: &console,
+            console_socket: (transport == AgentTransport::Serial)
+                .then_some(console_socket.as_path()),
         };
         let started = Instant::now();
         let mut qemu = self.spawn_qemu(&qemu_spec, &dir, lifetime).await?;
+        // The RAM file is the VM's own when shared (a mapped checkpoint image is not).
+        let own_ram = ram_file.and_then(|(path, shared)| shared.then_some(path));
+        super::vm::watch_exit(&qemu, start.detached.then_some(&attach.daemon), own_ram);
         record.qemu_pid = Some(qemu.pid());
         record.daemon_pid = Some(attach.daemon.pid());
         dir.write_record(&record)?;
@@ -289,6 +312,7 @@ impl Launcher {
             "vm ready"
         );
         let run_path = dir.path().to_owned();
+        ram_guard.0 = None;
         Ok(Vm {
             record,
             ready,
@@ -300,6 +324,17 @@ impl Launcher {
             run_dir: Some(dir),
             run_path,
         })
+    }
+}
+
+/// A file removed when dropped, unless its path was taken back first.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 

@@ -73,18 +73,33 @@ impl AsRawFd for PidFd {
     }
 }
 
-/// Starts a watcher process that waits for `watched` to exit and then stops `victim`:
-/// `SIGTERM`, up to `grace_ms` for it to exit, then `SIGKILL`. It is what stops a
-/// detached VM's `vhost-device-vsock` when the guest powers off or panics and QEMU
-/// exits with nobody left to notice.
+/// Starts a watcher process that waits for `watched` (a VM's QEMU) to exit and then
+/// cleans up after it: stops `victim` (`SIGTERM`, up to `grace_ms` for it to exit,
+/// then `SIGKILL`), and unlinks `unlink` (the VM's RAM file on the tmpfs). It is what
+/// stops a detached VM's daemon when the guest powers off or panics and QEMU exits
+/// with nobody left to notice, and what frees a dead VM's memory at once, whoever
+/// owned it: a guest that panicked or powered off, or an owner killed outright (its
+/// QEMU dies by its death signal), left 0.2-0.5 GiB in `/dev/shm` per VM until a
+/// later boot swept the run folder, forever in a home nobody booted from again.
+///
+/// The RAM file is this QEMU's alone (its name is fresh for every start, see
+/// `Launcher::ram_file`), and once QEMU is gone nothing reads it: a hibernation or a
+/// checkpoint copied it while QEMU was paused. So the unlink needs no check.
 ///
 /// The watcher holds nothing but the two pidfds (so it keeps no lock, socket or pipe
 /// of this process open), runs in a session of its own, and is nobody's child to reap
 /// (a double fork: this process reaps the short-lived middle child at once). This
 /// process has other threads, so the child side makes only async-signal-safe system
-/// calls on descriptors opened before the fork: no allocation, no locks.
-pub(crate) fn spawn_exit_watcher(watched: &PidFd, victim: &PidFd, grace_ms: i32) -> io::Result<()> {
-    let (watched, victim) = (watched.as_raw_fd(), victim.as_raw_fd());
+/// calls on descriptors and memory prepared before the fork: no allocation, no locks.
+pub(crate) fn spawn_exit_watcher(
+    watched: &PidFd,
+    victim: Option<&PidFd>,
+    grace_ms: i32,
+    unlink: Option<&std::ffi::CStr>,
+) -> io::Result<()> {
+    let watched = watched.as_raw_fd();
+    let victim = victim.map(AsRawFd::as_raw_fd);
+    let unlink = unlink.map(std::ffi::CStr::as_ptr);
     // SAFETY: fork(2) duplicates only the calling thread. The child runs
     // `exit_watcher`, which makes raw system calls only and ends in `_exit`, never
     // returning into Rust code that could touch state other threads held locked.
@@ -93,7 +108,7 @@ pub(crate) fn spawn_exit_watcher(watched: &PidFd, victim: &PidFd, grace_ms: i32)
         return Err(io::Error::last_os_error());
     }
     if pid == 0 {
-        exit_watcher(watched, victim, grace_ms);
+        exit_watcher(watched, victim, grace_ms, unlink);
     }
     // The middle child exits at once; reap exactly it (never `waitpid(-1)`: this is a
     // library in someone else's process).
@@ -112,10 +127,17 @@ pub(crate) fn spawn_exit_watcher(watched: &PidFd, victim: &PidFd, grace_ms: i32)
 }
 
 /// The forked side of [`spawn_exit_watcher`]. Async-signal-safe: raw system calls only.
-fn exit_watcher(watched: RawFd, victim: RawFd, grace_ms: i32) -> ! {
-    // SAFETY: each call below is a plain system call on integers and a stack-allocated
-    // pollfd; none allocates, locks, or returns into the parent's Rust state, and the
-    // process ends with `_exit`.
+fn exit_watcher(
+    watched: RawFd,
+    victim: Option<RawFd>,
+    grace_ms: i32,
+    unlink: Option<*const libc::c_char>,
+) -> ! {
+    // SAFETY: each call below is a plain system call on integers, a stack-allocated
+    // pollfd, or the NUL-terminated path the parent prepared before the fork (the
+    // child's copy of its memory stays valid: nothing in the child frees it); none
+    // allocates, locks, or returns into the parent's Rust state, and the process ends
+    // with `_exit`.
     unsafe {
         libc::setsid();
         // The middle child leaves at once, so the watcher is re-parented to init (or
@@ -125,8 +147,9 @@ fn exit_watcher(watched: RawFd, victim: RawFd, grace_ms: i32) -> ! {
         }
         // A name that says what it is in `ps` (its command line stays the caller's).
         libc::prctl(libc::PR_SET_NAME, c"sandbox-watch".as_ptr());
-        // Keep only the two pidfds.
-        let (low, high) = (watched.min(victim), watched.max(victim));
+        // Keep only the pidfds.
+        let keep = victim.unwrap_or(watched);
+        let (low, high) = (watched.min(keep), watched.max(keep));
         let close = |from: RawFd, to: RawFd| {
             if from <= to {
                 libc::syscall(
@@ -166,9 +189,14 @@ fn exit_watcher(watched: RawFd, victim: RawFd, grace_ms: i32) -> ! {
             );
         };
         wait_readable(watched, -1);
-        signal(victim, libc::SIGTERM);
-        if !wait_readable(victim, grace_ms) {
-            signal(victim, libc::SIGKILL);
+        if let Some(victim) = victim {
+            signal(victim, libc::SIGTERM);
+            if !wait_readable(victim, grace_ms) {
+                signal(victim, libc::SIGKILL);
+            }
+        }
+        if let Some(path) = unlink {
+            libc::unlink(path);
         }
         libc::_exit(0)
     }

@@ -26,7 +26,7 @@ use super::{AgentTransport, LaunchError, AGENT_PORT, AGENT_SOCKET, CONSOLE_LOG, 
 const QEMU_TERM_GRACE: Duration = Duration::from_secs(1);
 
 /// How long a detached VM's daemon gets to exit on `SIGTERM` after QEMU exited.
-const DAEMON_STOP_GRACE: Duration = Duration::from_secs(2);
+pub(crate) const DAEMON_STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// How a VM's QEMU ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,9 +242,9 @@ impl Vm {
         if !self.record.detached {
             return Err(Box::new(self));
         }
-        // Nobody will own this VM: a watcher stops its daemon when QEMU exits (the
-        // guest powered off or panicked), so no daemon outlives its VM.
-        self.watch_daemon();
+        // Nobody will own this VM: the watcher started with its QEMU (see
+        // `watch_exit`) stops its daemon when QEMU exits (the guest powered off or
+        // panicked), so no daemon outlives its VM.
         if let Some(qemu) = self.qemu.take() {
             qemu.release();
         }
@@ -255,23 +255,6 @@ impl Vm {
             dir.keep();
         }
         Ok(self.record.clone())
-    }
-
-    /// Starts the watcher that stops the daemon once QEMU exits (best effort: without
-    /// it, `Launcher::stop` or the next sweep still stop the daemon).
-    fn watch_daemon(&self) {
-        let (Some(qemu), Some(daemon)) = (&self.qemu, &self.daemon) else {
-            return;
-        };
-        let watched = super::sys::PidFd::open(qemu.pid())
-            .and_then(|qemu| Ok((qemu, super::sys::PidFd::open(daemon.pid())?)))
-            .and_then(|(qemu, daemon)| {
-                let grace = i32::try_from(DAEMON_STOP_GRACE.as_millis()).unwrap_or(i32::MAX);
-                super::sys::spawn_exit_watcher(&qemu, &daemon, grace)
-            });
-        if let Err(error) = watched {
-            tracing::warn!(%error, id = %self.record.id, "cannot watch the detached VM's QEMU; its daemon stops only with `stop`");
-        }
     }
 
     /// Reaps QEMU (already stopped), stops the daemon, removes the run folder.
@@ -295,6 +278,25 @@ impl Drop for Vm {
         }
         drop(self.daemon.take());
         drop(self.run_dir.take());
+    }
+}
+
+/// Starts the watcher of a VM's QEMU (see [`super::sys::spawn_exit_watcher`]): once
+/// QEMU exits, it stops `daemon` (a detached VM's, which nobody else would stop) and
+/// unlinks `ram` (the VM's own RAM file). Best effort: without it, `Launcher::stop`,
+/// the owner's handle or the next sweep still clean up.
+pub(crate) fn watch_exit(qemu: &ChildProcess, daemon: Option<&VsockDaemon>, ram: Option<&Path>) {
+    use std::os::unix::ffi::OsStrExt;
+    let ram = ram.and_then(|path| std::ffi::CString::new(path.as_os_str().as_bytes()).ok());
+    let watched = super::sys::PidFd::open(qemu.pid()).and_then(|qemu| {
+        let daemon = daemon
+            .map(|daemon| super::sys::PidFd::open(daemon.pid()))
+            .transpose()?;
+        let grace = i32::try_from(DAEMON_STOP_GRACE.as_millis()).unwrap_or(i32::MAX);
+        super::sys::spawn_exit_watcher(&qemu, daemon.as_ref(), grace, ram.as_deref())
+    });
+    if let Err(error) = watched {
+        tracing::warn!(%error, qemu_pid = qemu.pid(), "cannot watch the VM's QEMU; its daemon and RAM file go only with its handle, `stop` or a sweep");
     }
 }
 

@@ -25,6 +25,7 @@
 //! session, never the relay.
 
 mod egress;
+pub mod log;
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -45,6 +46,12 @@ pub const ATTACH_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// The longest wait between two `Attach` attempts.
 pub const ATTACH_RETRY_MAX: Duration = Duration::from_secs(4);
 
+/// How long a frame from the guest may stop arriving half-way before the relay gives
+/// it up and attaches again. The agent writes each frame (at most 32 KiB) whole, so
+/// its bytes arrive together; only a guest writing into the agent's port by itself
+/// leaves a frame unfinished.
+pub const FRAME_STALL: Duration = Duration::from_secs(5);
+
 /// Where the relay connects and listens.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -56,6 +63,9 @@ pub struct RelayConfig {
     pub connect_timeout: Duration,
     /// `Some`: the VM has egress under this policy (`net: egress`); `None`: no route.
     pub egress: Option<crate::egress::EgressConfig>,
+    /// `Some((socket, log))`: copy QEMU's console from `socket` into `log`, rotated
+    /// at [`log::CONSOLE_LOG_MAX_BYTES`] (one old file kept).
+    pub console: Option<(PathBuf, PathBuf)>,
 }
 
 /// Why the relay stopped.
@@ -90,6 +100,10 @@ pub enum RelayError {
 /// Runs the relay until the agent stream ends; `on_ready` gets the agent's `Ready`
 /// from the first `Attached`.
 pub async fn run(config: &RelayConfig, on_ready: impl FnOnce(&Ready)) -> Result<(), RelayError> {
+    if let Some((socket, log)) = config.console.clone() {
+        let timeout = config.connect_timeout;
+        tokio::spawn(async move { copy_console(&socket, &log, timeout).await });
+    }
     let stream = connect(&config.agent, config.connect_timeout).await?;
     let listener = listen(&config.listen)?;
     let egress = egress::Egress::new(config.egress.as_ref());
@@ -110,6 +124,32 @@ async fn connect(path: &Path, timeout: Duration) -> Result<UnixStream, RelayErro
                 })
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+}
+
+/// Copies the console from QEMU's socket into its bounded log until QEMU closes it.
+async fn copy_console(socket: &Path, log: &Path, timeout: Duration) {
+    use std::io::Write;
+    use tokio::io::AsyncReadExt;
+    let mut file = match log::RotatingLog::open(log, log::CONSOLE_LOG_MAX_BYTES, false) {
+        Ok(file) => file,
+        Err(error) => {
+            tracing::warn!(%error, "cannot open the console log; the console is dropped");
+            return;
+        }
+    };
+    let mut stream = match connect(socket, timeout).await {
+        Ok(stream) => stream,
+        Err(error) => {
+            tracing::warn!(error = %crate::error_chain(&error), "no console");
+            return;
+        }
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 || file.write_all(&buf[..n]).is_err() {
+            break;
         }
     }
 }
@@ -141,7 +181,7 @@ async fn relay(
     let channels = Channels::new(outbox.clone());
     let writer_outbox = outbox.clone();
     let mut writer = tokio::spawn(async move { write_loop(write, rx, &writer_outbox).await });
-    let mut reader = LinkReader::new(read);
+    let mut reader = LinkReader::new(read).with_stall_timeout(FRAME_STALL);
     let mut on_ready = Some(on_ready);
     let mut state = Attaching::new();
     outbox
@@ -154,6 +194,10 @@ async fn relay(
         .await;
     let mut next_channel: ChannelId = 0;
     let mut at_marker = false;
+    // A guest can break the framing as often as it likes: one warning a minute, with
+    // the count of the others.
+    let mut desyncs = log::Summary::new(log::WARN_WINDOW);
+    let mut attaches = log::Summary::new(log::WARN_WINDOW);
     loop {
         tokio::select! {
             item = reader.next() => {
@@ -166,7 +210,9 @@ async fn relay(
                 match item {
                     LinkItem::Sync => at_marker = true,
                     LinkItem::Desync if state.attached => {
-                        tracing::warn!(clients = channels.len(), "the link lost frame sync: dropping every client and attaching again");
+                        if let Some(held_back) = desyncs.event(std::time::Instant::now()) {
+                            tracing::warn!(clients = channels.len(), earlier_unlogged = held_back, "the link lost frame sync: dropping every client and attaching again (logged once a minute)");
+                        }
                         channels.reset();
                         state = Attaching::new();
                         outbox.start_session(&LinkFrame::Attach { session: state.nonce }, ATTACH_PADDING_BYTES).await;
@@ -174,7 +220,9 @@ async fn relay(
                     LinkItem::Desync => {}
                     LinkItem::Frame(LinkFrame::Attached { session, ready }) if after_marker && !state.attached && session == state.nonce => {
                         state.attached = true;
-                        tracing::info!(agent_version = %ready.agent_version, egress = egress.enabled(), "agent attached");
+                        if let Some(held_back) = attaches.event(std::time::Instant::now()) {
+                            tracing::info!(agent_version = %ready.agent_version, egress = egress.enabled(), earlier_unlogged = held_back, "agent attached");
+                        }
                         // Before any client's `Open`: the agent sets up its proxy (and the
                         // variables of the processes clients start) first.
                         if egress.enabled() {
@@ -275,4 +323,90 @@ fn random_nonce() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
     u64::from(nanos) ^ u64::from(std::process::id()).rotate_left(32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandbox_protocol::link::mux::LinkReader;
+    use sandbox_protocol::link::{encode_session_start, LinkItem};
+    use tokio::io::AsyncWriteExt;
+
+    /// The next frame from the relay, skipping markers (panics after 60 s).
+    async fn next_frame(reader: &mut LinkReader<tokio::net::unix::OwnedReadHalf>) -> LinkFrame {
+        let wait = async {
+            loop {
+                match reader.next().await.unwrap() {
+                    Some(LinkItem::Frame(frame)) => return frame,
+                    Some(_) => {}
+                    None => panic!("the relay closed the link"),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), wait)
+            .await
+            .expect("no frame from the relay within 60 s")
+    }
+
+    /// Regression (issue 22, item 7): a guest that writes the start of a 32 KiB link
+    /// frame and never finishes it wedged the relay: every later client timed out.
+    /// Now the relay gives the frame up and attaches again, and serves clients.
+    #[tokio::test]
+    async fn a_frame_that_stalls_mid_body_makes_the_relay_attach_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent_path = dir.path().join("agent-link.sock");
+        let agent = UnixListener::bind(&agent_path).unwrap();
+        let config = RelayConfig {
+            agent: agent_path,
+            listen: dir.path().join("agent.sock"),
+            connect_timeout: Duration::from_secs(10),
+            egress: None,
+            console: None,
+        };
+        let relay = tokio::spawn(async move { run(&config, |_| {}).await });
+        let (stream, _) = agent.accept().await.unwrap();
+        let (read, mut write) = stream.into_split();
+        let mut reader = LinkReader::new(read);
+        let ready = Ready {
+            magic: sandbox_protocol::MAGIC,
+            version: sandbox_protocol::PROTOCOL_VERSION,
+            agent_version: "test".into(),
+            boot_id: "b".into(),
+            uptime_ms: 1,
+        };
+        let attach = |frame: LinkFrame| {
+            let LinkFrame::Attach { session } = frame else {
+                panic!("expected Attach, got {frame:?}");
+            };
+            let mut out = Vec::new();
+            encode_session_start(
+                &LinkFrame::Attached {
+                    session,
+                    ready: ready.clone(),
+                },
+                &mut out,
+            )
+            .unwrap();
+            out
+        };
+        let attached = attach(next_frame(&mut reader).await);
+        write.write_all(&attached).await.unwrap();
+        // Half a frame: a 32 KiB length and a few bytes of body, then nothing.
+        let mut half = u32::try_from(32 * 1024).unwrap().to_le_bytes().to_vec();
+        half.extend_from_slice(&[7; 100]);
+        write.write_all(&half).await.unwrap();
+        // The relay gives it up and attaches again (a repeated Attach first comes
+        // only if the first was not answered: this one is the resync).
+        let again = attach(next_frame(&mut reader).await);
+        write.write_all(&again).await.unwrap();
+        // And a client is served: its channel opens on the link.
+        let _client = UnixStream::connect(dir.path().join("agent.sock"))
+            .await
+            .unwrap();
+        assert!(
+            matches!(next_frame(&mut reader).await, LinkFrame::Open { .. }),
+            "the client's channel did not open"
+        );
+        relay.abort();
+    }
 }

@@ -522,10 +522,13 @@ impl TempFolder {
             .mode(0o700)
             .create(path)
             .map_err(|error| write_error(path, error))?;
-        Ok(Self {
+        let folder = Self {
             path: path.to_owned(),
             committed: false,
-        })
+        };
+        // First, so a sweep can tell a writer that died (SIGKILL) from one writing.
+        super::manifest::write_maker(path)?;
+        Ok(folder)
     }
 
     fn path(&self) -> &Path {

@@ -38,6 +38,10 @@ pub const INITRAMFS_FILE: &str = "initramfs";
 /// The agent token in the snapshot.
 pub const TOKEN_FILE: &str = "token";
 
+/// The pid of the process that wrote the checkpoint (written first, into the
+/// `.tmp-` folder): a sweep removes what a writer that is gone left, at once.
+pub const MAKER_FILE: &str = "maker";
+
 /// How long a fork's checkpoint is kept even with no VM mapping it: a fork started
 /// in another process may still be starting its children.
 pub const EPHEMERAL_GRACE_MS: u64 = 60 * 1000;
@@ -180,8 +184,11 @@ impl Store {
         let now = run_dir::now_unix_ms();
         if let Ok(all) = self.list() {
             for info in all {
-                let young =
-                    now.saturating_sub(info.manifest.created_at_unix_ms) < EPHEMERAL_GRACE_MS;
+                // The grace is for a fork still starting its children: once the
+                // process that made the checkpoint is gone, nobody is.
+                let young = now.saturating_sub(info.manifest.created_at_unix_ms)
+                    < EPHEMERAL_GRACE_MS
+                    && !maker_gone(&info.path);
                 if info.manifest.ephemeral
                     && info.users.is_empty()
                     && !young
@@ -196,9 +203,10 @@ impl Store {
         removed
     }
 
-    /// Removes `.tmp-*` and `.promote-*` folders whose writer is gone (older than
-    /// ten minutes: writing a checkpoint takes seconds, a large one whose RAM is in
-    /// the stream under a minute).
+    /// Removes `.tmp-*` and `.promote-*` folders whose writer is gone: its `maker`
+    /// process no longer runs, or (a folder without one) it is older than ten minutes
+    /// (writing a checkpoint takes seconds, a large one whose RAM is in the stream
+    /// under a minute).
     pub fn sweep_temporary(&self) {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return;
@@ -211,6 +219,7 @@ impl Store {
                 .and_then(|modified| modified.elapsed().ok())
                 .is_some_and(|age| age.as_secs() > 600);
             let name = entry.file_name().to_string_lossy().into_owned();
+            let stale = stale || maker_gone(&entry.path());
             if (name.starts_with(".tmp-") || name.starts_with(".promote-")) && stale {
                 let _ = fs::remove_dir_all(entry.path());
             }
@@ -272,6 +281,23 @@ impl Store {
     }
 }
 
+/// Writes `dir/maker`: this process's pid.
+pub(crate) fn write_maker(dir: &Path) -> Result<(), SnapshotError> {
+    let path = dir.join(MAKER_FILE);
+    fs::write(&path, std::process::id().to_string())
+        .map_err(|error| SnapshotError::Write { path, error })
+}
+
+/// True when `dir/maker` names a process that no longer exists (false without one,
+/// or when it cannot be read: then only age decides; a recycled pid reads as alive,
+/// so a folder may wait longer, never go early).
+fn maker_gone(dir: &Path) -> bool {
+    fs::read_to_string(dir.join(MAKER_FILE))
+        .ok()
+        .and_then(|text| text.trim().parse::<u32>().ok())
+        .is_some_and(|pid| !run_dir::process_alive(pid))
+}
+
 /// Reads and parses `dir/manifest.json`.
 pub fn read_manifest(dir: &Path) -> io::Result<Manifest> {
     let text = fs::read(dir.join(MANIFEST_FILE))?;
@@ -303,6 +329,87 @@ fn remove_folder(path: &Path) -> Result<(), SnapshotError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The pid of a process that has exited and been reaped.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    fn ephemeral(id: &str) -> Manifest {
+        Manifest {
+            id: id.into(),
+            name: None,
+            ephemeral: true,
+            created_at_unix_ms: run_dir::now_unix_ms(),
+            source_vm: "vm".into(),
+            parent: None,
+            machine: MachineSpec {
+                template: "default".into(),
+                accel: crate::launcher::Accel::Tcg,
+                size: crate::launcher::Size::SMALL,
+                transport: crate::launcher::AgentTransport::Serial,
+                kernel: KERNEL_FILE.into(),
+                initramfs: None,
+                cmdline: String::new(),
+                disk: false,
+            },
+            ram: RamImage::File,
+            disk_backing: None,
+            qemu_version: "7.2.0".into(),
+            qemu_args: Vec::new(),
+            pause_ms: 0,
+            state_bytes: 0,
+            ram_bytes: 0,
+            disk_bytes: 0,
+        }
+    }
+
+    /// Regression (issue 22, item 12): `sandbox-mcp` killed during a fork left a
+    /// partial `.tmp-ID` checkpoint (131 MiB) for ten minutes, and a fork checkpoint
+    /// no VM used for its 60 s grace and past the sweep within it. What a writer that
+    /// is gone left goes at the next sweep; a live writer's work stays.
+    #[test]
+    fn a_sweep_removes_what_a_dead_maker_left_and_keeps_a_live_ones() {
+        let root = tempfile::tempdir().unwrap();
+        let store = Store::new(root.path().join("checkpoints"), root.path().join("run"));
+        let folder = |name: &str, maker: Option<u32>, manifest: Option<Manifest>| {
+            let dir = store.root().join(name);
+            fs::create_dir_all(&dir).unwrap();
+            if let Some(pid) = maker {
+                fs::write(dir.join(MAKER_FILE), pid.to_string()).unwrap();
+            }
+            if let Some(manifest) = manifest {
+                fs::write(
+                    dir.join(MANIFEST_FILE),
+                    serde_json::to_vec(&manifest).unwrap(),
+                )
+                .unwrap();
+            }
+            dir
+        };
+        let dead = dead_pid();
+        let staged_dead = folder(".tmp-a", Some(dead), None);
+        let staged_live = folder(".tmp-b", Some(std::process::id()), None);
+        let staged_unknown = folder(".tmp-c", None, None);
+        let fork_dead = folder("fork-a", Some(dead), Some(ephemeral("fork-a")));
+        let fork_live = folder(
+            "fork-b",
+            Some(std::process::id()),
+            Some(ephemeral("fork-b")),
+        );
+        assert_eq!(store.sweep(), vec!["fork-a".to_owned()]);
+        assert!(
+            !staged_dead.exists(),
+            "a dead writer's staging folder was kept"
+        );
+        assert!(!fork_dead.exists());
+        for kept in [staged_live, staged_unknown, fork_live] {
+            assert!(kept.exists(), "{} was removed", kept.display());
+        }
+    }
 
     #[test]
     fn names_are_checked() {

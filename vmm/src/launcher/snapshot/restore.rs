@@ -60,6 +60,7 @@ pub struct Fork {
 impl Launcher {
     /// Every checkpoint, oldest first, with who uses it.
     pub fn checkpoints(&self) -> Result<Vec<super::CheckpointInfo>, SnapshotError> {
+        self.sweep_checkpoints_once();
         self.checkpoint_store().list()
     }
 
