@@ -19,6 +19,46 @@ fn exec_exits_with_the_commands_code_and_streams_output() {
     assert_eq!(output.stderr, b"err\n");
 }
 
+/// Regression: a command the agent could not start exited 1, where `docker exec`,
+/// `kubectl exec` and shells exit 127 (not found) or 126 (not runnable).
+#[test]
+fn exec_of_a_missing_or_unrunnable_command_exits_127_or_126() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .args(["exec", "--", "nosuchcmd", "--flag"])
+        .assert_code(127);
+    assert!(
+        stderr(&output).contains("nosuchcmd not found"),
+        "{}",
+        stderr(&output)
+    );
+    let script = agent.dir().join("not-executable");
+    std::fs::write(&script, "echo hi\n").unwrap();
+    let script = script.to_str().unwrap();
+    for path in [script, "/tmp", "/nonexistent/prog"] {
+        let code = if path.starts_with("/nonexistent") {
+            127
+        } else {
+            126
+        };
+        let output = agent
+            .sandboxctl()
+            .args(["exec", "--", path])
+            .assert_code(code);
+        assert!(
+            stderr(&output).contains(&format!("Cannot start {path}")),
+            "{path}: {}",
+            stderr(&output)
+        );
+    }
+    // What the command itself returns is still its own.
+    agent
+        .sandboxctl()
+        .args(["exec", "--", "sh", "-c", "exit 127"])
+        .assert_code(127);
+}
+
 #[test]
 fn sh_killed_by_a_signal_exits_128_plus_the_signal() {
     let agent = TestAgent::start();
