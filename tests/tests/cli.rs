@@ -90,6 +90,44 @@ fn exec_options_reach_the_command() {
     assert_eq!(stdout, "PIPED IN\n");
 }
 
+/// Regression: `echo x | sandboxctl exec -- cat` printed nothing (stdin went only
+/// with `--stdin-file -`), and `-i`, as `docker exec -i` takes it, was run as the
+/// command.
+#[test]
+fn piped_stdin_reaches_the_command_and_dash_i_is_accepted() {
+    let agent = TestAgent::start();
+    for args in [
+        &["exec", "--", "cat"][..],
+        &["exec", "-i", "--", "cat"][..],
+        &["exec", "-i", "cat"][..],
+        &["sh", "tr a-z A-Z | tr A-Z a-z"][..],
+    ] {
+        let stdout = agent
+            .sandboxctl()
+            .args(args)
+            .stdin("piped in\n")
+            .stdout_ok();
+        assert_eq!(stdout, "piped in\n", "{args:?}");
+    }
+    // An empty pipe is an empty stdin: the command does not wait for more.
+    let stdout = agent
+        .sandboxctl()
+        .args(["exec", "--", "wc", "-c"])
+        .stdout_ok();
+    assert_eq!(stdout.trim(), "0");
+    // --stdin-file wins over our stdin.
+    let input = agent.dir().join("input.txt");
+    std::fs::write(&input, "from the file\n").unwrap();
+    let stdout = agent
+        .sandboxctl()
+        .args(["exec"])
+        .arg_path("--stdin-file", &input)
+        .args(["--", "cat"])
+        .stdin("piped in\n")
+        .stdout_ok();
+    assert_eq!(stdout, "from the file\n");
+}
+
 #[test]
 fn eval_prints_output_value_and_traceback_and_exits_by_how_it_ended() {
     let agent = TestAgent::start();

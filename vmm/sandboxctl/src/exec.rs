@@ -1,6 +1,6 @@
 //! `exec`, `sh` and `spawn`.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -40,14 +40,9 @@ pub(crate) async fn exec(client: &Client, spec: ProcessSpec, run: &RunArgs) -> a
         .map(|secs| seconds("--timeout", secs))
         .transpose()?;
     let stdin = match &run.stdin_file {
+        None if run.interactive || !std::io::stdin().is_terminal() => read_stdin()?,
         None => Vec::new(),
-        Some(path) if path.as_os_str() == "-" => {
-            let mut data = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut data)
-                .context("Cannot read stdin")?;
-            data
-        }
+        Some(path) if path.as_os_str() == "-" => read_stdin()?,
         Some(path) => {
             std::fs::read(path).with_context(|| format!("Cannot read {}", path.display()))?
         }
@@ -97,6 +92,17 @@ pub(crate) async fn exec(client: &Client, spec: ProcessSpec, run: &RunArgs) -> a
                 return Ok(EXIT_INTERRUPTED);
             }
         }
+    }
+}
+
+/// Our stdin to its end (the exec's stdin travels in its one request); nothing when
+/// there is no stdin at all (a closed descriptor 0).
+fn read_stdin() -> anyhow::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    match std::io::stdin().read_to_end(&mut data) {
+        Err(error) if error.raw_os_error() == Some(libc::EBADF) => Ok(Vec::new()),
+        Err(error) => Err(error).context("Cannot read stdin"),
+        Ok(_) => Ok(data),
     }
 }
 
