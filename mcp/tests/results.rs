@@ -181,7 +181,10 @@ async fn three_mib_of_output_is_cut_to_max_bytes_keeping_the_error() {
         )
         .await;
     let stdout = tail["stdout"].as_str().unwrap();
-    assert!(stdout.len() <= 1_048_576 + 40 && stdout.len() > 1_040_000);
+    // max_bytes counts the bytes as JSON encodes them: each newline of these short
+    // lines takes two.
+    let encoded = serde_json::to_string(stdout).unwrap().len() - 2;
+    assert!(encoded <= 1_048_576 && encoded > 1_040_000, "{encoded}");
     assert!(stdout.ends_with("error: boom\n"));
     let head = server
         .ok(
@@ -212,6 +215,21 @@ async fn three_mib_of_output_is_cut_to_max_bytes_keeping_the_error() {
         )
         .await;
     assert!(bad.contains("read_file"), "{bad}");
+    // Regression: 3 MB of NUL bytes cut to 16 KiB cost 197 KB, JSON writing each as
+    // six (\u0000) in both parts. max_bytes bounds the encoded bytes.
+    let zeros = server
+        .call(
+            "exec",
+            json!({"sandbox_id": "attached", "command": "head -c 3000000 /dev/zero; exit 1"}),
+        )
+        .await;
+    let (wire, _, _) = support::sizes(&zeros);
+    assert!(wire < 40 * 1024, "NUL bytes: a {wire}-byte result");
+    let zeros = zeros.structured_content.unwrap();
+    assert_eq!(
+        (zeros["stdout_bytes"].as_u64(), zeros["kept"].as_str()),
+        (Some(3_000_000), Some("tail"))
+    );
     server.disconnect(Duration::from_secs(10)).await;
 }
 

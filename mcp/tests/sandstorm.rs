@@ -47,10 +47,16 @@ const SANDSTORM_TOOLS: [&str; 10] = [
 ];
 
 fn main() -> std::process::ExitCode {
-    vm_main(&[VmTest {
-        name: "the_sandstorm_profile_end_to_end_with_tokens",
-        run: || block_on(the_sandstorm_profile_end_to_end()),
-    }])
+    vm_main(&[
+        VmTest {
+            name: "the_sandstorm_profile_end_to_end_with_tokens",
+            run: || block_on(the_sandstorm_profile_end_to_end()),
+        },
+        VmTest {
+            name: "sandstorm_results_are_sized_for_a_model",
+            run: || block_on(sandstorm_results_are_sized_for_a_model()),
+        },
+    ])
 }
 
 /// A sandbox as spawn_sandboxes returns it: id and token.
@@ -453,4 +459,92 @@ async fn exec_error(server: &McpServer, sandbox: &Spawned, args: &[&str]) -> Str
             json!({"sandbox_id": sandbox.id, "args": args, "sandbox_token": sandbox.token}),
         )
         .await
+}
+
+/// What a first session on the `default` template (busybox, no Python) meets: results
+/// as large as the output were (regression: 3 MB of output gave a 2 MB result, 3 MB
+/// of NUL bytes a 12 MB one) and a failure's end cut off.
+async fn sandstorm_results_are_sized_for_a_model() {
+    let Some(folders) = Folders::new("sandstorm", "sized") else {
+        return;
+    };
+    let server = folders
+        .server(&[
+            "--profile",
+            "sandstorm",
+            "--template",
+            "default",
+            "--pool",
+            "0",
+            "--max-sandboxes",
+            "1",
+        ])
+        .await;
+    let result = server
+        .call("spawn_sandboxes", json!({"snapshot_tag": "default"}))
+        .await;
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    let sandbox = spawned(&result.structured_content.unwrap())[0].clone();
+    let call = |args: Value| {
+        let server = &server;
+        let sandbox = &sandbox;
+        async move {
+            server
+                .call(
+                    "exec_command",
+                    json!({"sandbox_id": sandbox.id, "args": args,
+                           "sandbox_token": sandbox.token}),
+                )
+                .await
+        }
+    };
+
+    // 3 MB of printable output and 3 MB of NUL bytes: each stream at most 16 KiB as
+    // JSON encodes it, in the text and in the structured part.
+    for (what, script) in [
+        ("printable", "yes 0123456789abcdef | head -c 3000000"),
+        ("NUL bytes", "head -c 3000000 /dev/zero"),
+    ] {
+        let result = call(json!(["sh", "-c", script])).await;
+        assert_ne!(result.is_error, Some(true), "{what}: {}", text(&result));
+        let (wire, text_bytes, structured) = support::sizes(&result);
+        eprintln!("{what}: result {wire} bytes (text {text_bytes}, structured {structured})");
+        assert!(wire < 80 * 1024, "{what}: a {wire}-byte result");
+        let body = result.structured_content.unwrap();
+        assert_eq!(body["truncated"], true, "{what}");
+        assert_eq!(body["exit_code"], 0, "{what}");
+        let stdout = serde_json::to_string(&body["stdout"]).unwrap();
+        assert!(
+            stdout.len() <= 16 * 1024 + 2,
+            "{what}: stdout {} bytes",
+            stdout.len()
+        );
+        assert!(stdout.contains("omitted"), "{what}: the cut is marked");
+    }
+
+    // A failed command keeps the end of its output, where the error is.
+    let failed = call(json!([
+        "sh",
+        "-c",
+        "seq 1 200000; echo 'error: the last line' >&2; exit 3"
+    ]))
+    .await;
+    assert_ne!(
+        failed.is_error,
+        Some(true),
+        "a non-zero exit is a normal result"
+    );
+    let body = failed.structured_content.unwrap();
+    assert_eq!(body["exit_code"], 3);
+    let stdout = body["stdout"].as_str().unwrap();
+    assert!(
+        stdout.ends_with("199999\n200000\n"),
+        "the tail: {}",
+        &stdout[stdout.len() - 40..]
+    );
+    assert!(!stdout.starts_with("1\n"), "not the head");
+    assert_eq!(body["stderr"], "error: the last line\n");
+
+    server.disconnect(Duration::from_secs(30)).await;
+    assert_nothing_left(&folders.run);
 }

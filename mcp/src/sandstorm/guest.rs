@@ -18,7 +18,7 @@ use super::render::{
 };
 use super::{EVAL_TIMEOUT_SECS, EXCERPT_BYTES};
 use crate::error::ToolError;
-use crate::exec::{self, End, Shape, EXEC_MAX_BYTES};
+use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES};
 use crate::node::Node;
 use crate::output::Keep;
 use crate::progress::Progress;
@@ -47,10 +47,13 @@ pub async fn exec_command(
         timeout_ms: None,
         stream: true,
     };
-    // sandstorm returns whole streams: each keeps its first 1 MiB, the server's cap.
+    // Sized as the default profile's exec: 16 KiB of each stream as JSON encodes it,
+    // the tail of a failure (where the error is), head and tail of a success. Whole
+    // streams (sandstorm's 1 MiB) made a 3 MB output a 2 MB result, and 3 MB of NUL
+    // bytes a 12 MB one.
     let shape = Shape {
-        max_bytes: EXEC_MAX_BYTES,
-        keep: Keep::Head,
+        max_bytes: EXEC_DEFAULT_MAX_BYTES,
+        keep: Keep::Auto,
     };
     let collected = exec::run(&client, request, timeout, shape, progress).await;
     let full = collected.to_result(timeout);

@@ -136,7 +136,9 @@ pub struct BranchInfo {
 /// `exec_command`
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ExecCommandResult {
-    /// Standard output (invalid UTF-8 replaced), its first 1 MiB.
+    /// Standard output (invalid UTF-8 replaced): at most 16 KiB as JSON encodes it,
+    /// the tail of a failed command, head and tail of a successful one, with a
+    /// `[... N omitted ...]` line where bytes were left out.
     pub stdout: String,
     /// Standard error, likewise.
     pub stderr: String,
@@ -144,7 +146,7 @@ pub struct ExecCommandResult {
     pub exit_code: Option<i32>,
     /// The signal that ended it, if one did.
     pub signal: Option<i32>,
-    /// Whether a stream passed 1 MiB and was cut.
+    /// Whether a stream was cut to its 16 KiB.
     pub truncated: bool,
     /// Whether timeout_secs ended it (it was killed with all it started).
     pub timed_out: bool,
