@@ -93,6 +93,7 @@ impl ToolError {
         if hint == UNREACHABLE {
             warn_unreachable(sandbox_id, &text);
         }
+        let hint = unsaid(&text, hint);
         let message = if hint.is_empty() {
             format!("{} failed in sandbox {sandbox_id}: {text}", op.name())
         } else {
@@ -128,6 +129,20 @@ pub(crate) fn warn_unreachable(sandbox_id: &str, text: &str) {
         text,
         "a sandbox's agent did not answer: its VM may have died"
     );
+}
+
+/// The sentences of `hint` that `text` does not already say (compared without case
+/// and the final stop), so a message never repeats itself.
+fn unsaid(text: &str, hint: &str) -> String {
+    let said = text.to_lowercase();
+    hint.split_inclusive(". ")
+        .filter(|sentence| {
+            let bare = sentence.trim().trim_end_matches('.').to_lowercase();
+            !bare.is_empty() && !said.contains(&bare)
+        })
+        .collect::<String>()
+        .trim_end()
+        .to_owned()
 }
 
 fn capitalized(text: &str) -> String {
@@ -194,8 +209,7 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
             "The file changed while it was read: call read_file again."
         }
         (Op::Write, ErrorKind::NotFound) => {
-            "Its parent directory does not exist: create it with exec (mkdir -p DIR), then \
-             write_file again."
+            "Create the directory with exec (mkdir -p DIR), then write_file again."
         }
         (Op::Write, ErrorKind::WrongType) => {
             "write_file writes regular files: the path must name a file, not a directory or \
@@ -212,8 +226,7 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
              (e.g. ls DIR | head -n 1000)."
         }
         (Op::CopyIn, ErrorKind::NotFound) => {
-            "Its parent directory does not exist in the sandbox: create it with exec (mkdir \
-             -p DIR), then copy again."
+            "Create the directory in the sandbox with exec (mkdir -p DIR), then copy again."
         }
         (Op::CopyIn, ErrorKind::WrongType) => {
             "path must name a file, or an existing directory to copy into, and every parent \
@@ -227,9 +240,14 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
              /tmp/dir.tgz -C DIR .) and copy the archive."
         }
         (Op::Command, ErrorKind::NotFound) => "Check the command and cwd (cwd must exist).",
+        (Op::Command, ErrorKind::PermissionDenied) => {
+            "The program is not executable: a file without execute permission, or a \
+             directory. Make it executable (exec chmod +x FILE) or run it through its \
+             interpreter (sh FILE, python3 FILE)."
+        }
         (Op::Session, ErrorKind::NotFound) => {
-            "Call eval_code again with restart: true for a fresh session (what the old one \
-             defined is gone), or use language \"sh\" where the sandbox has no python3."
+            "Here that is eval_code with restart: true (a fresh session, without what the \
+             old one defined)."
         }
         (Op::Session, ErrorKind::WrongType) => {
             "Each session has one language: pick another session name for this one."
@@ -334,6 +352,41 @@ mod tests {
         };
         let tool = ToolError::agent(Op::Command, "s", &lost);
         assert!(tool.message.contains("release it"), "{}", tool.message);
+    }
+
+    /// Regression: "The parent directory of ... does not exist. Its parent directory
+    /// does not exist: ...", and a non-executable program reported as "The sandbox
+    /// user may not do this".
+    #[test]
+    fn a_message_says_each_thing_once_and_names_a_non_executable_file() {
+        let error = ClientError::Agent(WireError::new(
+            ErrorKind::NotFound,
+            "The parent directory of /a/b does not exist",
+        ));
+        let tool = ToolError::agent(Op::Write, "s", &error);
+        assert_eq!(
+            tool.message.matches("does not exist").count(),
+            1,
+            "{}",
+            tool.message
+        );
+        assert!(tool.message.contains("mkdir -p"), "{}", tool.message);
+        let error = ClientError::Agent(WireError::new(
+            ErrorKind::PermissionDenied,
+            "Cannot start /tmp/run.sh: Permission denied (os error 13)",
+        ));
+        let tool = ToolError::agent(Op::Command, "s", &error);
+        assert!(tool.message.contains("not executable"), "{}", tool.message);
+        assert!(
+            !tool.message.contains("may not do this"),
+            "{}",
+            tool.message
+        );
+        // A hint sentence the agent's text already holds is left out.
+        assert_eq!(
+            unsaid("It is gone. Try again", "It is gone. Call x."),
+            "Call x."
+        );
     }
 
     #[test]

@@ -359,6 +359,17 @@ async fn microvm_session_from_claim_to_disconnect() {
         "sandboxctl --vm {id}: {}",
         String::from_utf8_lossy(&cli.stderr)
     );
+    // The default template has no python3: eval_code says so (it said to pass
+    // restart: true) and names a template that has it when there is one.
+    let no_python = server
+        .err("eval_code", json!({"sandbox_id": id, "code": "1+1"}))
+        .await;
+    assert!(
+        no_python.contains("\"default\" has no python3"),
+        "{no_python}"
+    );
+    assert!(!no_python.contains("restart"), "{no_python}");
+    assert!(no_python.contains("language: \"sh\""), "{no_python}");
     let listing = server
         .ok("list_dir", json!({"sandbox_id": id, "path": "/tmp"}))
         .await;

@@ -536,6 +536,24 @@ async fn each_failure_names_a_real_next_step() {
         )
         .await;
     assert!(no_parent.contains("mkdir -p"), "{no_parent}");
+    // It said so twice ("... does not exist. Its parent directory does not exist").
+    assert_eq!(
+        no_parent.matches("does not exist").count(),
+        1,
+        "{no_parent}"
+    );
+    // A program that is not executable said "The sandbox user may not do this".
+    let not_executable = server
+        .err("exec", json!({"sandbox_id": "attached", "argv": [file]}))
+        .await;
+    assert!(
+        not_executable.contains("not executable"),
+        "{not_executable}"
+    );
+    assert!(
+        !not_executable.contains("may not do this"),
+        "{not_executable}"
+    );
     // An offset past the end of a file says how big it is.
     let beyond = server
         .err(

@@ -53,8 +53,8 @@ fn main() -> std::process::ExitCode {
             run: || block_on(the_sandstorm_profile_end_to_end()),
         },
         VmTest {
-            name: "sandstorm_results_are_sized_for_a_model",
-            run: || block_on(sandstorm_results_are_sized_for_a_model()),
+            name: "a_first_sandstorm_session_on_a_template_without_python",
+            run: || block_on(a_first_sandstorm_session_on_a_template_without_python()),
         },
     ])
 }
@@ -118,6 +118,20 @@ fn require_python_template() {
             sandbox_vmm::error_chain(&error)
         );
     }
+}
+
+/// Whether the python template is here and starts a Python session at boot.
+fn python_template_starts_python() -> bool {
+    let launcher = Launcher::new(LauncherConfig::from_env().unwrap());
+    launcher
+        .template(&TemplateRef::Name(PYTHON_TEMPLATE.to_owned()))
+        .is_ok_and(|template| {
+            template
+                .image_config
+                .sessions
+                .iter()
+                .any(|session| session.language == sandbox_protocol::Language::Python)
+        })
 }
 
 async fn the_sandstorm_profile_end_to_end() {
@@ -461,10 +475,12 @@ async fn exec_error(server: &McpServer, sandbox: &Spawned, args: &[&str]) -> Str
         .await
 }
 
-/// What a first session on the `default` template (busybox, no Python) meets: results
-/// as large as the output were (regression: 3 MB of output gave a 2 MB result, 3 MB
-/// of NUL bytes a 12 MB one) and a failure's end cut off.
-async fn sandstorm_results_are_sized_for_a_model() {
+/// What a first session on the `default` template (busybox, no Python) meets.
+/// Regressions: results as large as the output (3 MB of output gave a 2 MB result,
+/// 3 MB of NUL bytes a 12 MB one); an empty listing with no text block; a
+/// non-executable file reported as "may not do this"; eval_code on a template
+/// without Python sent to `restart`.
+async fn a_first_sandstorm_session_on_a_template_without_python() {
     let Some(folders) = Folders::new("sandstorm", "sized") else {
         return;
     };
@@ -480,6 +496,13 @@ async fn sandstorm_results_are_sized_for_a_model() {
             "1",
         ])
         .await;
+    let empty = server.call("list_sandboxes", json!({})).await;
+    assert_eq!(
+        text_json(&empty),
+        [json!([])],
+        "one text block: the empty list"
+    );
+    assert_eq!(empty.structured_content.unwrap(), json!({"result": []}));
     let result = server
         .call("spawn_sandboxes", json!({"snapshot_tag": "default"}))
         .await;
@@ -544,6 +567,32 @@ async fn sandstorm_results_are_sized_for_a_model() {
     );
     assert!(!stdout.starts_with("1\n"), "not the head");
     assert_eq!(body["stderr"], "error: the last line\n");
+
+    // A file that is not executable is named as such.
+    let refused = call(json!(["/etc/passwd"])).await;
+    assert_eq!(refused.is_error, Some(true));
+    let refused = text(&refused);
+    assert!(refused.contains("not executable"), "{refused}");
+    assert!(!refused.contains("may not do this"), "{refused}");
+
+    // eval_code says the template has no Python, and names one that has.
+    let no_python = server
+        .err(
+            "eval_code",
+            json!({"sandbox_id": sandbox.id, "code": "1+1", "sandbox_token": sandbox.token}),
+        )
+        .await;
+    assert!(
+        no_python.contains("\"default\" has no python3"),
+        "{no_python}"
+    );
+    assert!(!no_python.contains("restart"), "{no_python}");
+    if python_template_starts_python() {
+        assert!(
+            no_python.contains(&format!("snapshot_tag \"{PYTHON_TEMPLATE}\"")),
+            "{no_python}"
+        );
+    }
 
     server.disconnect(Duration::from_secs(30)).await;
     assert_nothing_left(&folders.run);

@@ -119,6 +119,11 @@ pub fn agent(tool: &str, id: &str, error: &ClientError) -> ToolError {
             "args[0] must be a program on the sandbox's PATH or an absolute path; for shell \
              syntax pass [\"sh\", \"-c\", \"LINE\"]."
         }
+        Some(ErrorKind::PermissionDenied) if tool == "exec_command" => {
+            "args[0] is not executable: a file without execute permission, or a directory. \
+             Make it executable ([\"chmod\", \"+x\", \"FILE\"]) or run it through its \
+             interpreter ([\"sh\", \"FILE\"], [\"python3\", \"FILE\"])."
+        }
         Some(ErrorKind::NotFound) if tool == "eval_code" => {
             "eval_code runs Python: spawn sandboxes from a template with python3 \
              (list_snapshots)."

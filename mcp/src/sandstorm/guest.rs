@@ -101,7 +101,11 @@ pub async fn exec_command(
 /// `eval_code`: Python in the sandbox's `default` session (a template's warm
 /// session when it has one), restarted if it died. An exception is a normal result
 /// with `error` set, as in sandstorm.
-pub async fn eval_code(sandbox: &Sandbox, code: String) -> Result<CallToolResult, ToolError> {
+pub async fn eval_code(
+    node: &Node,
+    sandbox: &Sandbox,
+    code: String,
+) -> Result<CallToolResult, ToolError> {
     let client = client(sandbox, "eval_code").await?;
     let request = EvalRequest {
         session: sandbox_protocol::eval::DEFAULT_SESSION.to_owned(),
@@ -110,10 +114,19 @@ pub async fn eval_code(sandbox: &Sandbox, code: String) -> Result<CallToolResult
         timeout_ms: Some(EVAL_TIMEOUT_SECS * 1000),
         restart: true,
     };
-    let reply = client
-        .eval(request)
-        .await
-        .map_err(|error| errors::agent("eval_code", sandbox.id.as_str(), &error))?;
+    let reply = client.eval(request).await.map_err(|error| {
+        if crate::eval::is_missing_python(&error) {
+            let with_python = crate::eval::python_templates(&node.template_entries());
+            return crate::eval::no_python(
+                sandbox.id.as_str(),
+                &sandbox.template,
+                &with_python,
+                |name| format!("call spawn_sandboxes with snapshot_tag {name:?}"),
+                "run programs with exec_command here",
+            );
+        }
+        errors::agent("eval_code", sandbox.id.as_str(), &error)
+    })?;
     Ok(object(&eval_result(reply)))
 }
 

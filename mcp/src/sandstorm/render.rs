@@ -231,7 +231,12 @@ pub fn object_error<T: Serialize>(value: &T, message: &str) -> CallToolResult {
 /// A returned list, as FastMCP returns one: `{"result": items}`, one text block per
 /// item.
 pub fn list<T: Serialize>(items: Vec<T>) -> CallToolResult {
-    let blocks: Vec<ContentBlock> = items.iter().map(|item| text_block(item)).collect();
+    let mut blocks: Vec<ContentBlock> = items.iter().map(|item| text_block(item)).collect();
+    if blocks.is_empty() {
+        // An empty list's JSON, so a client that reads the text (and parses it) gets
+        // an answer: a result with no content at all reads as a failure to some.
+        blocks.push(ContentBlock::text("[]"));
+    }
     let mut result = with(&Listing { result: items }, false, None);
     result.content = blocks;
     result
@@ -296,6 +301,18 @@ mod tests {
             serde_json::from_str(&result.content[0].as_text().unwrap().text).unwrap();
         assert_eq!(first, serde_json::json!({"id": "a", "killed": true}));
         assert_ne!(result.is_error, Some(true));
+    }
+
+    /// Regression: an empty listing had no text block at all.
+    #[test]
+    fn an_empty_list_has_one_text_block_of_its_json() {
+        let result = list(Vec::<KillInfo>::new());
+        assert_eq!(result.content.len(), 1);
+        assert_eq!(result.content[0].as_text().unwrap().text, "[]");
+        assert_eq!(
+            result.structured_content.unwrap(),
+            serde_json::json!({"result": []})
+        );
     }
 
     #[test]

@@ -196,7 +196,7 @@ impl SandboxServer {
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.authorized(&params)?;
-        guest::eval_code(&sandbox, params.code).await
+        guest::eval_code(&self.node, &sandbox, params.code).await
     }
 
     #[tool(
