@@ -568,6 +568,28 @@ async fn a_first_sandstorm_session_on_a_template_without_python() {
     assert!(!stdout.starts_with("1\n"), "not the head");
     assert_eq!(body["stderr"], "error: the last line\n");
 
+    // args as a shell command line, as models write it (regression: a string failed
+    // to deserialize), next to sandstorm's list.
+    let line = call(json!("echo one two three | wc -w; echo err >&2; exit 4")).await;
+    assert_ne!(line.is_error, Some(true), "{}", text(&line));
+    let line = line.structured_content.unwrap();
+    assert_eq!(
+        (
+            line["stdout"].as_str().map(str::trim),
+            line["exit_code"].as_i64()
+        ),
+        (Some("3"), Some(4)),
+        "{line}"
+    );
+    assert_eq!(line["stderr"], "err\n");
+    let empty = call(json!("  ")).await;
+    assert_eq!(empty.is_error, Some(true));
+    assert!(
+        text(&empty).contains("shell command line"),
+        "{}",
+        text(&empty)
+    );
+
     // A file that is not executable is named as such.
     let refused = call(json!(["/etc/passwd"])).await;
     assert_eq!(refused.is_error, Some(true));

@@ -117,7 +117,8 @@ pub fn agent(tool: &str, id: &str, error: &ClientError) -> ToolError {
         }
         Some(ErrorKind::NotFound) if tool == "exec_command" => {
             "args[0] must be a program on the sandbox's PATH or an absolute path; for shell \
-             syntax pass [\"sh\", \"-c\", \"LINE\"]."
+             syntax pass the command line as one string (\"LINE\") or [\"sh\", \"-c\", \
+             \"LINE\"]."
         }
         Some(ErrorKind::PermissionDenied) if tool == "exec_command" => {
             "args[0] is not executable: a file without execute permission, or a directory. \

@@ -13,6 +13,7 @@ use sandbox_protocol::{
 use sandbox_vmm::client::Client;
 
 use super::errors;
+use super::params::CommandArgs;
 use super::render::{
     object, object_error, EvalCodeResult, ExecCommandResult, PingInfo, WaitForTextResult,
 };
@@ -25,24 +26,29 @@ use crate::progress::Progress;
 use crate::sandbox::Sandbox;
 use crate::util::millis;
 
-/// `exec_command`: `args` run without a shell; a non-zero exit is a normal result,
-/// a run cut off (its timeout, a lost agent) an error result that keeps the output.
+/// `exec_command`: `args` run without a shell (a command line with `/bin/sh -c`); a
+/// non-zero exit is a normal result, a run cut off (its timeout, a lost agent) an
+/// error result that keeps the output.
 pub async fn exec_command(
     sandbox: &Sandbox,
-    args: Vec<String>,
+    args: CommandArgs,
     timeout_secs: f64,
     progress: &Progress,
 ) -> Result<CallToolResult, ToolError> {
-    if args.first().is_none_or(String::is_empty) {
+    let Some(command) = args.into_command() else {
         return Err(ToolError::new(
-            "args must start with a program, like [\"python3\", \"-c\", \"print(2+2)\"].",
+            "args must start with a program, like [\"python3\", \"-c\", \"print(2+2)\"], \
+             or be a shell command line, like \"ls -l /tmp\".",
         ));
-    }
+    };
     let timeout = seconds("timeout_secs", timeout_secs, EXEC_DEADLINE_SECS, false)?;
-    let program = args[0].clone();
+    let program = match &command {
+        Command::Argv(argv) => argv.first().cloned().unwrap_or_default(),
+        Command::Shell(_) => "/bin/sh".to_owned(),
+    };
     let client = client(sandbox, "exec_command").await?;
     let request = ExecRequest {
-        spec: ProcessSpec::new(Command::Argv(args)),
+        spec: ProcessSpec::new(command),
         stdin: Vec::new(),
         timeout_ms: None,
         stream: true,

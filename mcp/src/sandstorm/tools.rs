@@ -147,8 +147,8 @@ impl SandboxServer {
         name = "exec_command",
         title = "Run a program",
         description = "Run a program in a sandbox and return stdout, stderr and exit_code. \
-        args is the program and its arguments, run without a shell (use [\"sh\", \"-c\", \
-        \"LINE\"] for pipes and redirections). Requires sandbox_token. timeout_secs \
+        args is the program and its arguments, run without a shell, or one shell command \
+        line as a string (\"ls -l | wc -l\"), run with /bin/sh -c. Requires sandbox_token. timeout_secs \
         (default 30, at most 300) kills the command and all it started; a run cut off so is \
         an error result that still carries its output. Each stream keeps 16 KiB: the tail \
         of a failed command (where the error is), head and tail of a successful one, with \
