@@ -65,9 +65,10 @@ impl ToolError {
     pub fn claim<E: std::error::Error + 'static>(template: &str, error: &ClaimError<E>) -> Self {
         let text = error_chain(error);
         let message = match error {
-            ClaimError::AtCapacity { .. } => format!(
+            ClaimError::AtCapacity { max } => format!(
                 "{text}. Release a sandbox you no longer need (release tool) and try again; \
-                 node_info lists the live claims."
+                 node_info lists the live claims. {}",
+                raise_limit(*max)
             ),
             ClaimError::Closed => text,
             _ => format!(
@@ -118,6 +119,23 @@ impl ToolError {
             }
             _ => Self::new(format!("{}.", capitalized(&error.to_string()))),
         }
+    }
+}
+
+/// How the limit of `max` sandboxes is raised: by whoever starts the server (a model
+/// cannot), so the refusal names the flag for it to pass on.
+pub(crate) fn raise_limit(max: usize) -> String {
+    format!(
+        "The limit of {max} is the server's --max-sandboxes (or SANDBOX_MAX): the user can \
+         start it with a larger one."
+    )
+}
+
+/// The limit a capacity refusal ran into, if it was one.
+pub(crate) fn capacity_limit<E>(error: &ClaimError<E>) -> Option<usize> {
+    match error {
+        ClaimError::AtCapacity { max } | ClaimError::Short { max, .. } => Some(*max),
+        ClaimError::Boot(_) | ClaimError::Closed => None,
     }
 }
 
@@ -386,6 +404,29 @@ mod tests {
         assert_eq!(
             unsaid("It is gone. Try again", "It is gone. Call x."),
             "Call x."
+        );
+    }
+
+    /// Regression: a refusal at the sandbox limit did not say which flag raises it.
+    #[test]
+    fn a_refusal_at_the_limit_names_the_flag_that_raises_it() {
+        let full: ClaimError<std::io::Error> = ClaimError::AtCapacity { max: 4 };
+        let error = ToolError::claim("default", &full);
+        assert!(
+            error.message.contains("--max-sandboxes"),
+            "{}",
+            error.message
+        );
+        let short: ClaimError<std::io::Error> = ClaimError::Short {
+            wanted: 3,
+            room: 1,
+            max: 4,
+        };
+        let error = ToolError::no_room("fork", 3, &short);
+        assert!(
+            error.message.contains("start it with a larger one"),
+            "{}",
+            error.message
         );
     }
 

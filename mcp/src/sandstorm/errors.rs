@@ -77,9 +77,10 @@ pub fn claim<E: std::error::Error + 'static>(
 ) -> ToolError {
     let text = error_chain(error);
     ToolError::new(match error {
-        ClaimError::Short { .. } | ClaimError::AtCapacity { .. } => format!(
+        ClaimError::Short { max, .. } | ClaimError::AtCapacity { max } => format!(
             "No room for {n} more sandboxes: {text}. Nothing was started. kill_sandbox the \
-             ones you no longer need (list_sandboxes shows them), or ask for fewer."
+             ones you no longer need (list_sandboxes shows them), or ask for fewer. {}",
+            crate::error::raise_limit(*max)
         ),
         ClaimError::Boot(_) => format!(
             "Could not start sandboxes from {tag:?}: {text}. None was kept; try again, or \
