@@ -14,7 +14,8 @@ cargo build --workspace --bins --locked
 # from this checkout's agent (the python one bootstraps Debian once, ~2 minutes, then
 # comes from the cache in seconds).
 target/debug/sandbox-rootfs build
-target/debug/sandbox-rootfs build --name python --base debian --packages python3,python3-pip \
+target/debug/sandbox-rootfs build --name python --base debian \
+  --packages python3,python3-pip,python3-pytest,git,curl,ca-certificates \
   --warm-session 'default:python:import json, os, sys'
 cargo test --workspace --locked --no-fail-fast
 scripts/fuzz.sh --smoke  # fuzz targets (fuzz/): replay the committed corpus, fuzz each 20 s

@@ -255,7 +255,12 @@ async fn exec_three_ways(
         if let Some(token) = &token {
             command.args(["--token", token]);
         }
-        let status = command.args(["sh", "true"]).status().unwrap();
+        // A stdin that is not a terminal would be read to its end and sent along.
+        let status = command
+            .args(["sh", "true"])
+            .stdin(std::process::Stdio::null())
+            .status()
+            .unwrap();
         assert!(status.success(), "sandboxctl sh true: {status}");
     };
     for _ in 0..10 {

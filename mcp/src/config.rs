@@ -5,7 +5,7 @@
 //! | --- | --- | --- |
 //! | `--template NAME` | `SANDBOX_TEMPLATE` | `default` |
 //! | `--pool N` | `SANDBOX_POOL` | `1` |
-//! | `--max-sandboxes N` | `SANDBOX_MAX` | `4` |
+//! | `--max-sandboxes N` | `SANDBOX_MAX` | `8` |
 //! | `--agent URL` | `SANDBOX_AGENT` | none (launch microVMs) |
 //! | `--token TOKEN` | `SANDBOX_TOKEN` | none |
 //! | `--sandbox-home DIR` | `SANDBOX_HOME` | `$XDG_DATA_HOME/sandbox`, else `~/.local/share/sandbox` |
@@ -69,7 +69,7 @@ pub struct Args {
     #[arg(
         long = "max-sandboxes",
         env = "SANDBOX_MAX",
-        default_value_t = 4,
+        default_value_t = 8,
         value_name = "N"
     )]
     pub max_sandboxes: usize,
@@ -307,7 +307,7 @@ mod tests {
         };
         assert_eq!(launch.template, TemplateRef::Name("default".into()));
         assert_eq!(launch.pool, 1);
-        assert_eq!(launch.max_sandboxes, 4);
+        assert_eq!(launch.max_sandboxes, 8);
         assert_eq!(launch.max_fork_count, 16);
         assert_eq!(config.profile, Profile::Default);
         assert_eq!(launch.launcher.home.root(), PathBuf::from("/s"));

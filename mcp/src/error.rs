@@ -67,9 +67,10 @@ impl ToolError {
     pub fn claim<E: std::error::Error + 'static>(template: &str, error: &ClaimError<E>) -> Self {
         let text = error_chain(error);
         let message = match error {
-            ClaimError::AtCapacity { .. } => format!(
+            ClaimError::AtCapacity { max } => format!(
                 "{text}. Release a sandbox you no longer need (release tool) and try again; \
-                 node_info lists the live claims."
+                 node_info lists the live claims. {}",
+                raise_limit(*max)
             ),
             ClaimError::Closed => text,
             _ => format!(
@@ -95,6 +96,7 @@ impl ToolError {
         if hint == UNREACHABLE {
             warn_unreachable(sandbox_id, &text);
         }
+        let hint = unsaid(&text, hint);
         let message = if hint.is_empty() {
             format!("{} failed in sandbox {sandbox_id}: {text}", op.name())
         } else {
@@ -223,6 +225,23 @@ impl From<TtlError> for ToolError {
     }
 }
 
+/// How the limit of `max` sandboxes is raised: by whoever starts the server (a model
+/// cannot), so the refusal names the flag for it to pass on.
+pub(crate) fn raise_limit(max: usize) -> String {
+    format!(
+        "The limit of {max} is the server's --max-sandboxes (or SANDBOX_MAX): the user can \
+         start it with a larger one."
+    )
+}
+
+/// The limit a capacity refusal ran into, if it was one.
+pub(crate) fn capacity_limit<E>(error: &ClaimError<E>) -> Option<usize> {
+    match error {
+        ClaimError::AtCapacity { max } | ClaimError::Short { max, .. } => Some(*max),
+        ClaimError::Boot(_) | ClaimError::Closed => None,
+    }
+}
+
 /// Logs a sandbox whose agent did not answer at all, so the client's log hears of
 /// it too (see `crate::logging`): the sandbox is most likely gone for good.
 pub(crate) fn warn_unreachable(sandbox_id: &str, text: &str) {
@@ -231,6 +250,20 @@ pub(crate) fn warn_unreachable(sandbox_id: &str, text: &str) {
         text,
         "a sandbox's agent did not answer: its VM may have died"
     );
+}
+
+/// The sentences of `hint` that `text` does not already say (compared without case
+/// and the final stop), so a message never repeats itself.
+fn unsaid(text: &str, hint: &str) -> String {
+    let said = text.to_lowercase();
+    hint.split_inclusive(". ")
+        .filter(|sentence| {
+            let bare = sentence.trim().trim_end_matches('.').to_lowercase();
+            !bare.is_empty() && !said.contains(&bare)
+        })
+        .collect::<String>()
+        .trim_end()
+        .to_owned()
 }
 
 fn capitalized(text: &str) -> String {
@@ -297,8 +330,7 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
             "The file changed while it was read: call read_file again."
         }
         (Op::Write, ErrorKind::NotFound) => {
-            "Its parent directory does not exist: create it with exec (mkdir -p DIR), then \
-             write_file again."
+            "Create the directory with exec (mkdir -p DIR), then write_file again."
         }
         (Op::Write, ErrorKind::WrongType) => {
             "write_file writes regular files: the path must name a file, not a directory or \
@@ -315,8 +347,7 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
              (e.g. ls DIR | head -n 1000)."
         }
         (Op::CopyIn, ErrorKind::NotFound) => {
-            "Its parent directory does not exist in the sandbox: create it with exec (mkdir \
-             -p DIR), then copy again."
+            "Create the directory in the sandbox with exec (mkdir -p DIR), then copy again."
         }
         (Op::CopyIn, ErrorKind::WrongType) => {
             "path must name a file, or an existing directory to copy into, and every parent \
@@ -330,9 +361,14 @@ fn other_hint(op: Op, kind: Option<ErrorKind>) -> &'static str {
              /tmp/dir.tgz -C DIR .) and copy the archive."
         }
         (Op::Command, ErrorKind::NotFound) => "Check the command and cwd (cwd must exist).",
+        (Op::Command, ErrorKind::PermissionDenied) => {
+            "The program is not executable: a file without execute permission, or a \
+             directory. Make it executable (exec chmod +x FILE) or run it through its \
+             interpreter (sh FILE, python3 FILE)."
+        }
         (Op::Session, ErrorKind::NotFound) => {
-            "Call eval_code again with restart: true for a fresh session (what the old one \
-             defined is gone), or use language \"sh\" where the sandbox has no python3."
+            "Here that is eval_code with restart: true (a fresh session, without what the \
+             old one defined)."
         }
         (Op::Session, ErrorKind::WrongType) => {
             "Each session has one language: pick another session name for this one."
@@ -437,6 +473,64 @@ mod tests {
         };
         let tool = ToolError::agent(Op::Command, "s", &lost);
         assert!(tool.message.contains("release it"), "{}", tool.message);
+    }
+
+    /// Regression: "The parent directory of ... does not exist. Its parent directory
+    /// does not exist: ...", and a non-executable program reported as "The sandbox
+    /// user may not do this".
+    #[test]
+    fn a_message_says_each_thing_once_and_names_a_non_executable_file() {
+        let error = ClientError::Agent(WireError::new(
+            ErrorKind::NotFound,
+            "The parent directory of /a/b does not exist",
+        ));
+        let tool = ToolError::agent(Op::Write, "s", &error);
+        assert_eq!(
+            tool.message.matches("does not exist").count(),
+            1,
+            "{}",
+            tool.message
+        );
+        assert!(tool.message.contains("mkdir -p"), "{}", tool.message);
+        let error = ClientError::Agent(WireError::new(
+            ErrorKind::PermissionDenied,
+            "Cannot start /tmp/run.sh: Permission denied (os error 13)",
+        ));
+        let tool = ToolError::agent(Op::Command, "s", &error);
+        assert!(tool.message.contains("not executable"), "{}", tool.message);
+        assert!(
+            !tool.message.contains("may not do this"),
+            "{}",
+            tool.message
+        );
+        // A hint sentence the agent's text already holds is left out.
+        assert_eq!(
+            unsaid("It is gone. Try again", "It is gone. Call x."),
+            "Call x."
+        );
+    }
+
+    /// Regression: a refusal at the sandbox limit did not say which flag raises it.
+    #[test]
+    fn a_refusal_at_the_limit_names_the_flag_that_raises_it() {
+        let full: ClaimError<std::io::Error> = ClaimError::AtCapacity { max: 4 };
+        let error = ToolError::claim("default", &full);
+        assert!(
+            error.message.contains("--max-sandboxes"),
+            "{}",
+            error.message
+        );
+        let short: ClaimError<std::io::Error> = ClaimError::Short {
+            wanted: 3,
+            room: 1,
+            max: 4,
+        };
+        let error = ToolError::no_room("fork", 3, &short);
+        assert!(
+            error.message.contains("start it with a larger one"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //!
 //! Each stream goes into a [`Capture`] that keeps its first and last `max_bytes`
 //! (the caller's, at most [`EXEC_MAX_BYTES`]); once the run has ended, the part its
-//! outcome calls for is cut from them ([`Keep::part`]: the tail of a failure). The
+//! outcome calls for is cut from them ([`Keep::part`]: the tail of a failure), to
+//! at most `max_bytes` as the result's JSON encodes it (control bytes take six). The
 //! last line printed so far is the call's progress message. The agent
 //! kills the command and all it started (its cgroup, or its process group on an agent
 //! without cgroups) at the timeout and replies within [`EXEC_DEADLINE_GRACE_SECS`];
@@ -80,8 +81,8 @@ impl Collected {
             End::Failed(_) | End::NoReply => true,
         };
         let part = self.keep.part(failed);
-        let stdout = self.stdout.keep(part, self.max_bytes);
-        let stderr = self.stderr.keep(part, self.max_bytes);
+        let stdout = self.stdout.keep_encoded(part, self.max_bytes);
+        let stderr = self.stderr.keep_encoded(part, self.max_bytes);
         let truncated = stdout.omitted > 0 || stderr.omitted > 0;
         let mut result = ExecResult {
             stdout: stdout.text,
@@ -263,20 +264,22 @@ mod tests {
         assert!(result.truncated);
         assert_eq!(result.kept.as_deref(), Some("head"));
         assert_eq!(result.stdout_bytes, EXEC_MAX_BYTES as u64 + 1);
+        // The marker line counts against max_bytes too.
         assert!(
-            result.stdout.ends_with("[... 1 byte omitted ...]\n"),
+            result.stdout.ends_with(" omitted ...]\n"),
             "{}",
             &result.stdout[result.stdout.len() - 40..]
         );
+        assert!(crate::output::json_len(&result.stdout) <= EXEC_MAX_BYTES);
         assert_eq!(result.stderr, "xxxxx");
     }
 
     #[test]
     fn a_failed_run_keeps_the_tail_where_the_error_is() {
         let mut collected = Collected {
-            stdout: Capture::new(32),
-            stderr: Capture::new(32),
-            max_bytes: 32,
+            stdout: Capture::new(64),
+            stderr: Capture::new(64),
+            max_bytes: 64,
             keep: Keep::Auto,
             ..empty()
         };

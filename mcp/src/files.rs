@@ -110,25 +110,36 @@ pub async fn read(
         if (data.len() as u64) < file_size {
             data = fetch(client, sandbox_id, path, 0, file_size, file_size).await?;
         }
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&data);
+        // The image's bytes are in the structured part too: a client that hands the
+        // model only structuredContent (Claude Code) would get nothing otherwise.
         let result = ReadFileResult {
             path: params.path,
-            content: String::new(),
+            content: encoded.clone(),
             encoding: "image".to_owned(),
             offset: 0,
             bytes: data.len() as u64,
             size: file_size,
             next_offset: None,
             lossy: false,
+            binary: false,
             mime_type: mime_type.map(str::to_owned),
         };
-        let encoded = base64::engine::general_purpose::STANDARD.encode(&data);
         return Ok(success_with_image(
             &result,
             encoded,
             mime_type.unwrap_or("image/png"),
         ));
     }
-    let encoding = params.encoding.unwrap_or_default();
+    let more = start + (data.len() as u64) < file_size;
+    // Bytes that are not text come as base64 unless text was asked for: as text they
+    // would arrive as U+FFFD, three bytes each, and be lost.
+    let binary = params.encoding.is_none() && is_binary(&data, more);
+    let encoding = match params.encoding {
+        Some(encoding) => encoding,
+        None if binary => Encoding::Base64,
+        None => Encoding::Utf8,
+    };
     let (content, lossy) = match encoding {
         Encoding::Base64 => (
             base64::engine::general_purpose::STANDARD.encode(&data),
@@ -137,7 +148,7 @@ pub async fn read(
         Encoding::Utf8 => {
             // A part that ends inside a character ends before it instead; the next
             // part starts with it.
-            if start + (data.len() as u64) < file_size {
+            if more {
                 let end = whole_chars(&data);
                 if end > 0 {
                     data.truncate(end);
@@ -162,8 +173,20 @@ pub async fn read(
         size: file_size,
         next_offset: (end < file_size).then_some(end),
         lossy,
+        binary,
         mime_type: mime_type.map(str::to_owned),
     }))
+}
+
+/// Whether `data` is not text: it holds a NUL byte or is not UTF-8 (a character cut
+/// off at its end is fine when the file goes on, `more`).
+fn is_binary(data: &[u8], more: bool) -> bool {
+    let text = if more {
+        &data[..whole_chars(data)]
+    } else {
+        data
+    };
+    text.contains(&0) || std::str::from_utf8(text).is_err()
 }
 
 /// `len` bytes of `path` from `start`: one request for a small whole file, else the
@@ -359,6 +382,18 @@ mod tests {
         assert_eq!(image_type(b"RIFF\0\0\0\0WAVEfmt "), None);
         assert_eq!(image_type(b"hello"), None);
         assert_eq!(image_type(b""), None);
+    }
+
+    #[test]
+    fn binary_content_is_told_from_text() {
+        assert!(!is_binary(b"plain text\n", false));
+        assert!(!is_binary("caf\u{e9}".as_bytes(), false));
+        assert!(is_binary(b"a\0b", false), "a NUL byte");
+        assert!(is_binary(b"\xff\xfe\x00\x01", false), "not UTF-8");
+        // A read that ends inside a character is text when the file goes on.
+        let cut = &"caf\u{e9}".as_bytes()[..4];
+        assert!(!is_binary(cut, true));
+        assert!(is_binary(cut, false));
     }
 
     #[test]

@@ -148,6 +148,33 @@ impl Capture {
         last_line(&bytes)
     }
 
+    /// The part that `part` asks for whose text takes at most `budget` bytes once
+    /// encoded as a JSON string ([`json_len`]): JSON writes a control byte as six
+    /// (`\u0000`), so a cut by raw bytes alone let 16 KiB of NUL bytes cost 96 KiB
+    /// in each part of a result. Printable text is cut as by [`Capture::keep`], a
+    /// little shorter for its escaped newlines and quotes.
+    pub fn keep_encoded(&self, part: Part, budget: usize) -> Kept {
+        let mut max = budget;
+        let mut round = 0u32;
+        loop {
+            let kept = self.keep(part, max);
+            let cost = json_len(&kept.text);
+            if cost <= budget || max == 0 {
+                return kept;
+            }
+            // Shrink in proportion to the overshoot (two rounds for uniform text), by
+            // at least 1/1024 (a cut that snapped to a line end can overshoot by a
+            // little), and after 16 rounds by at least 1/16, so it always ends.
+            let scaled = u128::try_from(max).unwrap_or(u128::MAX)
+                * u128::try_from(budget).unwrap_or(u128::MAX)
+                / u128::try_from(cost).unwrap_or(u128::MAX);
+            let scaled = usize::try_from(scaled).unwrap_or(max);
+            let step = if round < 16 { max / 1024 } else { max / 16 };
+            max = scaled.min(max - step - 1);
+            round += 1;
+        }
+    }
+
     /// The part of at most `max` bytes that `part` asks for.
     pub fn keep(&self, part: Part, max: usize) -> Kept {
         if self.total <= max as u64 {
@@ -173,6 +200,19 @@ impl Capture {
             omitted,
         }
     }
+}
+
+/// The bytes `text` takes inside a JSON string, as serde_json writes it: `"`, `\\`
+/// and the short escapes (`\n`, `\t`, ...) two, other control characters six
+/// (`\u001b`), everything else itself.
+pub fn json_len(text: &str) -> usize {
+    text.bytes()
+        .map(|byte| match byte {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0x00..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
 }
 
 /// `head`, a marker line saying `omitted` bytes were left out, then `tail`.
@@ -410,6 +450,47 @@ mod tests {
             let kept = capture.keep(part, 100);
             assert_eq!((kept.text.as_str(), kept.omitted), ("hello\n", 0));
         }
+    }
+
+    #[test]
+    fn json_len_counts_what_serde_json_writes() {
+        for text in [
+            "plain",
+            "a\nb\t\"q\" \\",
+            "\0\u{1b}[0m\u{7f}",
+            "caf\u{e9} \u{fffd}",
+            "",
+        ] {
+            let encoded = serde_json::to_string(text).unwrap();
+            assert_eq!(json_len(text), encoded.len() - 2, "{text:?}");
+        }
+    }
+
+    /// Regression: 3 MB of NUL bytes cut to 16 KiB still cost 96 KiB as JSON.
+    #[test]
+    fn a_cut_by_encoded_bytes_bounds_control_bytes_too() {
+        let budget = 16 * 1024;
+        for data in [
+            vec![0u8; 3_000_000],
+            b"x\n".repeat(1_500_000),
+            vec![0xff; 100_000],
+        ] {
+            let mut capture = Capture::new(budget);
+            for piece in data.chunks(65_536) {
+                capture.push(piece);
+            }
+            for part in [Part::Head, Part::Tail, Part::HeadTail] {
+                let kept = capture.keep_encoded(part, budget);
+                let cost = json_len(&kept.text);
+                assert!(cost <= budget, "{part:?}: {cost} bytes encoded");
+                assert!(cost > budget / 2, "{part:?}: only {cost} bytes kept");
+                assert!(kept.omitted > 0 && kept.text.contains("omitted"));
+            }
+        }
+        // Short printable output is kept whole.
+        let mut capture = Capture::new(budget);
+        capture.push(b"hello\n");
+        assert_eq!(capture.keep_encoded(Part::Tail, budget).text, "hello\n");
     }
 
     #[test]

@@ -340,7 +340,8 @@ pub struct ReadFileParams {
     /// Most bytes to return: default 65536, at most 4194304.
     #[serde(default)]
     pub max_bytes: Option<u64>,
-    /// "utf-8" (default: text, invalid UTF-8 replaced) or "base64" (exact bytes).
+    /// "utf-8" (text, invalid UTF-8 replaced) or "base64" (exact bytes). Default:
+    /// text, or base64 when the bytes read are not text (not UTF-8, or NUL bytes).
     #[serde(default)]
     pub encoding: Option<Encoding>,
     /// Return an image (PNG, JPEG, GIF or WebP, at most 3 MiB) as image content the

@@ -298,10 +298,23 @@ impl SandboxServer {
         let sandbox = self.node.sandbox(&params.sandbox_id)?;
         let (request, timeout_secs) = eval::request(params)?;
         let client = client(&sandbox, Op::Session).await?;
-        let reply = client
-            .eval(request)
-            .await
-            .map_err(|error| ToolError::agent(Op::Session, sandbox.id.as_str(), &error))?;
+        let reply = client.eval(request).await.map_err(|error| {
+            if eval::is_missing_python(&error) {
+                let with_python = eval::python_templates(&self.node.template_entries());
+                return eval::no_python(
+                    sandbox.id.as_str(),
+                    &sandbox.template,
+                    &with_python,
+                    |name| {
+                        format!(
+                            "release this sandbox and call create_sandbox with template: {name:?}"
+                        )
+                    },
+                    "use language: \"sh\" here",
+                );
+            }
+            ToolError::agent(Op::Session, sandbox.id.as_str(), &error)
+        })?;
         let result = eval::result(reply, timeout_secs);
         Ok(match &result.error {
             Some(message) => failure_with(&result, message),

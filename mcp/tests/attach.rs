@@ -240,7 +240,8 @@ async fn files_round_trip_and_read_file_refuses_what_it_should() {
     assert_eq!(entry["kind"], "file");
     assert_eq!(entry["size"], 7);
 
-    // Invalid UTF-8 is replaced, not refused.
+    // Invalid UTF-8 read as text is replaced, not refused; with the defaults it
+    // comes as base64 (results.rs checks that case).
     let binary = format!("{dir}/binary");
     server
         .ok(
@@ -251,12 +252,22 @@ async fn files_round_trip_and_read_file_refuses_what_it_should() {
     let read = server
         .ok(
             "read_file",
-            json!({"sandbox_id": "attached", "path": binary}),
+            json!({"sandbox_id": "attached", "path": binary, "encoding": "utf-8"}),
         )
         .await;
     assert_eq!(read["content"], "a\u{fffd}b");
     assert_eq!(read["lossy"], true);
     assert_eq!(read["bytes"], 3);
+    let read = server
+        .ok(
+            "read_file",
+            json!({"sandbox_id": "attached", "path": binary}),
+        )
+        .await;
+    assert_eq!(
+        (&read["content"], &read["binary"]),
+        (&json!("Yf9i"), &json!(true))
+    );
 
     let big = format!("{dir}/big");
     server

@@ -4,7 +4,8 @@
 //! exactly as the client would start it (its command, looked up on a `PATH` that
 //! has the prefix's `bin`, its args, its env), initialized by rmcp's MCP client,
 //! and made to run a command in a real microVM: `create_sandbox` and `exec` in the
-//! default profile, `spawn_sandboxes` and `exec_command` with the sandbox's token in
+//! default profile, then a second claim and a `fork` of 3 within its limits (and a
+//! refusal past them that names `--max-sandboxes`), `spawn_sandboxes` and `exec_command` with the sandbox's token in
 //! the sandstorm profile. The installed `sandbox-mcp` finds the installed
 //! `sandbox-relay` beside it.
 //!
@@ -278,6 +279,29 @@ async fn run_registration(registration: &Registration, path: &str) {
                 "{}: {ran}",
                 registration.origin
             );
+            // Regression: with the registration's `--max-sandboxes 4` (and the default
+            // 4) a second claim and a fork of 3 did not fit beside the warm VM.
+            server.ok("create_sandbox", json!({})).await;
+            let fork = server
+                .ok(
+                    "fork",
+                    json!({"sandbox_id": claim["sandbox_id"], "count": 3}),
+                )
+                .await;
+            assert_eq!(
+                fork["children"].as_array().map(Vec::len),
+                Some(3),
+                "{}: {fork}",
+                registration.origin
+            );
+            // Past the limit the refusal names the flag that raises it.
+            let refused = server
+                .err(
+                    "fork",
+                    json!({"sandbox_id": claim["sandbox_id"], "count": 16}),
+                )
+                .await;
+            assert!(refused.contains("--max-sandboxes"), "{refused}");
         }
         other => panic!("{}: unknown profile {other}", registration.origin),
     }

@@ -1,5 +1,5 @@
 //! `sandbox-mcp` booting real QEMU microVMs, driven by rmcp's MCP client: a warm
-//! claim, `uname -a`, files, two sandboxes at once, TTL expiry, release twice, and
+//! claim, `uname -a`, files (also through `sandboxctl --vm SANDBOX_ID`), two sandboxes at once, TTL expiry, release twice, and
 //! that after the client disconnects no QEMU, `vhost-device-vsock` or run folder is
 //! left; a claim that waits for a boot (not warm, with progress), a 20 MiB binary
 //! file in parts both ways and 3 MiB of output cut to max_bytes over the VM's
@@ -341,6 +341,35 @@ async fn microvm_session_from_claim_to_disconnect() {
         )
         .await;
     assert_eq!(read["content"], "from the host\n");
+    // One id space: sandboxctl takes the sandbox id this server shows for its VM.
+    // (Regression: `--vm sbx-...` was "No VM with id".)
+    let cli = std::process::Command::new(&sandbox_tests::binaries().sandboxctl)
+        .env("SANDBOX_RUN_DIR", &run)
+        .env_remove("SANDBOX_AGENT")
+        .env_remove("SANDBOX_TOKEN")
+        .args(["--vm", &id, "sh", "cat /tmp/hello.txt"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            cli.status.code(),
+            String::from_utf8_lossy(&cli.stdout).as_ref()
+        ),
+        (Some(0), "from the host\n"),
+        "sandboxctl --vm {id}: {}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    // The default template has no python3: eval_code says so (it said to pass
+    // restart: true) and names a template that has it when there is one.
+    let no_python = server
+        .err("eval_code", json!({"sandbox_id": id, "code": "1+1"}))
+        .await;
+    assert!(
+        no_python.contains("\"default\" has no python3"),
+        "{no_python}"
+    );
+    assert!(!no_python.contains("restart"), "{no_python}");
+    assert!(no_python.contains("language: \"sh\""), "{no_python}");
     let listing = server
         .ok("list_dir", json!({"sandbox_id": id, "path": "/tmp"}))
         .await;

@@ -181,7 +181,10 @@ async fn three_mib_of_output_is_cut_to_max_bytes_keeping_the_error() {
         )
         .await;
     let stdout = tail["stdout"].as_str().unwrap();
-    assert!(stdout.len() <= 1_048_576 + 40 && stdout.len() > 1_040_000);
+    // max_bytes counts the bytes as JSON encodes them: each newline of these short
+    // lines takes two.
+    let encoded = serde_json::to_string(stdout).unwrap().len() - 2;
+    assert!(encoded <= 1_048_576 && encoded > 1_040_000, "{encoded}");
     assert!(stdout.ends_with("error: boom\n"));
     let head = server
         .ok(
@@ -212,6 +215,21 @@ async fn three_mib_of_output_is_cut_to_max_bytes_keeping_the_error() {
         )
         .await;
     assert!(bad.contains("read_file"), "{bad}");
+    // Regression: 3 MB of NUL bytes cut to 16 KiB cost 197 KB, JSON writing each as
+    // six (\u0000) in both parts. max_bytes bounds the encoded bytes.
+    let zeros = server
+        .call(
+            "exec",
+            json!({"sandbox_id": "attached", "command": "head -c 3000000 /dev/zero; exit 1"}),
+        )
+        .await;
+    let (wire, _, _) = support::sizes(&zeros);
+    assert!(wire < 40 * 1024, "NUL bytes: a {wire}-byte result");
+    let zeros = zeros.structured_content.unwrap();
+    assert_eq!(
+        (zeros["stdout_bytes"].as_u64(), zeros["kept"].as_str()),
+        (Some(3_000_000), Some("tail"))
+    );
     server.disconnect(Duration::from_secs(10)).await;
 }
 
@@ -348,10 +366,12 @@ async fn an_image_is_read_as_image_content() {
         .expect("an image block");
     assert_eq!(image.mime_type, "image/png");
     assert_eq!(image.data, PNG);
+    // Regression: the structured part had `"content": ""`, so a client that reads
+    // only structuredContent got no image at all.
     let body = result.structured_content.unwrap();
     assert_eq!(body["encoding"], "image");
     assert_eq!(body["mime_type"], "image/png");
-    assert_eq!(body["content"], "");
+    assert_eq!(body["content"], PNG);
     // Its bytes, when asked.
     let bytes = server
         .ok(
@@ -370,6 +390,60 @@ async fn an_image_is_read_as_image_content() {
         )
         .await;
     assert!(not_image.contains("not a PNG"), "{not_image}");
+    server.disconnect(Duration::from_secs(10)).await;
+}
+
+/// Regression: 1 KiB of binary read with the defaults came back as 3.5 KB of U+FFFD
+/// text, its bytes lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_content_read_with_the_defaults_comes_as_base64() {
+    let agent = TestAgent::start();
+    let server = attached(&agent).await;
+    let path = agent.dir().join("blob.bin").display().to_string();
+    let data: Vec<u8> = (0..1024u32)
+        .map(|n| u8::try_from(n * 7 % 256).unwrap())
+        .collect();
+    std::fs::write(&path, &data).unwrap();
+    let result = server
+        .call("read_file", json!({"sandbox_id": "attached", "path": path}))
+        .await;
+    assert_ne!(result.is_error, Some(true), "{}", support::text(&result));
+    let body = result.structured_content.clone().unwrap();
+    assert_eq!(body["encoding"], "base64", "{body}");
+    assert_eq!(body["binary"], true);
+    assert_eq!(body["lossy"], false);
+    let content = body["content"].as_str().unwrap();
+    assert_eq!(b64().decode(content).unwrap(), data);
+    let text = support::text(&result);
+    assert!(text.contains("binary content"), "{text}");
+    assert!(
+        text.contains(content),
+        "the text carries the bytes too: {text}"
+    );
+    // Text asked for is text, replaced where it is not.
+    let lossy = server
+        .ok(
+            "read_file",
+            json!({"sandbox_id": "attached", "path": path, "encoding": "utf-8"}),
+        )
+        .await;
+    assert_eq!(
+        (lossy["encoding"].as_str(), lossy["lossy"].as_bool()),
+        (Some("utf-8"), Some(true))
+    );
+    // A text file is still text, in parts too (a part may end inside a character).
+    let text_path = agent.dir().join("text.txt").display().to_string();
+    std::fs::write(&text_path, "caf\u{e9}\n".repeat(100)).unwrap();
+    let part = server
+        .ok(
+            "read_file",
+            json!({"sandbox_id": "attached", "path": text_path, "offset": 0, "max_bytes": 4}),
+        )
+        .await;
+    assert_eq!(
+        (part["encoding"].as_str(), part["content"].as_str()),
+        (Some("utf-8"), Some("caf"))
+    );
     server.disconnect(Duration::from_secs(10)).await;
 }
 
@@ -462,6 +536,24 @@ async fn each_failure_names_a_real_next_step() {
         )
         .await;
     assert!(no_parent.contains("mkdir -p"), "{no_parent}");
+    // It said so twice ("... does not exist. Its parent directory does not exist").
+    assert_eq!(
+        no_parent.matches("does not exist").count(),
+        1,
+        "{no_parent}"
+    );
+    // A program that is not executable said "The sandbox user may not do this".
+    let not_executable = server
+        .err("exec", json!({"sandbox_id": "attached", "argv": [file]}))
+        .await;
+    assert!(
+        not_executable.contains("not executable"),
+        "{not_executable}"
+    );
+    assert!(
+        !not_executable.contains("may not do this"),
+        "{not_executable}"
+    );
     // An offset past the end of a file says how big it is.
     let beyond = server
         .err(

@@ -47,10 +47,16 @@ const SANDSTORM_TOOLS: [&str; 10] = [
 ];
 
 fn main() -> std::process::ExitCode {
-    vm_main(&[VmTest {
-        name: "the_sandstorm_profile_end_to_end_with_tokens",
-        run: || block_on(the_sandstorm_profile_end_to_end()),
-    }])
+    vm_main(&[
+        VmTest {
+            name: "the_sandstorm_profile_end_to_end_with_tokens",
+            run: || block_on(the_sandstorm_profile_end_to_end()),
+        },
+        VmTest {
+            name: "a_first_sandstorm_session_on_a_template_without_python",
+            run: || block_on(a_first_sandstorm_session_on_a_template_without_python()),
+        },
+    ])
 }
 
 /// A sandbox as spawn_sandboxes returns it: id and token.
@@ -112,6 +118,20 @@ fn require_python_template() {
             sandbox_vmm::error_chain(&error)
         );
     }
+}
+
+/// Whether the python template is here and starts a Python session at boot.
+fn python_template_starts_python() -> bool {
+    let launcher = Launcher::new(LauncherConfig::from_env().unwrap());
+    launcher
+        .template(&TemplateRef::Name(PYTHON_TEMPLATE.to_owned()))
+        .is_ok_and(|template| {
+            template
+                .image_config
+                .sessions
+                .iter()
+                .any(|session| session.language == sandbox_protocol::Language::Python)
+        })
 }
 
 async fn the_sandstorm_profile_end_to_end() {
@@ -453,4 +473,149 @@ async fn exec_error(server: &McpServer, sandbox: &Spawned, args: &[&str]) -> Str
             json!({"sandbox_id": sandbox.id, "args": args, "sandbox_token": sandbox.token}),
         )
         .await
+}
+
+/// What a first session on the `default` template (busybox, no Python) meets.
+/// Regressions: results as large as the output (3 MB of output gave a 2 MB result,
+/// 3 MB of NUL bytes a 12 MB one); an empty listing with no text block; a
+/// non-executable file reported as "may not do this"; eval_code on a template
+/// without Python sent to `restart`.
+async fn a_first_sandstorm_session_on_a_template_without_python() {
+    let Some(folders) = Folders::new("sandstorm", "sized") else {
+        return;
+    };
+    let server = folders
+        .server(&[
+            "--profile",
+            "sandstorm",
+            "--template",
+            "default",
+            "--pool",
+            "0",
+            "--max-sandboxes",
+            "1",
+        ])
+        .await;
+    let empty = server.call("list_sandboxes", json!({})).await;
+    assert_eq!(
+        text_json(&empty),
+        [json!([])],
+        "one text block: the empty list"
+    );
+    assert_eq!(empty.structured_content.unwrap(), json!({"result": []}));
+    let result = server
+        .call("spawn_sandboxes", json!({"snapshot_tag": "default"}))
+        .await;
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    let sandbox = spawned(&result.structured_content.unwrap())[0].clone();
+    let call = |args: Value| {
+        let server = &server;
+        let sandbox = &sandbox;
+        async move {
+            server
+                .call(
+                    "exec_command",
+                    json!({"sandbox_id": sandbox.id, "args": args,
+                           "sandbox_token": sandbox.token}),
+                )
+                .await
+        }
+    };
+
+    // 3 MB of printable output and 3 MB of NUL bytes: each stream at most 16 KiB as
+    // JSON encodes it, in the text and in the structured part.
+    for (what, script) in [
+        ("printable", "yes 0123456789abcdef | head -c 3000000"),
+        ("NUL bytes", "head -c 3000000 /dev/zero"),
+    ] {
+        let result = call(json!(["sh", "-c", script])).await;
+        assert_ne!(result.is_error, Some(true), "{what}: {}", text(&result));
+        let (wire, text_bytes, structured) = support::sizes(&result);
+        eprintln!("{what}: result {wire} bytes (text {text_bytes}, structured {structured})");
+        assert!(wire < 80 * 1024, "{what}: a {wire}-byte result");
+        let body = result.structured_content.unwrap();
+        assert_eq!(body["truncated"], true, "{what}");
+        assert_eq!(body["exit_code"], 0, "{what}");
+        let stdout = serde_json::to_string(&body["stdout"]).unwrap();
+        assert!(
+            stdout.len() <= 16 * 1024 + 2,
+            "{what}: stdout {} bytes",
+            stdout.len()
+        );
+        assert!(stdout.contains("omitted"), "{what}: the cut is marked");
+    }
+
+    // A failed command keeps the end of its output, where the error is.
+    let failed = call(json!([
+        "sh",
+        "-c",
+        "seq 1 200000; echo 'error: the last line' >&2; exit 3"
+    ]))
+    .await;
+    assert_ne!(
+        failed.is_error,
+        Some(true),
+        "a non-zero exit is a normal result"
+    );
+    let body = failed.structured_content.unwrap();
+    assert_eq!(body["exit_code"], 3);
+    let stdout = body["stdout"].as_str().unwrap();
+    assert!(
+        stdout.ends_with("199999\n200000\n"),
+        "the tail: {}",
+        &stdout[stdout.len() - 40..]
+    );
+    assert!(!stdout.starts_with("1\n"), "not the head");
+    assert_eq!(body["stderr"], "error: the last line\n");
+
+    // args as a shell command line, as models write it (regression: a string failed
+    // to deserialize), next to sandstorm's list.
+    let line = call(json!("echo one two three | wc -w; echo err >&2; exit 4")).await;
+    assert_ne!(line.is_error, Some(true), "{}", text(&line));
+    let line = line.structured_content.unwrap();
+    assert_eq!(
+        (
+            line["stdout"].as_str().map(str::trim),
+            line["exit_code"].as_i64()
+        ),
+        (Some("3"), Some(4)),
+        "{line}"
+    );
+    assert_eq!(line["stderr"], "err\n");
+    let empty = call(json!("  ")).await;
+    assert_eq!(empty.is_error, Some(true));
+    assert!(
+        text(&empty).contains("shell command line"),
+        "{}",
+        text(&empty)
+    );
+
+    // A file that is not executable is named as such.
+    let refused = call(json!(["/etc/passwd"])).await;
+    assert_eq!(refused.is_error, Some(true));
+    let refused = text(&refused);
+    assert!(refused.contains("not executable"), "{refused}");
+    assert!(!refused.contains("may not do this"), "{refused}");
+
+    // eval_code says the template has no Python, and names one that has.
+    let no_python = server
+        .err(
+            "eval_code",
+            json!({"sandbox_id": sandbox.id, "code": "1+1", "sandbox_token": sandbox.token}),
+        )
+        .await;
+    assert!(
+        no_python.contains("\"default\" has no python3"),
+        "{no_python}"
+    );
+    assert!(!no_python.contains("restart"), "{no_python}");
+    if python_template_starts_python() {
+        assert!(
+            no_python.contains(&format!("snapshot_tag \"{PYTHON_TEMPLATE}\"")),
+            "{no_python}"
+        );
+    }
+
+    server.disconnect(Duration::from_secs(30)).await;
+    assert_nothing_left(&folders.run);
 }

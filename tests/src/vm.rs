@@ -184,13 +184,16 @@ impl VmHost {
     }
 }
 
-/// The template for Python work (Debian with CPython and pip, a warm `default`
-/// session) that `scripts/test.sh` builds with [`PYTHON_TEMPLATE_BUILD`].
+/// The template for Python work (Debian with CPython, pip, pytest, git, curl and the
+/// CA certificates, a warm `default` session) that `scripts/test.sh` builds with
+/// [`PYTHON_TEMPLATE_BUILD`].
 pub const PYTHON_TEMPLATE: &str = "python";
 
-/// The command that builds [`PYTHON_TEMPLATE`] (the README's).
+/// The command that builds [`PYTHON_TEMPLATE`], as `scripts/test.sh` and the README
+/// write it (a test checks that they do).
 pub const PYTHON_TEMPLATE_BUILD: &str = "target/debug/sandbox-rootfs build --name python \
-    --base debian --packages python3,python3-pip --warm-session 'default:python:import json, os, sys'";
+    --base debian --packages python3,python3-pip,python3-pytest,git,curl,ca-certificates \
+    --warm-session 'default:python:import json, os, sys'";
 
 /// [`PYTHON_TEMPLATE`] to boot.
 pub fn python_template() -> TemplateRef {
@@ -575,5 +578,38 @@ pub fn build_template_with(name: &str, base: &str, output: &Path, extra: &[&str]
     BuiltTemplate {
         dir: output.to_owned(),
         log,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A command as a shell reads it: continuation lines joined, spaces collapsed,
+    /// and the binary by its name.
+    fn normalized(text: &str) -> String {
+        text.replace("\\\n", " ")
+            .replace("target/debug/", "")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Regression guard: the python template's packages are written in three places
+    /// (`scripts/test.sh` builds it, the README documents it, the tests name it when
+    /// it is missing); a change to one must reach the others.
+    #[test]
+    fn the_python_template_is_built_as_the_readme_and_test_script_say() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the workspace root");
+        let command = normalized(PYTHON_TEMPLATE_BUILD);
+        for file in ["scripts/test.sh", "README.md"] {
+            let text = std::fs::read_to_string(root.join(file)).expect(file);
+            assert!(
+                normalized(&text).contains(&command),
+                "{file} does not build the python template as `{command}`"
+            );
+        }
     }
 }

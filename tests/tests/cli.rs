@@ -19,6 +19,46 @@ fn exec_exits_with_the_commands_code_and_streams_output() {
     assert_eq!(output.stderr, b"err\n");
 }
 
+/// Regression: a command the agent could not start exited 1, where `docker exec`,
+/// `kubectl exec` and shells exit 127 (not found) or 126 (not runnable).
+#[test]
+fn exec_of_a_missing_or_unrunnable_command_exits_127_or_126() {
+    let agent = TestAgent::start();
+    let output = agent
+        .sandboxctl()
+        .args(["exec", "--", "nosuchcmd", "--flag"])
+        .assert_code(127);
+    assert!(
+        stderr(&output).contains("nosuchcmd not found"),
+        "{}",
+        stderr(&output)
+    );
+    let script = agent.dir().join("not-executable");
+    std::fs::write(&script, "echo hi\n").unwrap();
+    let script = script.to_str().unwrap();
+    for path in [script, "/tmp", "/nonexistent/prog"] {
+        let code = if path.starts_with("/nonexistent") {
+            127
+        } else {
+            126
+        };
+        let output = agent
+            .sandboxctl()
+            .args(["exec", "--", path])
+            .assert_code(code);
+        assert!(
+            stderr(&output).contains(&format!("Cannot start {path}")),
+            "{path}: {}",
+            stderr(&output)
+        );
+    }
+    // What the command itself returns is still its own.
+    agent
+        .sandboxctl()
+        .args(["exec", "--", "sh", "-c", "exit 127"])
+        .assert_code(127);
+}
+
 #[test]
 fn sh_killed_by_a_signal_exits_128_plus_the_signal() {
     let agent = TestAgent::start();
@@ -48,6 +88,44 @@ fn exec_options_reach_the_command() {
         .stdin("piped in\n")
         .stdout_ok();
     assert_eq!(stdout, "PIPED IN\n");
+}
+
+/// Regression: `echo x | sandboxctl exec -- cat` printed nothing (stdin went only
+/// with `--stdin-file -`), and `-i`, as `docker exec -i` takes it, was run as the
+/// command.
+#[test]
+fn piped_stdin_reaches_the_command_and_dash_i_is_accepted() {
+    let agent = TestAgent::start();
+    for args in [
+        &["exec", "--", "cat"][..],
+        &["exec", "-i", "--", "cat"][..],
+        &["exec", "-i", "cat"][..],
+        &["sh", "tr a-z A-Z | tr A-Z a-z"][..],
+    ] {
+        let stdout = agent
+            .sandboxctl()
+            .args(args)
+            .stdin("piped in\n")
+            .stdout_ok();
+        assert_eq!(stdout, "piped in\n", "{args:?}");
+    }
+    // An empty pipe is an empty stdin: the command does not wait for more.
+    let stdout = agent
+        .sandboxctl()
+        .args(["exec", "--", "wc", "-c"])
+        .stdout_ok();
+    assert_eq!(stdout.trim(), "0");
+    // --stdin-file wins over our stdin.
+    let input = agent.dir().join("input.txt");
+    std::fs::write(&input, "from the file\n").unwrap();
+    let stdout = agent
+        .sandboxctl()
+        .args(["exec"])
+        .arg_path("--stdin-file", &input)
+        .args(["--", "cat"])
+        .stdin("piped in\n")
+        .stdout_ok();
+    assert_eq!(stdout, "from the file\n");
 }
 
 #[test]

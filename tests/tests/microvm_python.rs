@@ -3,7 +3,8 @@
 //! - every `eval` and `wait` scenario of `sandbox_tests::scenarios`, against a guest
 //!   that has `python3` (the default template has none, so over the suite's microVM
 //!   transport the Python parts stop at "eval says python3 is missing");
-//! - what only this template has: `python3` and `pip` themselves; the warm session,
+//! - what only this template has: `python3` and `pip` themselves, `git`, `curl`, the
+//!   CA certificates and `pytest`; the warm session,
 //!   there when the sandbox is claimed and reseeded in each child of a fork; and a
 //!   `python3 -m http.server` waited for by its banner, then served from.
 //!
@@ -60,6 +61,11 @@ fn main() -> std::process::ExitCode {
         },
         Scenario {
             area: "python",
+            name: "the_template_has_git_curl_certificates_and_pytest",
+            run: |target| Box::pin(the_template_has_git_curl_certificates_and_pytest(target)),
+        },
+        Scenario {
+            area: "python",
             name: "the_warm_session_is_there_at_claim_and_reseeded_in_forked_children",
             run: |target| {
                 Box::pin(the_warm_session_is_there_at_claim_and_reseeded_in_forked_children(target))
@@ -101,6 +107,41 @@ async fn the_template_runs_python3_and_pip(target: Target) {
             .any(|s| s.name == WARM_SESSION && s.language == Language::Python),
         "no {WARM_SESSION} Python session in {config:?}"
     );
+}
+
+/// Regression: the template had no `git`, `curl` or `pytest`, the first commands an
+/// agent types. (A template built before they were added fails here: rebuild it with
+/// `sandbox_tests::vm::PYTHON_TEMPLATE_BUILD`.)
+async fn the_template_has_git_curl_certificates_and_pytest(target: Target) {
+    let client = target.client();
+    let log = sh(
+        client,
+        "rm -rf /tmp/repo && git init -q /tmp/repo && cd /tmp/repo && echo hi > a && \
+         git add a && git -c user.name=t -c user.email=t@example.com commit -q -m first && \
+         git log --format=%s",
+    )
+    .await;
+    assert_eq!(log, "first\n");
+    let curl = sh(client, "curl --version").await;
+    assert!(
+        curl.starts_with("curl ") && curl.contains("OpenSSL"),
+        "curl says {curl:?}"
+    );
+    // The CA bundle curl, git and pip verify HTTPS with (egress reaches the network).
+    let certificates = sh(
+        client,
+        "grep -c 'BEGIN CERTIFICATE' /etc/ssl/certs/ca-certificates.crt",
+    )
+    .await;
+    let count: u32 = certificates.trim().parse().unwrap();
+    assert!(count > 100, "{count} certificates");
+    let pytest = sh(
+        client,
+        "mkdir -p /tmp/suite && cd /tmp/suite && \
+         printf 'def test_sum():\\n    assert 1 + 1 == 2\\n' > test_sum.py && pytest -q",
+    )
+    .await;
+    assert!(pytest.contains("1 passed"), "pytest says {pytest:?}");
 }
 
 /// `(marker, random.random())` in the warm session, as its repr.

@@ -49,9 +49,9 @@ pub struct ReadFileResult {
     /// The file.
     pub path: String,
     /// The bytes read, as `encoding` says: text (invalid UTF-8 replaced with U+FFFD)
-    /// or base64; empty for an image, which is in the result's image content.
+    /// or base64; for an image, its bytes in base64 (the result's image content too).
     pub content: String,
-    /// "utf-8", "base64", or "image" (returned as image content).
+    /// "utf-8", "base64", or "image" (base64, also returned as image content).
     pub encoding: String,
     /// Offset of the first byte read.
     pub offset: u64,
@@ -64,6 +64,9 @@ pub struct ReadFileResult {
     /// Whether invalid UTF-8 was replaced (read it with encoding "base64" for its
     /// exact bytes).
     pub lossy: bool,
+    /// Whether the bytes were not text (not UTF-8, or NUL bytes), so content is
+    /// their base64 although no encoding was asked for.
+    pub binary: bool,
     /// The image type ("image/png", "image/jpeg", "image/gif", "image/webp") when
     /// the file starts like one.
     pub mime_type: Option<String>,
@@ -98,11 +101,15 @@ impl Render for ReadFileResult {
             if head.is_empty() {
                 let _ = write!(head, "{}: {} bytes", self.path, self.bytes);
             }
-            let _ = write!(
-                head,
-                " (base64)\n{}",
-                text_field("content", &self.content, true)
-            );
+            if self.binary {
+                head.push_str(
+                    " of binary content (not UTF-8 text), so in base64; pass encoding \
+                     \"utf-8\" to read it as text with U+FFFD for what is not",
+                );
+            } else {
+                head.push_str(" (base64)");
+            }
+            let _ = write!(head, "\n{}", text_field("content", &self.content, true));
             return head;
         }
         if self.lossy {
@@ -184,6 +191,25 @@ mod tests {
             ..read
         };
         assert_eq!(part.render(), "/a: bytes 1..2 of 3; next_offset: 2\ni");
+    }
+
+    #[test]
+    fn binary_content_read_by_default_says_why_it_is_base64() {
+        let read = ReadFileResult {
+            path: "/bin.dat".into(),
+            content: "AAEC".into(),
+            encoding: "base64".into(),
+            bytes: 3,
+            size: 3,
+            binary: true,
+            ..ReadFileResult::default()
+        };
+        let text = read.render();
+        assert!(
+            text.starts_with("/bin.dat: 3 bytes of binary content"),
+            "{text}"
+        );
+        assert!(text.ends_with("\nAAEC"), "{text}");
     }
 
     #[test]

@@ -81,9 +81,10 @@ pub fn claim<E: std::error::Error + 'static>(
 ) -> ToolError {
     let text = error_chain(error);
     ToolError::new(match error {
-        ClaimError::Short { .. } | ClaimError::AtCapacity { .. } => format!(
+        ClaimError::Short { max, .. } | ClaimError::AtCapacity { max } => format!(
             "No room for {n} more sandboxes: {text}. Nothing was started. kill_sandbox the \
-             ones you no longer need (list_sandboxes shows them), or ask for fewer."
+             ones you no longer need (list_sandboxes shows them), or ask for fewer. {}",
+            crate::error::raise_limit(*max)
         ),
         ClaimError::Boot(_) => format!(
             "Could not start sandboxes from {tag:?}: {text}. None was kept; try again, or \
@@ -121,7 +122,13 @@ pub fn agent(tool: &str, id: &str, error: &ClientError) -> ToolError {
         }
         Some(ErrorKind::NotFound) if tool == "exec_command" => {
             "args[0] must be a program on the sandbox's PATH or an absolute path; for shell \
-             syntax pass [\"sh\", \"-c\", \"LINE\"]."
+             syntax pass the command line as one string (\"LINE\") or [\"sh\", \"-c\", \
+             \"LINE\"]."
+        }
+        Some(ErrorKind::PermissionDenied) if tool == "exec_command" => {
+            "args[0] is not executable: a file without execute permission, or a directory. \
+             Make it executable ([\"chmod\", \"+x\", \"FILE\"]) or run it through its \
+             interpreter ([\"sh\", \"FILE\"], [\"python3\", \"FILE\"])."
         }
         Some(ErrorKind::NotFound) if tool == "eval_code" => {
             "eval_code runs Python: spawn sandboxes from a template with python3 \

@@ -13,44 +13,53 @@ use sandbox_protocol::{
 use sandbox_vmm::client::Client;
 
 use super::errors;
+use super::params::CommandArgs;
 use super::render::{
     object, object_error, EvalCodeResult, ExecCommandResult, PingInfo, WaitForTextResult,
 };
 use super::{EVAL_TIMEOUT_SECS, EXCERPT_BYTES};
 use crate::error::ToolError;
-use crate::exec::{self, End, Shape, EXEC_MAX_BYTES};
+use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES};
 use crate::output::Keep;
 use crate::progress::Progress;
 use sandbox_engine::node::Node;
 use sandbox_engine::sandbox::Sandbox;
 use sandbox_engine::util::millis;
 
-/// `exec_command`: `args` run without a shell; a non-zero exit is a normal result,
-/// a run cut off (its timeout, a lost agent) an error result that keeps the output.
+/// `exec_command`: `args` run without a shell (a command line with `/bin/sh -c`); a
+/// non-zero exit is a normal result, a run cut off (its timeout, a lost agent) an
+/// error result that keeps the output.
 pub async fn exec_command(
     sandbox: &Sandbox,
-    args: Vec<String>,
+    args: CommandArgs,
     timeout_secs: f64,
     progress: &Progress,
 ) -> Result<CallToolResult, ToolError> {
-    if args.first().is_none_or(String::is_empty) {
+    let Some(command) = args.into_command() else {
         return Err(ToolError::new(
-            "args must start with a program, like [\"python3\", \"-c\", \"print(2+2)\"].",
+            "args must start with a program, like [\"python3\", \"-c\", \"print(2+2)\"], \
+             or be a shell command line, like \"ls -l /tmp\".",
         ));
-    }
+    };
     let timeout = seconds("timeout_secs", timeout_secs, EXEC_DEADLINE_SECS, false)?;
-    let program = args[0].clone();
+    let program = match &command {
+        Command::Argv(argv) => argv.first().cloned().unwrap_or_default(),
+        Command::Shell(_) => "/bin/sh".to_owned(),
+    };
     let client = client(sandbox, "exec_command").await?;
     let request = ExecRequest {
-        spec: ProcessSpec::new(Command::Argv(args)),
+        spec: ProcessSpec::new(command),
         stdin: Vec::new(),
         timeout_ms: None,
         stream: true,
     };
-    // sandstorm returns whole streams: each keeps its first 1 MiB, the server's cap.
+    // Sized as the default profile's exec: 16 KiB of each stream as JSON encodes it,
+    // the tail of a failure (where the error is), head and tail of a success. Whole
+    // streams (sandstorm's 1 MiB) made a 3 MB output a 2 MB result, and 3 MB of NUL
+    // bytes a 12 MB one.
     let shape = Shape {
-        max_bytes: EXEC_MAX_BYTES,
-        keep: Keep::Head,
+        max_bytes: EXEC_DEFAULT_MAX_BYTES,
+        keep: Keep::Auto,
     };
     let collected = exec::run(&client, request, timeout, shape, progress).await;
     let full = collected.to_result(timeout);
@@ -98,7 +107,11 @@ pub async fn exec_command(
 /// `eval_code`: Python in the sandbox's `default` session (a template's warm
 /// session when it has one), restarted if it died. An exception is a normal result
 /// with `error` set, as in sandstorm.
-pub async fn eval_code(sandbox: &Sandbox, code: String) -> Result<CallToolResult, ToolError> {
+pub async fn eval_code(
+    node: &Node,
+    sandbox: &Sandbox,
+    code: String,
+) -> Result<CallToolResult, ToolError> {
     let client = client(sandbox, "eval_code").await?;
     let request = EvalRequest {
         session: sandbox_protocol::eval::DEFAULT_SESSION.to_owned(),
@@ -107,10 +120,19 @@ pub async fn eval_code(sandbox: &Sandbox, code: String) -> Result<CallToolResult
         timeout_ms: Some(EVAL_TIMEOUT_SECS * 1000),
         restart: true,
     };
-    let reply = client
-        .eval(request)
-        .await
-        .map_err(|error| errors::agent("eval_code", sandbox.id.as_str(), &error))?;
+    let reply = client.eval(request).await.map_err(|error| {
+        if crate::eval::is_missing_python(&error) {
+            let with_python = crate::eval::python_templates(&node.template_entries());
+            return crate::eval::no_python(
+                sandbox.id.as_str(),
+                &sandbox.template,
+                &with_python,
+                |name| format!("call spawn_sandboxes with snapshot_tag {name:?}"),
+                "run programs with exec_command here",
+            );
+        }
+        errors::agent("eval_code", sandbox.id.as_str(), &error)
+    })?;
     Ok(object(&eval_result(reply)))
 }
 

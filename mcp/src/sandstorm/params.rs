@@ -83,8 +83,9 @@ pub struct ExecCommandParams {
     /// The sandbox's id, from spawn_sandboxes.
     pub sandbox_id: String,
     /// The program and its arguments, run without a shell, like ["python3", "-c",
-    /// "print(2+2)"]; use ["sh", "-c", "LINE"] for pipes and redirections.
-    pub args: Vec<String>,
+    /// "print(2+2)"]; or one shell command line as a string, like "ls -l | wc -l",
+    /// run with /bin/sh -c (pipes, redirections, variables).
+    pub args: CommandArgs,
     /// Seconds before the command is killed with all it started (default 30, at
     /// most 300).
     #[serde(default = "exec_timeout")]
@@ -96,6 +97,33 @@ pub struct ExecCommandParams {
 
 fn exec_timeout() -> f64 {
     30.0
+}
+
+/// `exec_command`'s `args`: a list, as sandstorm takes it, or a command line, as
+/// models often write it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum CommandArgs {
+    /// The program and its arguments, run without a shell.
+    Argv(Vec<String>),
+    /// A shell command line, run with /bin/sh -c.
+    Line(String),
+}
+
+impl CommandArgs {
+    /// What the agent runs; `None` when there is nothing to run (an empty list, an
+    /// empty program name, a blank line).
+    pub fn into_command(self) -> Option<sandbox_protocol::Command> {
+        match self {
+            Self::Argv(argv) if argv.first().is_some_and(|program| !program.is_empty()) => {
+                Some(sandbox_protocol::Command::Argv(argv))
+            }
+            Self::Line(line) if !line.trim().is_empty() => {
+                Some(sandbox_protocol::Command::Shell(line))
+            }
+            Self::Argv(_) | Self::Line(_) => None,
+        }
+    }
 }
 
 /// `eval_code`
@@ -215,6 +243,30 @@ mod tests {
 
         let branch: BranchSandboxParams = serde_json::from_str(r#"{"sandbox_id":"s"}"#).unwrap();
         assert!(branch.wait && branch.tag.is_none() && branch.mode.is_none());
+    }
+
+    /// Regression: `args` as a string failed to deserialize.
+    #[test]
+    fn exec_args_are_a_list_or_a_shell_command_line() {
+        use sandbox_protocol::Command;
+        let args = |json: &str| {
+            serde_json::from_str::<ExecCommandParams>(&format!(
+                r#"{{"sandbox_id":"s","args":{json}}}"#
+            ))
+            .map(|params| params.args.into_command())
+        };
+        assert_eq!(
+            args(r#"["echo","a b"]"#).unwrap(),
+            Some(Command::Argv(vec!["echo".into(), "a b".into()]))
+        );
+        assert_eq!(
+            args(r#""ls -l | wc -l""#).unwrap(),
+            Some(Command::Shell("ls -l | wc -l".into()))
+        );
+        assert_eq!(args("[]").unwrap(), None);
+        assert_eq!(args(r#"[""]"#).unwrap(), None);
+        assert_eq!(args(r#""  ""#).unwrap(), None);
+        assert!(args("42").is_err());
     }
 
     #[test]

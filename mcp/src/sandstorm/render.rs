@@ -136,7 +136,9 @@ pub struct BranchInfo {
 /// `exec_command`
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ExecCommandResult {
-    /// Standard output (invalid UTF-8 replaced), its first 1 MiB.
+    /// Standard output (invalid UTF-8 replaced): at most 16 KiB as JSON encodes it,
+    /// the tail of a failed command, head and tail of a successful one, with a
+    /// `[... N omitted ...]` line where bytes were left out.
     pub stdout: String,
     /// Standard error, likewise.
     pub stderr: String,
@@ -144,7 +146,7 @@ pub struct ExecCommandResult {
     pub exit_code: Option<i32>,
     /// The signal that ended it, if one did.
     pub signal: Option<i32>,
-    /// Whether a stream passed 1 MiB and was cut.
+    /// Whether a stream was cut to its 16 KiB.
     pub truncated: bool,
     /// Whether timeout_secs ended it (it was killed with all it started).
     pub timed_out: bool,
@@ -229,7 +231,12 @@ pub fn object_error<T: Serialize>(value: &T, message: &str) -> CallToolResult {
 /// A returned list, as FastMCP returns one: `{"result": items}`, one text block per
 /// item.
 pub fn list<T: Serialize>(items: Vec<T>) -> CallToolResult {
-    let blocks: Vec<ContentBlock> = items.iter().map(|item| text_block(item)).collect();
+    let mut blocks: Vec<ContentBlock> = items.iter().map(|item| text_block(item)).collect();
+    if blocks.is_empty() {
+        // An empty list's JSON, so a client that reads the text (and parses it) gets
+        // an answer: a result with no content at all reads as a failure to some.
+        blocks.push(ContentBlock::text("[]"));
+    }
     let mut result = with(&Listing { result: items }, false, None);
     result.content = blocks;
     result
@@ -294,6 +301,18 @@ mod tests {
             serde_json::from_str(&result.content[0].as_text().unwrap().text).unwrap();
         assert_eq!(first, serde_json::json!({"id": "a", "killed": true}));
         assert_ne!(result.is_error, Some(true));
+    }
+
+    /// Regression: an empty listing had no text block at all.
+    #[test]
+    fn an_empty_list_has_one_text_block_of_its_json() {
+        let result = list(Vec::<KillInfo>::new());
+        assert_eq!(result.content.len(), 1);
+        assert_eq!(result.content[0].as_text().unwrap().text, "[]");
+        assert_eq!(
+            result.structured_content.unwrap(),
+            serde_json::json!({"result": []})
+        );
     }
 
     #[test]

@@ -147,11 +147,14 @@ impl SandboxServer {
         name = "exec_command",
         title = "Run a program",
         description = "Run a program in a sandbox and return stdout, stderr and exit_code. \
-        args is the program and its arguments, run without a shell (use [\"sh\", \"-c\", \
-        \"LINE\"] for pipes and redirections). Requires sandbox_token. timeout_secs \
+        args is the program and its arguments, run without a shell, or one shell command \
+        line as a string (\"ls -l | wc -l\"), run with /bin/sh -c. Requires sandbox_token. timeout_secs \
         (default 30, at most 300) kills the command and all it started; a run cut off so is \
-        an error result that still carries its output. Each stream keeps its first 1 MiB \
-        (truncated is set past that). A non-zero exit_code is a normal result.",
+        an error result that still carries its output. Each stream keeps 16 KiB: the tail \
+        of a failed command (where the error is), head and tail of a successful one, with \
+        a [... N omitted ...] line at the cut and truncated set; for more, redirect the \
+        output to a file and read parts of it (head, tail, grep). A non-zero exit_code is \
+        a normal result.",
         output_schema = schema_for_output::<ExecCommandResult>(),
         annotations(
             title = "Run a program",
@@ -193,7 +196,7 @@ impl SandboxServer {
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.authorized(&params)?;
-        guest::eval_code(&sandbox, params.code).await
+        guest::eval_code(&self.node, &sandbox, params.code).await
     }
 
     #[tool(

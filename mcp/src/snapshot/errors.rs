@@ -60,7 +60,10 @@ impl ToolError {
             _ => Self::new(format!(
                 "{tool} needs room for {wanted} more VM(s) and did not get it: {text}. Release \
                  sandboxes you no longer need (release; node_info shows capacity and live \
-                 claims), hibernate idle ones (hibernate frees their room), or ask for fewer."
+                 claims), hibernate idle ones (hibernate frees their room), or ask for fewer.{}",
+                crate::error::capacity_limit(error)
+                    .map(|max| format!(" {}", crate::error::raise_limit(max)))
+                    .unwrap_or_default()
             )),
         }
     }

@@ -408,10 +408,15 @@ pub struct RunArgs {
     /// maximum: 300).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,
-    /// Feed this file to the command's stdin ("-" reads ours to the end); by
-    /// default the command's stdin is empty.
-    #[arg(long, value_name = "FILE")]
+    /// Feed this file to the command's stdin ("-" reads ours to the end). By
+    /// default our stdin is fed when it is not a terminal (a pipe, a file), and the
+    /// command's stdin is empty when it is.
+    #[arg(long, value_name = "FILE", conflicts_with = "interactive")]
     pub stdin_file: Option<PathBuf>,
+    /// Feed our stdin to the command even when it is a terminal (read to its end,
+    /// Ctrl-D, before the command starts), as `docker exec -i` does.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
 }
 
 /// `exec`
@@ -701,5 +706,37 @@ mod tests {
         assert_eq!(exec.command, ["ls", "-la"]);
         assert_eq!(exec.process.env, [("K".to_owned(), "V".to_owned())]);
         assert_eq!(exec.run.timeout, Some(2.0));
+    }
+
+    /// Regression: `exec -i -- cat` took `-i` as the command.
+    #[test]
+    fn exec_takes_dash_i_as_docker_does() {
+        for args in [
+            &["sandboxctl", "exec", "-i", "--", "cat"][..],
+            &["sandboxctl", "exec", "-i", "cat"][..],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let Command::Exec(exec) = cli.command else {
+                panic!("not exec")
+            };
+            assert!(exec.run.interactive, "{args:?}");
+            assert_eq!(exec.command, ["cat"], "{args:?}");
+        }
+        let cli = Cli::try_parse_from(["sandboxctl", "sh", "-i", "wc -c"]).unwrap();
+        let Command::Sh(sh) = cli.command else {
+            panic!("not sh")
+        };
+        assert!(sh.run.interactive);
+        // What follows the command is the command's.
+        let cli = Cli::try_parse_from(["sandboxctl", "exec", "--", "grep", "-i", "x"]).unwrap();
+        let Command::Exec(exec) = cli.command else {
+            panic!("not exec")
+        };
+        assert!(!exec.run.interactive);
+        assert_eq!(exec.command, ["grep", "-i", "x"]);
+        assert!(
+            Cli::try_parse_from(["sandboxctl", "exec", "-i", "--stdin-file", "f", "cat"]).is_err(),
+            "-i and --stdin-file are two sources"
+        );
     }
 }

@@ -11,7 +11,9 @@
 //! stderr, which is a normal end (`sandboxctl ps | head`).
 //!
 //! Exit codes: a command's own code for `exec`/`sh`/`shell`/`attach`/`vm run` (128+N
-//! when killed by signal N, 124 on timeout); 124 when `wait-for` times out; for `eval` see [`eval`]; 0 for the
+//! when killed by signal N, 124 on timeout; 127 when the command is not found, 126 when
+//! it cannot be run: not executable, a directory, a bad `--cwd` or `--user`, as
+//! `docker exec` and `kubectl exec` exit); 124 when `wait-for` times out; for `eval` see [`eval`]; 0 for the
 //! rest on success, and when the reader of our output went away; 1 when the tool
 //! itself fails (bad URL, agent unreachable, agent error); 125 when the VM behind
 //! `--vm ID` is not running (its guest powered off or panicked; the message quotes

@@ -99,6 +99,7 @@ pub(crate) struct VmGone {
 /// Turns `error` (from a command on VM `id`) into a [`VmGone`] when the VM has
 /// stopped, so the report names the cause rather than a lost connection.
 pub(crate) fn explain_failure(id: &str, error: anyhow::Error) -> anyhow::Error {
+    let id = vm_name(id);
     let Ok(launcher) = launcher() else {
         return error;
     };
@@ -119,14 +120,27 @@ pub(crate) fn explain_failure(id: &str, error: anyhow::Error) -> anyhow::Error {
     }
 }
 
-/// A VM id from the command line.
+/// The prefix of a sandbox id as `sandbox-mcp` shows it: `sbx-` and the VM's id.
+const SANDBOX_ID_PREFIX: &str = "sbx-";
+
+/// The VM id a command-line id names: a VM id as `vm ls` shows it, or the sandbox
+/// id `sandbox-mcp` gives the same VM (`sbx-ID`), so both front ends share one id
+/// space. (The launcher's ids are hex, so none begins with the prefix.)
+pub(crate) fn vm_name(id: &str) -> &str {
+    id.strip_prefix(SANDBOX_ID_PREFIX).unwrap_or(id)
+}
+
+/// A VM id from the command line (either form of [`vm_name`]).
 pub(crate) fn parse_vm_id(id: &str) -> anyhow::Result<VmId> {
-    id.parse().with_context(|| format!("Bad VM id {id:?}"))
+    vm_name(id)
+        .parse()
+        .with_context(|| format!("Bad VM id {id:?}"))
 }
 
 /// Wakes VM `id` first when it is hibernated (`vm hibernate`), so `--vm ID` works on
 /// it as on a running VM.
 pub(crate) async fn wake_if_hibernated(id: &str) -> anyhow::Result<()> {
+    let id = vm_name(id);
     let launcher = launcher()?;
     // A VM being woken by another process (its lock held, maybe its QEMU up) still
     // says so in its record: the wake below waits for that one and shares its result.
@@ -149,6 +163,7 @@ pub(crate) async fn wake_if_hibernated(id: &str) -> anyhow::Result<()> {
 
 /// Where VM `id`'s agent listens and the token it requires, from its run folder.
 pub(crate) fn agent_address(id: &str) -> anyhow::Result<(String, Option<String>)> {
+    let id = vm_name(id);
     let launcher = launcher()?;
     let entry = launcher
         .list()?
@@ -385,10 +400,7 @@ async fn vm_stop(
     args: &VmStopArgs,
     token: Option<String>,
 ) -> anyhow::Result<u8> {
-    let id: VmId = args
-        .id
-        .parse()
-        .with_context(|| format!("Invalid VM id {:?}", args.id))?;
+    let id = parse_vm_id(&args.id)?;
     let grace = seconds("--grace", args.grace)?;
     // Ask the guest to power off first, so its processes get SIGTERM, and give QEMU
     // the grace period to exit by itself; the launcher then stops what is left.
@@ -461,5 +473,16 @@ mod tests {
         assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(utc(1_796_102_400_123), "2026-12-01T05:20:00.123Z");
         assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn a_sandbox_id_names_its_vm() {
+        assert_eq!(vm_name("sbx-6df9f06540c1"), "6df9f06540c1");
+        assert_eq!(vm_name("6df9f06540c1"), "6df9f06540c1");
+        assert_eq!(
+            parse_vm_id("sbx-6df9f06540c1").unwrap().as_str(),
+            "6df9f06540c1"
+        );
+        assert!(parse_vm_id("sbx-").is_err(), "no VM id after the prefix");
     }
 }
