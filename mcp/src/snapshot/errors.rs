@@ -164,8 +164,9 @@ impl ToolError {
         match error {
             ForkError::NotLaunch => Self::needs_launch_mode("fork"),
             ForkError::Count { count, max } => Self::new(format!(
-                "count must be between 1 and {max} (this server's max_fork_count); got \
-                 {count}. Call fork with a count in that range, several times if you need \
+                "count must be between 1 and {max} (this server's max_fork_count, which the \
+                 user raises by starting it with --max-fork-count or SANDBOX_MAX_FORK_COUNT); \
+                 got {count}. Call fork with a count in that range, several times if you need \
                  more children."
             )),
             ForkError::Lookup(error) => Self::unknown(error),
@@ -260,6 +261,19 @@ impl ToolError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fork_count_past_the_limit_names_the_flag_that_raises_it() {
+        let error = ToolError::fork(
+            "sbx-1",
+            &sandbox_engine::error::ForkError::Count { count: 99, max: 16 },
+        );
+        assert!(
+            error.message.contains("--max-fork-count"),
+            "{}",
+            error.message
+        );
+    }
 
     #[test]
     fn an_unknown_checkpoint_names_the_listing_tool() {
