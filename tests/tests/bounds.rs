@@ -436,7 +436,12 @@ async fn ten_thousand_execs_and_a_thousand_spawns_leak_nothing() {
         memory / MIB,
         memory_after / MIB
     );
-    assert_eq!(fds_after, fds, "descriptors leaked");
+    // A leak grows the table; fewer afterwards is a descriptor the agent held
+    // transiently at the first count (seen: 15 before, 13 after).
+    assert!(
+        fds_after <= fds,
+        "descriptors leaked: {fds} before, {fds_after} after"
+    );
     // Exited processes stay listed (and their output kept within its budget) until
     // they are forgotten; that is bounded, a leak is not.
     assert!(
