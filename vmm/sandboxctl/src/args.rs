@@ -13,7 +13,20 @@ pub struct Cli {
     /// Agent URL: unix://PATH, vsock://CID:PORT or hvsock://PATH:PORT.
     #[arg(long, env = "SANDBOX_AGENT", global = true, value_name = "URL")]
     pub agent: Option<String>,
-    /// Shared secret the agent requires.
+    /// A node daemon (sandboxd) to drive instead of this machine's VMs: `vm ...`
+    /// goes through its control plane, `--vm ID` through its data plane.
+    /// HOST:PORT, http(s)://HOST:PORT, or https://HOST:PORT?ca=PEM_FILE.
+    #[arg(
+        long,
+        env = "SANDBOXD_ADDR",
+        global = true,
+        value_name = "ADDR",
+        conflicts_with = "agent"
+    )]
+    pub node: Option<String>,
+    /// Shared secret the agent requires; with --node, the node's token (the
+    /// operator's, or a sandbox's own from its claim; default SANDBOXD_TOKEN, then
+    /// this machine's node operator token file).
     #[arg(
         long,
         env = "SANDBOX_TOKEN",
@@ -93,6 +106,30 @@ pub enum Command {
     Vm(VmCommand),
     /// Report what is present or missing to boot microVMs here.
     Doctor,
+    /// A node daemon itself: info, drain, uncordon, templates (--node, or
+    /// SANDBOXD_ADDR, or 127.0.0.1:7777).
+    #[command(subcommand)]
+    Node(NodeCommand),
+}
+
+/// `node …`
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Warm pool, templates, capacity, claims and drain state.
+    Info(VmLsArgs),
+    /// Refuse new claims; claimed sandboxes run out their deadlines.
+    Drain,
+    /// Take claims again after a drain.
+    Uncordon,
+    /// Delete a promoted template.
+    RmTemplate(NodeTemplateArgs),
+}
+
+/// `node rm-template`
+#[derive(Debug, Args)]
+pub struct NodeTemplateArgs {
+    /// The promoted template's name.
+    pub name: String,
 }
 
 /// `vm …`
@@ -239,6 +276,9 @@ pub struct VmBootArgs {
     /// `*.github.com:443`, `*`, `203.0.113.7`, `10.0.0.0/8:8000-8099`, `[::1]:8080`.
     #[arg(long, value_name = "ENTRY")]
     pub allow: Vec<String>,
+    /// With --node: the claim's lifetime in seconds (default one hour).
+    #[arg(long, value_name = "SECS")]
+    pub ttl: Option<u64>,
 }
 
 /// `--net`

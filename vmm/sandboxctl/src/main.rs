@@ -36,7 +36,8 @@
 //!   (the guest-wide `resume` and `shutdown`), [`shell`] (`shell`, `attach`) on
 //!   [`terminal`] (raw mode, window size, stdin pump), [`info`], [`vm`]
 //!   (`vm run|start|ls|stop`, `--vm ID`), [`snapshot`] (`vm checkpoint|branch|fork|
-//!   checkpoints|rm-checkpoint`), [`doctor`].
+//!   checkpoints|rm-checkpoint`), [`doctor`], [`node`] (`--node ADDR`: the same
+//!   commands through a node daemon, and `node info|drain|uncordon|rm-template`).
 //! - [`json`]: the JSON views of protocol types for `--json`.
 
 mod args;
@@ -48,6 +49,7 @@ mod info;
 mod json;
 mod logging;
 mod logs;
+mod node;
 mod output;
 mod procs;
 mod run;

@@ -8,7 +8,7 @@ use sandbox_protocol::{Command as Cmd, ProcessSpec, User};
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 
 use crate::args::{Cli, Command, ProcessArgs};
-use crate::{doctor, eval, exec, files, info, logs, procs, shell, system, vm, wait};
+use crate::{doctor, eval, exec, files, info, logs, node, procs, shell, system, vm, wait};
 
 /// Exit code when `exec`/`sh` hit their timeout (as coreutils `timeout` does), and
 /// when `wait-for` gives up.
@@ -28,10 +28,21 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
 
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     // These manage VMs rather than talk to one agent.
-    match &cli.command {
-        Command::Vm(command) => return vm::run(command, cli.token.clone()).await,
-        Command::Doctor => return doctor::doctor().await,
+    match (&cli.command, &cli.node) {
+        (Command::Node(command), node) => {
+            let api = node::api(node.as_deref().unwrap_or(node::DEFAULT_NODE), cli.token)?;
+            return node::node(command, &api).await;
+        }
+        (Command::Vm(command), Some(addr)) => {
+            return node::vm(command, &node::api(addr, cli.token.clone())?).await
+        }
+        (Command::Vm(command), None) => return vm::run(command, cli.token.clone()).await,
+        (Command::Doctor, _) => return doctor::doctor().await,
         _ => {}
+    }
+    if cli.node.is_some() {
+        // The node's sandboxes are its own: a failure is the command's to report.
+        return on_agent(cli).await;
     }
     // A failure on `--vm ID` whose VM has stopped is that VM's end, not the command's.
     let vm_id = cli.vm.clone();
@@ -84,29 +95,42 @@ async fn on_agent(cli: Cli) -> anyhow::Result<u8> {
         Command::Resume(args) => system::resume(&client, args.new_identity).await,
         Command::Shutdown(args) => system::shutdown(&client, args.reboot).await,
         // Handled before connecting.
-        Command::Vm(_) | Command::Doctor => Ok(0),
+        Command::Vm(_) | Command::Doctor | Command::Node(_) => Ok(0),
     }
 }
 
 async fn connect(cli: &Cli) -> anyhow::Result<Client> {
     // --vm ID brings the VM's own token; --token (or SANDBOX_TOKEN) overrides it.
-    let (vm_url, vm_token) = match &cli.vm {
-        Some(id) => {
+    let (vm_url, vm_token) = match (&cli.vm, &cli.node) {
+        (Some(id), Some(addr)) => {
+            let (url, token) = node::agent(&node::api(addr, cli.token.clone())?, id);
+            return connect_to(cli, &url, token).await;
+        }
+        (None, Some(_)) => bail!("--node drives a node's sandboxes: name one with --vm ID"),
+        (Some(id), None) => {
             // A hibernated VM wakes transparently on its next use.
             vm::wake_if_hibernated(id).await?;
             let (url, token) = vm::agent_address(id)?;
             (Some(url), token)
         }
-        None => (None, None),
+        (None, None) => (None, None),
     };
     let Some(url) = vm_url.as_ref().or(cli.agent.as_ref()) else {
-        bail!("No agent given: pass --agent URL, --vm ID, or set SANDBOX_AGENT");
+        bail!(
+            "No agent given: pass --agent URL, --vm ID, --node ADDR --vm ID, or set SANDBOX_AGENT"
+        );
     };
     let url: AgentUrl = url
         .parse()
         .with_context(|| format!("Invalid agent URL {url:?}"))?;
+    connect_to(cli, &url, cli.token.clone().or(vm_token)).await
+}
+
+/// Connects to `url` with `token`, retrying for `--wait`.
+async fn connect_to(cli: &Cli, url: &AgentUrl, token: Option<String>) -> anyhow::Result<Client> {
+    let url = url.clone();
     let opts = ConnectOptions {
-        token: cli.token.clone().or(vm_token),
+        token,
         connect_timeout: seconds("--connect-timeout", cli.connect_timeout)?,
     };
     let client = match cli.wait {
