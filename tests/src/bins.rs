@@ -6,9 +6,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// The packages whose binaries the end-to-end tests drive: the agent, the
-/// `sandboxctl` front end and the host relay (`sandbox-vmm`'s `sandbox-relay`). The
-/// one place that names them.
-pub const BINARY_PACKAGES: &[&str] = &["sandbox-agent", "sandboxctl", "sandbox-vmm"];
+/// `sandboxctl` front end, the host relay (`sandbox-vmm`'s `sandbox-relay`) and the
+/// node daemon (the suite's `upgrade` transport). The one place that names them.
+pub const BINARY_PACKAGES: &[&str] = &["sandbox-agent", "sandboxctl", "sandbox-vmm", "sandboxd"];
 
 /// The image builder, built only by the tests that make templates.
 pub const ROOTFS_PACKAGE: &str = "sandbox-rootfs";
@@ -22,6 +22,8 @@ pub struct Binaries {
     pub sandboxctl: PathBuf,
     /// `sandbox-relay`
     pub relay: PathBuf,
+    /// `sandboxd`
+    pub sandboxd: PathBuf,
 }
 
 /// Builds [`BINARY_PACKAGES`] once per test process and returns the binaries' paths.
@@ -35,6 +37,7 @@ pub fn binaries() -> &'static Binaries {
             agent: existing(dir.join("sandbox-agent")),
             sandboxctl: existing(dir.join("sandboxctl")),
             relay: existing(dir.join("sandbox-relay")),
+            sandboxd: existing(dir.join("sandboxd")),
         }
     })
 }

@@ -12,8 +12,8 @@
 //!   [`suite`] runs the list over every transport as `libtest-mimic` trials
 //!   (`tests/suite.rs`).
 //! - [`vm`]: real microVMs and the one prerequisite gate of the microVM tests.
-//! - [`node`]: [`node::TestNode`], a node daemon's data plane in miniature (a real
-//!   HTTP server that upgrades and splices), for the suite's `upgrade` transport.
+//! - [`node`]: [`node::NodeDaemon`], a real `sandboxd` attached to one agent, for
+//!   the suite's `upgrade` transport.
 //! - [`raw`]: the one raw-frame connection (malformed input, cleanup from `Drop`).
 //! - [`TestAgent`]: starts the agent in a fresh temporary directory, waits until its
 //!   socket accepts, and on drop kills whatever it still runs, then the agent itself

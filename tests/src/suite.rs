@@ -57,9 +57,7 @@ pub const TRANSPORTS: &[TransportKind] = &[
     TransportKind {
         name: "upgrade",
         gate: || Gate::Open,
-        start: || {
-            Box::pin(async { Arc::new(UpgradeTransport::start().await) as Arc<dyn Transport> })
-        },
+        start: || Box::pin(async { Arc::new(UpgradeTransport::start()) as Arc<dyn Transport> }),
     },
     TransportKind {
         name: "microvm",

@@ -9,8 +9,8 @@
 //! - [`VmTransport`]: the agent as PID 1 of a real microVM of the default template or
 //!   another ([`VmTransport::boot_template`]), over the launcher's transport
 //!   (its serial link by default);
-//! - [`UpgradeTransport`]: the agent on a Unix socket behind a node daemon's data
-//!   plane: an HTTP/1.1 upgrade to a [`TestNode`] that splices to it.
+//! - [`UpgradeTransport`]: the agent on a Unix socket behind a real `sandboxd`
+//!   (attached to it): every connection an HTTP/1.1 upgrade through the daemon.
 //!
 //! A new transport (say, a virtio-serial relay) implements [`Transport`] and adds one
 //! entry to [`crate::suite::TRANSPORTS`]; every scenario then runs over it too.
@@ -24,7 +24,7 @@ use std::sync::Arc;
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 use sandbox_vmm::launcher::TemplateRef;
 
-use crate::node::{TestNode, SANDBOX};
+use crate::node::NodeDaemon;
 use crate::raw::RawConnection;
 use crate::vm::{default_template, TestVm, VmHost};
 use crate::{AgentOptions, TempDir, TestAgent};
@@ -212,49 +212,45 @@ impl Transport for UnixTransport {
     }
 }
 
-/// The agent on a Unix socket behind a node daemon's data plane: every client and
-/// raw connection is an HTTP/1.1 upgrade to a [`TestNode`], which splices it to the
-/// agent. The client presents the node's Bearer token only; the agent requires a
-/// token of its own, which only the node holds (it puts it into each `Hello`).
+/// The agent on a Unix socket behind a real node daemon (`sandboxd --attach`): every
+/// client and raw connection is an HTTP/1.1 upgrade through the daemon's data plane,
+/// which splices it to the agent. The client presents the node's operator token
+/// only; the agent requires a token of its own, which only the daemon holds (it puts
+/// it into each `Hello`).
 #[derive(Debug)]
 pub struct UpgradeTransport {
-    // First: stops accepting before the agent goes.
-    node: TestNode,
+    // First: the daemon stops before the agent goes.
+    node: NodeDaemon,
     agent: UnixTransport,
 }
-
-/// The Bearer token the [`UpgradeTransport`]'s node requires.
-const NODE_BEARER: &str = "node-bearer-token";
 
 /// The token the [`UpgradeTransport`]'s agent requires; never sent by its clients.
 const AGENT_TOKEN: &str = "agent-only-token";
 
 impl UpgradeTransport {
-    /// Starts an agent with a token and a node in front of it.
-    pub async fn start() -> Self {
+    /// Starts an agent with a token and a daemon attached to it.
+    pub fn start() -> Self {
         let options = AgentOptions {
             token: Some(AGENT_TOKEN.to_owned()),
             ..AgentOptions::default()
         };
         let agent = UnixTransport::start_with(options, 1 << 30);
         let url = AgentUrl::Unix(agent.agent().socket().to_owned());
-        let node = TestNode::start(url, Some(AGENT_TOKEN.to_owned()), NODE_BEARER).await;
+        let node = NodeDaemon::attached(&url, AGENT_TOKEN);
         Self { node, agent }
     }
 
     async fn client(&self) -> Client {
-        let url = self.node.url(SANDBOX);
         let options = ConnectOptions {
-            token: Some(NODE_BEARER.to_owned()),
+            token: Some(self.node.token().to_owned()),
             ..ConnectOptions::default()
         };
-        match Client::connect(&url, &options).await {
+        match Client::connect(&self.node.agent_url(), &options).await {
             Ok(client) => client,
             Err(error) => panic!(
-                "cannot connect through the test node: {}
-agent log:
-{}",
+                "cannot connect through sandboxd: {}\nsandboxd log:\n{}\nagent log:\n{}",
                 sandbox_vmm::error_chain(&error),
+                self.node.log_tail(),
                 self.log_tail()
             ),
         }
@@ -271,9 +267,9 @@ impl Transport for UpgradeTransport {
     }
 
     fn open_raw(&self) -> BoxFuture<'_, RawConnection> {
-        Box::pin(
-            async move { RawConnection::node(&self.node.url(SANDBOX), Some(NODE_BEARER)).await },
-        )
+        Box::pin(async move {
+            RawConnection::node(&self.node.agent_url(), Some(self.node.token())).await
+        })
     }
 
     fn log_tail(&self) -> String {

@@ -8,6 +8,7 @@
 //! | `--advertise ADDR` | `SANDBOXD_ADVERTISE` | the listen address |
 //! | `--tls-cert FILE`, `--tls-key FILE` | `SANDBOXD_TLS_CERT`, `SANDBOXD_TLS_KEY` | none: plain HTTP |
 //! | `--insecure-listen` | none | off: a non-loopback address without TLS is refused |
+//! | `--attach URL`, `--attach-token-file FILE` | none | off: boot microVMs |
 //! | `--template NAME` | `SANDBOX_TEMPLATE` | `default` |
 //! | `--pool N` | `SANDBOX_POOL` | `1` |
 //! | `--max-sandboxes N` | `SANDBOX_MAX` | `8` |
@@ -26,7 +27,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use sandbox_engine::config::{
-    LaunchConfig, Mode, DEFAULT_BOOT_TIMEOUT_SECS, DEFAULT_MAX_FORK_COUNT, MAX_SANDBOXES_LIMIT,
+    AttachConfig, LaunchConfig, Mode, DEFAULT_BOOT_TIMEOUT_SECS, DEFAULT_MAX_FORK_COUNT,
+    MAX_SANDBOXES_LIMIT,
 };
 use sandbox_vmm::launcher::snapshot::MAX_BRANCH;
 use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
@@ -69,6 +71,14 @@ pub struct Args {
     /// Listen on a non-loopback address without TLS.
     #[arg(long = "insecure-listen")]
     pub insecure_listen: bool,
+    /// Serve one already-running agent (unix://PATH, vsock://CID:PORT or
+    /// hvsock://PATH:PORT) as the one sandbox "attached" instead of booting VMs:
+    /// for an agent on this host outside any VM, and for tests.
+    #[arg(long, value_name = "URL")]
+    pub attach: Option<String>,
+    /// File holding the attached agent's token (its first line).
+    #[arg(long = "attach-token-file", value_name = "FILE", requires = "attach")]
+    pub attach_token_file: Option<PathBuf>,
     /// Template claimed when a claim names none.
     #[arg(
         long,
@@ -170,6 +180,12 @@ pub enum ConfigError {
     /// `--max-fork-count` is out of range.
     #[error("--max-fork-count must be between 1 and {MAX_BRANCH}, not {0}")]
     MaxForkCount(usize),
+    /// `--attach` is not an agent URL.
+    #[error("Invalid --attach URL")]
+    AttachUrl(#[source] sandbox_vmm::client::UrlError),
+    /// `--attach-token-file` cannot be read.
+    #[error("Cannot read --attach-token-file {}", .0.display())]
+    AttachToken(PathBuf, #[source] std::io::Error),
     /// An `--egress-allow` entry does not parse.
     #[error("Invalid --egress-allow")]
     EgressAllow(#[source] sandbox_vmm::egress::EntryError),
@@ -223,13 +239,20 @@ impl Config {
             Some(file) => (file, false),
             None => (launcher.home.root().join("sandboxd").join("token"), true),
         };
-        Ok(Self {
-            listen: args.listen,
-            advertise: args.advertise.unwrap_or_else(|| args.listen.to_string()),
-            token_file,
-            token_file_is_default,
-            tls,
-            mode: Mode::Launch(LaunchConfig {
+        let mode = match &args.attach {
+            Some(url) => Mode::Attach(AttachConfig {
+                url: url.parse().map_err(ConfigError::AttachUrl)?,
+                token: match &args.attach_token_file {
+                    Some(file) => std::fs::read_to_string(file)
+                        .map_err(|error| ConfigError::AttachToken(file.clone(), error))?
+                        .lines()
+                        .next()
+                        .map(|line| line.trim().to_owned())
+                        .filter(|token| !token.is_empty()),
+                    None => None,
+                },
+            }),
+            None => Mode::Launch(LaunchConfig {
                 launcher,
                 template: TemplateRef::parse(args.template.trim()),
                 pool: args.pool,
@@ -238,6 +261,14 @@ impl Config {
                 max_fork_count: args.max_fork_count,
                 egress_allow,
             }),
+        };
+        Ok(Self {
+            listen: args.listen,
+            advertise: args.advertise.unwrap_or_else(|| args.listen.to_string()),
+            token_file,
+            token_file_is_default,
+            tls,
+            mode,
         })
     }
 }
