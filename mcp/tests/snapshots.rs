@@ -508,7 +508,11 @@ async fn a_checkpoint_under_a_woken_branch_stays() {
         .find(|row| row["checkpoint_id"] == checkpoint.as_str())
         .cloned()
         .unwrap_or_else(|| panic!("{checkpoint} not listed: {listed}"));
-    assert_eq!(row["in_use_by"], json!([branch]), "{row}");
+    assert_eq!(
+        row["in_use_by"],
+        json!([format!("sandbox {branch}")]),
+        "{row}"
+    );
 
     // Asleep again, it still backs onto C; and it sleeps and wakes as often as asked.
     server.ok("hibernate", json!({"sandbox_id": branch})).await;
