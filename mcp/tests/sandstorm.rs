@@ -2,7 +2,7 @@
 //! client the way a sandstorm-mcp client drives sandstorm: the tool list is exactly
 //! seed 001's; `spawn_sandboxes("python", n=2)` returns ids and tokens; `exec_command`
 //! with an argv and the right token runs, a missing, wrong or other sandbox's token
-//! is refused; `eval_code` keeps state in the warm interpreter; `wait_for_text` sees
+//! is refused (by `branch_sandbox` and `kill_sandbox` too); `eval_code` keeps state in the warm interpreter; `wait_for_text` sees
 //! a marker written later and times out with the file's tail; `branch_sandbox` makes
 //! a tag that `spawn_sandboxes` fans out into two sandboxes with the source's files
 //! and interpreter state (and tokens of their own); `list_snapshots` shows it;
@@ -327,11 +327,37 @@ async fn the_sandstorm_profile_end_to_end() {
         .await;
     assert!(refused.contains("sandbox_token is required"), "{refused}");
 
-    // branch_sandbox makes a tag; spawn_sandboxes fans it out into two.
+    // Regression (issue 22, item 13): branch_sandbox took no token, so anyone with
+    // the MCP connection could branch A and spawn its state under a token of their
+    // own (A's files, A's secrets). Without A's own token nothing is captured.
     let tag = format!("after-setup-{}", std::process::id());
+    let branch_with = |token: Option<&str>| {
+        let mut args = json!({"sandbox_id": a.id, "tag": tag});
+        if let Some(token) = token {
+            args["sandbox_token"] = json!(token);
+        }
+        args
+    };
+    let missing = server.err("branch_sandbox", branch_with(None)).await;
+    assert!(missing.contains("sandbox_token is required"), "{missing}");
+    let others = server
+        .err("branch_sandbox", branch_with(Some(&b.token)))
+        .await;
+    assert!(others.contains("is not the token"), "{others}");
+    let snapshots = server.ok("list_snapshots", json!({})).await;
+    assert!(
+        !snapshots.to_string().contains(&tag),
+        "a refused branch made a snapshot: {snapshots}"
+    );
+    assert!(
+        folders.checkpoints_left().is_empty(),
+        "a refused branch left a checkpoint"
+    );
+
+    // branch_sandbox makes a tag; spawn_sandboxes fans it out into two.
     let started = Instant::now();
     let branch = server
-        .ok("branch_sandbox", json!({"sandbox_id": a.id, "tag": tag}))
+        .ok("branch_sandbox", branch_with(Some(&a.token)))
         .await;
     let branch_took = started.elapsed();
     assert_eq!(
@@ -340,20 +366,20 @@ async fn the_sandstorm_profile_end_to_end() {
         "{branch}"
     );
     let taken = server
-        .err("branch_sandbox", json!({"sandbox_id": a.id, "tag": tag}))
+        .err("branch_sandbox", branch_with(Some(&a.token)))
         .await;
     assert!(taken.contains("taken"), "{taken}");
     let template_name = server
         .err(
             "branch_sandbox",
-            json!({"sandbox_id": a.id, "tag": PYTHON_TEMPLATE}),
+            json!({"sandbox_id": a.id, "tag": PYTHON_TEMPLATE, "sandbox_token": a.token}),
         )
         .await;
     assert!(template_name.contains("taken"), "{template_name}");
     let both = server
         .err(
             "branch_sandbox",
-            json!({"sandbox_id": a.id, "mode": "full", "diff": true}),
+            json!({"sandbox_id": a.id, "mode": "full", "diff": true, "sandbox_token": a.token}),
         )
         .await;
     assert!(both.contains("not both"), "{both}");
@@ -435,9 +461,25 @@ async fn the_sandstorm_profile_end_to_end() {
         .await;
     assert!(netns.contains("no network"), "{netns}");
 
-    // kill_sandbox
+    // kill_sandbox: with the sandbox's own token only (issue 22, item 13: it took
+    // none, so anyone could end anyone's sandbox).
+    let kill_with = |token: Option<&str>| {
+        let mut args = json!({"sandbox_id": children[1].id});
+        if let Some(token) = token {
+            args["sandbox_token"] = json!(token);
+        }
+        args
+    };
+    let missing = server.err("kill_sandbox", kill_with(None)).await;
+    assert!(missing.contains("sandbox_token is required"), "{missing}");
+    let others = server
+        .err("kill_sandbox", kill_with(Some(&children[0].token)))
+        .await;
+    assert!(others.contains("is not the token"), "{others}");
+    let alive = exec(&server, &children[1], &["true"]).await;
+    assert_eq!(alive["exit_code"], 0, "a refused kill ended it: {alive}");
     let killed = server
-        .ok("kill_sandbox", json!({"sandbox_id": children[1].id}))
+        .ok("kill_sandbox", kill_with(Some(&children[1].token)))
         .await;
     assert_eq!(
         (killed["id"].as_str(), killed["killed"].as_bool()),
@@ -448,7 +490,7 @@ async fn the_sandstorm_profile_end_to_end() {
         .await;
     assert!(gone.contains("was killed"), "{gone}");
     let again = server
-        .err("kill_sandbox", json!({"sandbox_id": children[1].id}))
+        .err("kill_sandbox", kill_with(Some(&children[1].token)))
         .await;
     assert!(again.contains("was killed"), "{again}");
     let listed = server.ok("list_sandboxes", json!({})).await;

@@ -4,9 +4,10 @@
 //! the next `exec` with its spawned process still running under the same pid; a
 //! promoted sandbox that `create_sandbox` starts from; a checkpoint that outlives its
 //! source and its server and is branched by a new server process without listing;
-//! and the bad inputs (fork counts out of range or past capacity, unknown ids, a
-//! checkpoint in use, a template promote must not replace), each an `isError` whose
-//! hint names the tool to call. After each session no QEMU, relay or run folder is
+//! a checkpoint that a hibernated and woken branch backs onto, refused for deletion
+//! while the branch lives (the python template: a disk); and the bad inputs (fork
+//! counts out of range or past capacity, unknown ids, a checkpoint in use, a template
+//! promote must not replace), each an `isError` whose hint names the tool to call. After each session no QEMU, relay or run folder is
 //! left, and the forks' own checkpoints are gone.
 //!
 //! Checkpoints go to a folder of the test (`SANDBOX_CHECKPOINT_DIR`); the promoted
@@ -26,7 +27,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
-use sandbox_vmm::launcher::LauncherConfig;
+use sandbox_vmm::launcher::{Launcher, LauncherConfig, TemplateRef};
 use serde_json::{json, Value};
 use support::{assert_nothing_left, eventually, processes_mentioning, Folders, McpServer};
 
@@ -45,6 +46,10 @@ fn main() -> std::process::ExitCode {
         VmTest {
             name: "a_checkpoint_outlives_its_source_and_server_and_branches_in_the_next",
             run: || block_on(a_checkpoint_outlives_its_server()),
+        },
+        VmTest {
+            name: "a_checkpoint_a_woken_branch_backs_onto_is_not_deleted",
+            run: || block_on(a_checkpoint_under_a_woken_branch_stays()),
         },
     ])
 }
@@ -431,6 +436,102 @@ async fn a_checkpoint_outlives_its_server() {
         taken["took_ms"], taken["pause_ms"], branched["branch_ms"]
     );
     let status = b.disconnect(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}");
+    assert_nothing_left(&folders.run);
+    assert_eq!(folders.checkpoints_left(), Vec::<String>::new());
+}
+
+/// The template with a disk: its branches' disks are overlays on the checkpoint's.
+const DISK_TEMPLATE: &str = "python";
+
+/// Regression (issue 22, item 1): on a template with a disk, a branch B of
+/// checkpoint C that was hibernated and woken no longer counted as C's user (the
+/// hibernation had recorded its own image in place of C), so `delete_checkpoint`
+/// freed C under B, whose disk chain ends in C's `disk.qcow2`: B's next hibernate and
+/// wake failed for good. C is refused while B lives, awake or asleep, with B named.
+async fn a_checkpoint_under_a_woken_branch_stays() {
+    let Some(folders) = Folders::new("snapshots", "woken") else {
+        return;
+    };
+    let launcher = Launcher::new(LauncherConfig::from_env().unwrap());
+    if let Err(error) = launcher.template(&TemplateRef::Name(DISK_TEMPLATE.to_owned())) {
+        panic!(
+            "no {DISK_TEMPLATE} template ({}): build it as scripts/test.sh does, or set \
+             SANDBOX_SKIP_VM_TESTS=1 to skip the microVM tests",
+            sandbox_vmm::error_chain(&error)
+        );
+    }
+    let boot_timeout = WARM_WITHIN.as_secs().to_string();
+    let server = folders
+        .server(&[
+            "--template",
+            DISK_TEMPLATE,
+            "--pool",
+            "0",
+            "--max-sandboxes",
+            "2",
+            "--boot-timeout",
+            &boot_timeout,
+        ])
+        .await;
+    let source = id_of(&server.ok("create_sandbox", json!({})).await);
+    sh(&server, &source, "echo on-disk > /root/state && sync").await;
+    let checkpoint = server.ok("checkpoint", json!({"sandbox_id": source})).await["checkpoint_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let branch = id_of(
+        &server
+            .ok("branch_checkpoint", json!({"checkpoint_id": checkpoint}))
+            .await,
+    );
+    let refused = |error: &str, state: &str| {
+        assert!(
+            error.contains("in use") && error.contains(&branch),
+            "{state}: the delete was not refused naming {branch}: {error}"
+        );
+    };
+    server.ok("hibernate", json!({"sandbox_id": branch})).await;
+    // Woken by its next exec.
+    assert_eq!(sh(&server, &branch, "cat /root/state").await, "on-disk\n");
+    server.ok("release", json!({"sandbox_id": source})).await;
+
+    let in_use = server
+        .err("delete_checkpoint", json!({"checkpoint_id": checkpoint}))
+        .await;
+    refused(&in_use, "woken");
+    let listed = server.ok("list_checkpoints", json!({})).await;
+    let row = listed["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["checkpoint_id"] == checkpoint.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("{checkpoint} not listed: {listed}"));
+    assert_eq!(
+        row["in_use_by"],
+        json!([format!("sandbox {branch}")]),
+        "{row}"
+    );
+
+    // Asleep again, it still backs onto C; and it sleeps and wakes as often as asked.
+    server.ok("hibernate", json!({"sandbox_id": branch})).await;
+    let asleep = server
+        .err("delete_checkpoint", json!({"checkpoint_id": checkpoint}))
+        .await;
+    refused(&asleep, "hibernated");
+    sh(&server, &branch, "echo again >> /root/state").await;
+    server.ok("hibernate", json!({"sandbox_id": branch})).await;
+    assert_eq!(
+        sh(&server, &branch, "cat /root/state").await,
+        "on-disk\nagain\n"
+    );
+
+    server.ok("release", json!({"sandbox_id": branch})).await;
+    server
+        .ok("delete_checkpoint", json!({"checkpoint_id": checkpoint}))
+        .await;
+    let status = server.disconnect(Duration::from_secs(30)).await;
     assert!(status.success(), "{status}");
     assert_nothing_left(&folders.run);
     assert_eq!(folders.checkpoints_left(), Vec::<String>::new());

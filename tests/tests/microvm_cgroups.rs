@@ -152,10 +152,135 @@ async fn fork_bomb(client: &Client, prober: &Client, script: &'static str) -> Bo
 }
 
 fn main() -> std::process::ExitCode {
-    vm_main(&[VmTest {
-        name: "workloads_are_confined_in_cgroups",
-        run: || block_on(workloads_are_confined_in_cgroups()),
-    }])
+    vm_main(&[
+        VmTest {
+            name: "workloads_are_confined_in_cgroups",
+            run: || block_on(workloads_are_confined_in_cgroups()),
+        },
+        VmTest {
+            name: "a_workload_that_breaks_the_cgroup_mount_or_proc_keeps_exec",
+            run: || block_on(a_broken_cgroup_mount_keeps_exec()),
+        },
+    ])
+}
+
+/// The cgroup a fresh exec runs in, asserting it ran.
+async fn exec_cgroup(client: &Client, after: &str) -> String {
+    let reply = client
+        .exec(exec_sh("cat /proc/self/cgroup"))
+        .await
+        .unwrap_or_else(|error| panic!("exec after {after}: {error}"));
+    assert_eq!(
+        reply.exit.as_ref().and_then(|e| e.code),
+        Some(0),
+        "exec after {after}: {}",
+        String::from_utf8_lossy(&reply.stderr)
+    );
+    String::from_utf8(reply.stdout).unwrap()
+}
+
+/// Regression (issue 22, item 8): `umount -l /sys/fs/cgroup` (or `/proc`) in the
+/// guest made every exec, spawn and eval fail with "Cannot make a cgroup" until the
+/// VM stopped. Each way a root workload breaks the mount leaves exec working, back in
+/// a cgroup of its own; one the agent cannot undo runs execs in process groups, says
+/// so in `confinement`, and confines again once the mount is back.
+async fn a_broken_cgroup_mount_keeps_exec() {
+    let host = VmHost::get("microvm_cgroups").expect("run only with the gate open");
+    let scratch = TempDir::new("cgroups-broken");
+    let name = format!("e2e-cgroups-broken-{}", std::process::id());
+    let built = build_template(&name, "busybox", &scratch.path().join("template"));
+    let mut spec = BootSpec::new(TemplateRef::Path(built.dir.clone()));
+    spec.ready_timeout = Duration::from_secs(READY_TIMEOUT_SECS);
+    let mut vm = host.launcher().boot(spec).await.unwrap();
+    let options = ConnectOptions {
+        connect_timeout: Duration::from_secs(CONNECT_SECS),
+        ..ConnectOptions::default()
+    };
+    let client = vm.client(&options).await.unwrap();
+    assert!(exec_cgroup(&client, "boot")
+        .await
+        .starts_with("0::/workload/exec-"));
+
+    for attack in [
+        "umount -l /sys/fs/cgroup",
+        "mount -t tmpfs none /sys/fs/cgroup && mkdir -p /sys/fs/cgroup/workload",
+        "mount -o remount,ro /sys/fs/cgroup",
+        "umount -l /proc",
+        "umount -l /sys/fs/cgroup && umount -l /proc",
+    ] {
+        let reply = client.exec(exec_sh(attack)).await.unwrap();
+        assert_eq!(
+            reply.exit.as_ref().and_then(|e| e.code),
+            Some(0),
+            "{attack}: {}",
+            String::from_utf8_lossy(&reply.stderr)
+        );
+        let own = exec_cgroup(&client, attack).await;
+        assert!(
+            own.starts_with("0::/workload/exec-"),
+            "after {attack}: {own}"
+        );
+        let confinement = client.confinement().await.unwrap().unwrap();
+        assert_eq!(
+            confinement.mode,
+            ConfinementMode::Cgroups,
+            "after {attack}: {confinement:?}"
+        );
+        // The tree is the one set up at boot, limits and all.
+        assert_eq!(
+            sh(&client, "cat /sys/fs/cgroup/workload/pids.max")
+                .await
+                .trim(),
+            confinement.pids_max.unwrap().to_string(),
+            "after {attack}"
+        );
+        let spawned = client
+            .spawn(ProcessSpec::new(Command::Shell("sleep 1".into())))
+            .await
+            .unwrap_or_else(|error| panic!("spawn after {attack}: {error}"));
+        assert!(
+            detail(&client, spawned).await.cgroup.is_some(),
+            "after {attack}"
+        );
+    }
+
+    // A cover the agent cannot lift (a read-only tmpfs over /sys/fs, where it would
+    // make the mount point): execs run in process groups, and confinement says so.
+    sh(&client, "mount -t tmpfs -o ro none /sys/fs").await;
+    let own = exec_cgroup(&client, "a read-only /sys/fs").await;
+    assert!(!own.contains("/workload/"), "{own}");
+    let confinement = client.confinement().await.unwrap().unwrap();
+    assert_eq!(
+        confinement.mode,
+        ConfinementMode::ProcessGroups,
+        "{confinement:?}"
+    );
+    let reason = confinement.reason.unwrap_or_default();
+    assert!(reason.contains("process groups"), "{reason}");
+    let fresh = vm.client(&options).await.unwrap();
+    assert!(
+        !fresh.hello().capabilities.iter().any(|c| c == "cgroups"),
+        "{:?}",
+        fresh.hello()
+    );
+    drop(fresh);
+    // Lifted, the next exec finds the tree whole again.
+    sh(&client, "umount /sys/fs").await;
+    let own = exec_cgroup(&client, "/sys/fs uncovered").await;
+    assert!(own.starts_with("0::/workload/exec-"), "{own}");
+    let confinement = client.confinement().await.unwrap().unwrap();
+    assert_eq!(
+        confinement.mode,
+        ConfinementMode::Cgroups,
+        "{confinement:?}"
+    );
+    assert_eq!(confinement.reason, None);
+
+    assert!(client.info().await.unwrap().is_init);
+    let _ = tokio::time::timeout(Duration::from_secs(10), client.shutdown(false)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(POWER_OFF_SECS), vm.wait_exit()).await;
+    drop(vm);
+    std::fs::remove_dir_all(&built.dir).unwrap();
 }
 
 async fn workloads_are_confined_in_cgroups() {

@@ -45,7 +45,9 @@ pub mod spawn;
 use std::io;
 
 pub use alloc::return_large_allocations_to_the_kernel;
-pub use cgroup::{is_cgroup2, mount_cgroup2};
+pub use cgroup::{
+    is_cgroup2, is_procfs, is_read_only, mount_cgroup2, mount_proc, remount_read_write,
+};
 pub use clock::{set_wall_clock, unix_time_ms};
 pub use fd::{read, register_async, set_nonblocking, write};
 pub use limits::raise_open_file_limit;

@@ -23,10 +23,13 @@
 //! # Tokens
 //! Every sandbox has its own random token ([`sandbox_engine::token`]). `spawn_sandboxes`
 //! returns it next to each id, once; `list_sandboxes` and `get_sandbox` never show
-//! it. `exec_command`, `eval_code`, `wait_for_text` and `ping_sandbox` require it as
-//! `sandbox_token` ([`ops::authorized`]): a missing or wrong one is an `isError`
-//! result, the token compared in constant time. `kill_sandbox`, `get_sandbox` and
-//! `branch_sandbox` take none, as in sandstorm. sandstorm's API bearer
+//! it. Every tool that reads or ends a sandbox requires it as `sandbox_token`
+//! ([`ops::authorized`]): `exec_command`, `eval_code`, `wait_for_text` and
+//! `ping_sandbox`, as in sandstorm, and, stricter than sandstorm, `branch_sandbox`
+//! (its snapshot holds the sandbox's memory and files, and `spawn_sandboxes` of the
+//! tag hands them out under new tokens) and `kill_sandbox`. A missing or wrong one
+//! is an `isError` result, the token compared in constant time. `get_sandbox` takes
+//! none: it shows what `list_sandboxes` shows. sandstorm's API bearer
 //! (`SANDSTORM_TOKEN`) has no counterpart: this server speaks only to the client
 //! that started it, over stdio.
 //!
@@ -65,7 +68,7 @@ pub const INSTRUCTIONS: &str = "Sandboxes are disposable Linux microVMs for runn
 code, with no network. list_snapshots shows the templates and snapshots to start from; \
 spawn_sandboxes(snapshot_tag, n) starts n sandboxes and returns each id with its token. Keep \
 the tokens: exec_command (an argv list), eval_code (Python, state kept between calls), \
-wait_for_text and ping_sandbox require sandbox_token, and no other tool shows it again. \
-branch_sandbox captures a running sandbox as a new snapshot tag that spawn_sandboxes fans out \
-into sandboxes starting from that state. kill_sandbox destroys one; each lives at most one \
+wait_for_text, ping_sandbox, branch_sandbox and kill_sandbox require sandbox_token, and no \
+other tool shows it again. branch_sandbox captures a running sandbox as a new snapshot tag \
+that spawn_sandboxes fans out into sandboxes starting from that state. kill_sandbox destroys one; each lives at most one \
 hour, and all are destroyed when this session ends (snapshots are kept).";

@@ -11,7 +11,7 @@ use sandbox_vmm::launcher::snapshot::{CheckpointInfo, Manifest};
 use sandbox_vmm::launcher::{Size, TemplateRef};
 
 use super::errors;
-use super::params::{BranchSandboxParams, SpawnSandboxesParams};
+use super::params::{BranchSandboxParams, Guarded, KillSandboxParams, SpawnSandboxesParams};
 use super::render::{unix_secs, BranchInfo, KillInfo, SnapshotInfo};
 use crate::error::ToolError;
 use sandbox_engine::config::DEFAULT_TTL_SECS;
@@ -150,9 +150,13 @@ fn resolve(node: &Node, host: &SnapshotHost, tag: &str) -> Result<Source, ToolEr
 
 /// `branch_sandbox`: a checkpoint of the running sandbox, named `tag`, kept on the
 /// host after the session (like sandstorm's snapshots), for spawn_sandboxes.
+///
+/// The source's token is required (sandstorm takes none here): a snapshot holds the
+/// sandbox's memory and files, and spawn_sandboxes of its tag hands out sandboxes
+/// under new tokens, so a tokenless branch would give its state to anyone.
 pub async fn branch(node: &Node, params: &BranchSandboxParams) -> Result<BranchInfo, ToolError> {
     let host = snapshot_host(node)?;
-    let source = sandbox(node, &params.sandbox_id)?;
+    let source = authorized(node, params.sandbox_id(), params.sandbox_token())?;
     if let Some(mode) = &params.mode {
         if !BRANCH_MODES.contains(&mode.as_str()) {
             return Err(ToolError::new(format!(
@@ -263,8 +267,11 @@ fn snapshot_row(info: &CheckpointInfo) -> SnapshotInfo {
     }
 }
 
-/// `kill_sandbox`
-pub async fn kill(node: &Node, id: &str) -> Result<KillInfo, ToolError> {
+/// `kill_sandbox`, with the sandbox's token (sandstorm takes none here): ending a
+/// sandbox is its holder's call alone.
+pub async fn kill(node: &Node, params: &KillSandboxParams) -> Result<KillInfo, ToolError> {
+    let id = params.sandbox_id();
+    authorized(node, id, params.sandbox_token())?;
     let sandbox = node
         .registry()
         .release(id)

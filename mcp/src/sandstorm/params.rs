@@ -62,18 +62,33 @@ pub struct BranchSandboxParams {
     /// Accepted: the snapshot is always ready when this returns.
     #[serde(default = "yes")]
     pub wait: bool,
+    /// The token spawn_sandboxes returned with this sandbox (required: a snapshot
+    /// holds everything the sandbox holds).
+    #[serde(default)]
+    pub sandbox_token: Option<String>,
 }
 
 fn yes() -> bool {
     true
 }
 
-/// `get_sandbox` and `kill_sandbox`
+/// `get_sandbox`
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxIdParams {
     /// The sandbox's id, from spawn_sandboxes or list_sandboxes.
     pub sandbox_id: String,
+}
+
+/// `kill_sandbox`
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillSandboxParams {
+    /// The sandbox's id, from spawn_sandboxes or list_sandboxes.
+    pub sandbox_id: String,
+    /// The token spawn_sandboxes returned with this sandbox (required).
+    #[serde(default)]
+    pub sandbox_token: Option<String>,
 }
 
 /// `exec_command`
@@ -181,8 +196,10 @@ pub struct PingSandboxParams {
     pub sandbox_token: Option<String>,
 }
 
-/// The arguments of a call that reaches the guest: the sandbox and the token that
-/// sandstorm requires for it (see [`super::ops::authorized`]).
+/// The arguments of a call that reads or ends a sandbox: the sandbox and its token
+/// (see [`super::ops::authorized`]). sandstorm requires it for the calls that reach
+/// the guest; here `branch_sandbox` (a snapshot is a copy of everything the sandbox
+/// holds) and `kill_sandbox` need it too.
 pub trait Guarded {
     /// The sandbox's id.
     fn sandbox_id(&self) -> &str;
@@ -208,7 +225,9 @@ guarded!(
     ExecCommandParams,
     EvalCodeParams,
     WaitForTextParams,
-    PingSandboxParams
+    PingSandboxParams,
+    BranchSandboxParams,
+    KillSandboxParams
 );
 
 #[cfg(test)]
@@ -243,6 +262,17 @@ mod tests {
 
         let branch: BranchSandboxParams = serde_json::from_str(r#"{"sandbox_id":"s"}"#).unwrap();
         assert!(branch.wait && branch.tag.is_none() && branch.mode.is_none());
+        assert!(branch.sandbox_token.is_none());
+
+        // Where seed 001's clients put a token: `sandbox_token`, beside `sandbox_id`.
+        let branch: BranchSandboxParams =
+            serde_json::from_str(r#"{"sandbox_id":"s","tag":"t","sandbox_token":"k"}"#).unwrap();
+        assert_eq!(branch.sandbox_token(), Some("k"));
+        let kill: KillSandboxParams =
+            serde_json::from_str(r#"{"sandbox_id":"s","sandbox_token":"k"}"#).unwrap();
+        assert_eq!((kill.sandbox_id(), kill.sandbox_token()), ("s", Some("k")));
+        let kill: KillSandboxParams = serde_json::from_str(r#"{"sandbox_id":"s"}"#).unwrap();
+        assert!(kill.sandbox_token.is_none());
     }
 
     /// Regression: `args` as a string failed to deserialize.

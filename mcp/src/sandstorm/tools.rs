@@ -1,7 +1,8 @@
 //! The sandstorm profile's router: seed 001's ten tools under their own names, on
 //! [`SandboxServer`] (the methods are prefixed, the tools are not: `eval_code` and
 //! `wait_for_text` exist in the default profile with other arguments). Each tool
-//! checks the token where sandstorm requires one and forwards to [`super::ops`] or
+//! that reads or ends a sandbox checks its token (where sandstorm requires one, and
+//! on `branch_sandbox` and `kill_sandbox`) and forwards to [`super::ops`] or
 //! [`super::guest`].
 
 use std::sync::Arc;
@@ -13,8 +14,8 @@ use rmcp::model::CallToolResult;
 use rmcp::{tool, tool_router};
 
 use super::params::{
-    BranchSandboxParams, EvalCodeParams, ExecCommandParams, Guarded, PingSandboxParams,
-    SandboxIdParams, SpawnSandboxesParams, WaitForTextParams,
+    BranchSandboxParams, EvalCodeParams, ExecCommandParams, Guarded, KillSandboxParams,
+    PingSandboxParams, SandboxIdParams, SpawnSandboxesParams, WaitForTextParams,
 };
 use super::render::{
     list, object, BranchInfo, EvalCodeResult, ExecCommandResult, KillInfo, Listing, PingInfo,
@@ -85,7 +86,7 @@ impl SandboxServer {
         moment, each diverging on its own. tag defaults to branch-<sandbox_id>-<unix ms>. \
         mode (full, diff, live), diff, measure_diff and wait are accepted: this server \
         captures one way, and the snapshot is ready when the call returns. Snapshots stay \
-        on the host after the session.",
+        on the host after the session. Requires the sandbox's sandbox_token.",
         output_schema = schema_for_output::<BranchInfo>(),
         annotations(
             title = "Branch a sandbox into a snapshot",
@@ -250,7 +251,7 @@ impl SandboxServer {
         title = "Kill a sandbox",
         description = "Destroy one sandbox now: its VM stops, and its files and processes \
         are gone; its id becomes unknown and its token useless. Snapshots branched from it \
-        are kept. Takes no sandbox_token.",
+        are kept. Requires the sandbox's sandbox_token.",
         output_schema = schema_for_output::<KillInfo>(),
         annotations(
             title = "Kill a sandbox",
@@ -262,14 +263,14 @@ impl SandboxServer {
     )]
     async fn sandstorm_kill_sandbox(
         &self,
-        Parameters(params): Parameters<SandboxIdParams>,
+        Parameters(params): Parameters<KillSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(object(&ops::kill(&self.node, &params.sandbox_id).await?))
+        Ok(object(&ops::kill(&self.node, &params).await?))
     }
 }
 
 impl SandboxServer {
-    /// The sandbox a guest-reaching call names, once its token checks out.
+    /// The sandbox a call that reads it names, once its token checks out.
     fn authorized(&self, params: &impl Guarded) -> Result<Arc<Sandbox>, ToolError> {
         ops::authorized(&self.node, params.sandbox_id(), params.sandbox_token())
     }
@@ -293,11 +294,19 @@ mod tests {
         "wait_for_text",
     ];
 
-    /// The tools that reach the guest, and so require `sandbox_token`.
-    const TOKEN_TOOLS: [&str; 4] = ["eval_code", "exec_command", "ping_sandbox", "wait_for_text"];
+    /// The tools that read or end a sandbox, and so require `sandbox_token`: those
+    /// that reach the guest, as in sandstorm, and (stricter) branch and kill.
+    const TOKEN_TOOLS: [&str; 6] = [
+        "branch_sandbox",
+        "eval_code",
+        "exec_command",
+        "kill_sandbox",
+        "ping_sandbox",
+        "wait_for_text",
+    ];
 
     #[test]
-    fn the_router_is_exactly_seed_001s_tools_with_tokens_where_sandstorm_has_them() {
+    fn the_router_is_exactly_seed_001s_tools_with_tokens_on_all_that_read_or_end_one() {
         let tools = SandboxServer::sandstorm_router().list_all();
         let mut names: Vec<String> = tools.iter().map(|tool| tool.name.to_string()).collect();
         names.sort();
@@ -364,11 +373,20 @@ mod tests {
         );
         assert_eq!(
             args("branch_sandbox"),
-            ["diff", "measure_diff", "mode", "sandbox_id", "tag", "wait"]
+            [
+                "diff",
+                "measure_diff",
+                "mode",
+                "sandbox_id",
+                "sandbox_token",
+                "tag",
+                "wait"
+            ]
         );
         assert_eq!(args("eval_code"), ["code", "sandbox_id", "sandbox_token"]);
         assert_eq!(args("ping_sandbox"), ["sandbox_id", "sandbox_token"]);
-        assert_eq!(args("kill_sandbox"), ["sandbox_id"]);
+        assert_eq!(args("kill_sandbox"), ["sandbox_id", "sandbox_token"]);
+        assert_eq!(args("get_sandbox"), ["sandbox_id"]);
         assert!(args("list_snapshots").is_empty());
     }
 }

@@ -143,6 +143,11 @@ impl Launcher {
         let name = format!("hibernation-{image_id}");
         let folder = run.join(&name);
         let spec = CheckpointSpec::default();
+        // The capture records the image as the checkpoint the VM's disk now backs
+        // onto; the VM's own checkpoint (the one its chain ends in) is what it still
+        // uses: kept, as `hibernate` keeps it.
+        let checkpoint = run_dir::read_record(&run)
+            .map_or_else(|| vm.record.checkpoint.clone(), |record| record.checkpoint);
         let captured = self
             .capture(
                 &id,
@@ -165,6 +170,7 @@ impl Launcher {
         // Recorded while this process still holds the folder's lock, so no sweep can
         // take the folder for a stale one in between.
         let mut record = run_dir::read_record(&run).unwrap_or_else(|| vm.record.clone());
+        record.checkpoint = checkpoint;
         record.qemu_pid = None;
         record.daemon_pid = None;
         record.hibernation = Some(name);

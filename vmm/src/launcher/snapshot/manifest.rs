@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::SnapshotError;
-use crate::launcher::run_dir::{self, VmStatus};
+use super::{users, SnapshotError};
+use crate::launcher::run_dir;
 use crate::launcher::start::MachineSpec;
 
 /// The manifest's file name.
@@ -132,22 +132,32 @@ impl Store {
                 users: Vec::new(),
             });
         }
-        let live = self.live_checkpoint_users();
-        let disks: Vec<(String, PathBuf)> = found
+        // What really holds each checkpoint (see `users`): VMs by their records,
+        // mappings and disk chains, whatever their state; other checkpoints by
+        // their disks' chains.
+        let vms = users::holds(&self.run_root);
+        let disks: Vec<(String, Vec<PathBuf>)> = found
             .iter()
-            .filter_map(|c| Some((c.manifest.id.clone(), c.manifest.disk_backing.clone()?)))
+            .map(|c| {
+                let mut based_on = users::backing_chain(&c.path.join(DISK_FILE));
+                based_on.extend(c.manifest.disk_backing.as_deref().map(users::canonical));
+                (c.manifest.id.clone(), based_on)
+            })
             .collect();
         for info in &mut found {
             let id = &info.manifest.id;
+            let folder = users::canonical(&info.path);
             info.users.extend(
-                live.iter()
-                    .filter(|(_, ckpt)| ckpt == id)
-                    .map(|(vm, _)| format!("VM {vm}")),
+                vms.iter()
+                    .filter(|vm| vm.uses(id, &folder))
+                    .map(|vm| format!("VM {}", vm.vm)),
             );
             info.users.extend(
                 disks
                     .iter()
-                    .filter(|(_, backing)| backing.starts_with(&info.path))
+                    .filter(|(other, based_on)| {
+                        other != id && based_on.iter().any(|file| file.starts_with(&folder))
+                    })
                     .map(|(other, _)| format!("checkpoint {other}")),
             );
         }
@@ -259,25 +269,6 @@ impl Store {
             }
         }
         Ok(found)
-    }
-
-    /// (VM id, checkpoint id) for every VM alive under the run root that maps one.
-    fn live_checkpoint_users(&self) -> Vec<(String, String)> {
-        run_dir::list(&self.run_root)
-            .unwrap_or_default()
-            .into_iter()
-            // A hibernated VM still needs what it maps (its disk chain).
-            .filter(|e| {
-                matches!(
-                    e.status,
-                    VmStatus::Running | VmStatus::Busy | VmStatus::Hibernated
-                )
-            })
-            .filter_map(|e| {
-                let record = e.record?;
-                Some((record.id.to_string(), record.checkpoint?))
-            })
-            .collect()
     }
 }
 
@@ -409,6 +400,104 @@ mod tests {
         for kept in [staged_live, staged_unknown, fork_live] {
             assert!(kept.exists(), "{} was removed", kept.display());
         }
+    }
+
+    /// Regression (issue 22, item 1): a woken branch's record named its spent
+    /// hibernation image instead of the checkpoint, and the checkpoint was deleted
+    /// under it. Its disk chain (the overlay it writes → the frozen hibernation disk →
+    /// the checkpoint's disk) keeps the checkpoint in use, and so does a hibernation
+    /// image based on it, whatever the record says.
+    #[test]
+    fn a_vm_whose_disk_chain_ends_in_a_checkpoint_uses_it() {
+        use crate::launcher::run_dir::{VmId, VmRecord};
+        let root = tempfile::tempdir().unwrap();
+        let store = Store::new(root.path().join("checkpoints"), root.path().join("run"));
+        let checkpoint = store.root().join("c1");
+        fs::create_dir_all(&checkpoint).unwrap();
+        let mut manifest = ephemeral("c1");
+        manifest.ephemeral = false;
+        fs::write(
+            checkpoint.join(MANIFEST_FILE),
+            serde_json::to_vec(&manifest).unwrap(),
+        )
+        .unwrap();
+        let base = checkpoint.join(DISK_FILE);
+        qcow2(&base, None);
+
+        let id = VmId::generate();
+        let run = root.path().join("run").join(id.as_str());
+        fs::create_dir_all(&run).unwrap();
+        let record = |hibernation: Option<&str>| VmRecord {
+            id: id.clone(),
+            owner_pid: std::process::id(),
+            detached: true,
+            qemu_pid: None,
+            daemon_pid: None,
+            agent_url: "unix:///x".into(),
+            template: "python".into(),
+            accel: crate::launcher::Accel::Tcg,
+            size: crate::launcher::Size::SMALL,
+            created_at_unix_ms: run_dir::now_unix_ms(),
+            transport: crate::launcher::AgentTransport::Serial,
+            // What the hibernation left: its own image's id, not c1.
+            checkpoint: Some("spent-image".into()),
+            hibernation: hibernation.map(str::to_owned),
+            restored_from: None,
+        };
+        let write_record = |record: &VmRecord| {
+            fs::write(run.join("vm.json"), serde_json::to_vec(record).unwrap()).unwrap();
+        };
+        let users = || store.find("c1").unwrap().users;
+        assert!(users().is_empty());
+
+        // Asleep: the image's frozen disk backs onto c1.
+        let image = run.join("hibernation-x");
+        fs::create_dir_all(&image).unwrap();
+        qcow2(&image.join(DISK_FILE), Some(&base));
+        write_record(&record(Some("hibernation-x")));
+        assert_eq!(users(), vec![format!("VM {id}")]);
+        assert!(matches!(
+            store.delete("c1"),
+            Err(SnapshotError::InUse { .. })
+        ));
+
+        // Woken: the image is gone, the frozen disk linked into the run folder under
+        // the overlay the VM writes.
+        fs::remove_dir_all(&image).unwrap();
+        let frozen = run.join("disk-x.qcow2");
+        qcow2(&frozen, Some(&base));
+        qcow2(&run.join("overlay-next.qcow2"), Some(&frozen));
+        write_record(&record(None));
+        // Its owner holds the folder's lock, as a woken VM's does.
+        let owner = run_dir::RunDir::try_adopt(&root.path().join("run"), &id)
+            .unwrap()
+            .unwrap();
+        assert_eq!(users(), vec![format!("VM {id}")]);
+        assert!(matches!(
+            store.delete("c1"),
+            Err(SnapshotError::InUse { .. })
+        ));
+
+        // Stopped: its folder goes, and c1 is free.
+        drop(owner);
+        fs::remove_dir_all(&run).unwrap();
+        assert!(users().is_empty());
+        store.delete("c1").unwrap();
+    }
+
+    /// A qcow2 header naming `backing` (see `users`' tests).
+    fn qcow2(path: &Path, backing: Option<&Path>) {
+        let mut bytes = vec![0u8; 104];
+        bytes[..4].copy_from_slice(b"QFI\xfb");
+        bytes[4..8].copy_from_slice(&3u32.to_be_bytes());
+        if let Some(backing) = backing {
+            use std::os::unix::ffi::OsStrExt;
+            let name = backing.as_os_str().as_bytes();
+            bytes[8..16].copy_from_slice(&104u64.to_be_bytes());
+            bytes[16..20].copy_from_slice(&u32::try_from(name.len()).unwrap().to_be_bytes());
+            bytes.extend_from_slice(name);
+        }
+        fs::write(path, bytes).unwrap();
     }
 
     #[test]

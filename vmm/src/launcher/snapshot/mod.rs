@@ -30,14 +30,16 @@
 //!
 //! Checkpoints live in `SANDBOX_HOME/checkpoints/<id>/` and outlive the process that
 //! made them and host reboots (the RAM image is an ordinary file there): see
-//! [`manifest`]. Deleting one that a live VM maps, or that a later checkpoint's disk
-//! is based on, is refused ([`SnapshotError::InUse`]).
+//! [`manifest`]. Deleting one that a VM maps or backs onto (running or hibernated,
+//! through its record, its QEMU's mappings or its disks' chains: [`users`]), or that
+//! a later checkpoint's disk is based on, is refused ([`SnapshotError::InUse`]).
 
 pub mod capture;
 pub mod hibernate;
 pub mod manifest;
 pub mod ready;
 pub mod restore;
+pub mod users;
 
 use std::path::PathBuf;
 
