@@ -48,6 +48,40 @@ impl Histogram {
     }
 }
 
+/// The egress of the live sandboxes, as their logs hold it (each log is capped,
+/// so this is what a scrape can see, not a lifetime total).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EgressTotals {
+    /// Connections made (or tried and allowed), by verdict: allowed, denied,
+    /// failed, refused.
+    pub by_verdict: [u64; 4],
+    /// Bytes the guests sent out.
+    pub bytes_out: u64,
+    /// Bytes the guests received.
+    pub bytes_in: u64,
+}
+
+impl EgressTotals {
+    /// Adds `records`.
+    pub fn add(&mut self, records: &[sandbox_vmm::egress::EgressRecord]) {
+        use sandbox_vmm::egress::Verdict;
+        for record in records {
+            let slot = match record.verdict {
+                Verdict::Allowed => 0,
+                Verdict::Denied => 1,
+                Verdict::Failed => 2,
+                Verdict::Refused => 3,
+            };
+            self.by_verdict[slot] += 1;
+            self.bytes_out = self.bytes_out.saturating_add(record.bytes_out);
+            self.bytes_in = self.bytes_in.saturating_add(record.bytes_in);
+        }
+    }
+}
+
+/// The labels of [`EgressTotals::by_verdict`].
+const VERDICTS: [&str; 4] = ["allowed", "denied", "failed", "refused"];
+
 /// What the daemon counts.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -98,8 +132,9 @@ impl Metrics {
         self.upgrades.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Everything, with the node's gauges from `status`.
-    pub fn render(&self, status: &NodeStatus) -> String {
+    /// Everything, with the node's gauges from `status` and the live sandboxes'
+    /// `egress`.
+    pub fn render(&self, status: &NodeStatus, egress: &EgressTotals) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, value: &AtomicU64| {
             let _ = writeln!(
@@ -199,6 +234,77 @@ impl Metrics {
             "1 while claims are refused.",
             usize::from(status.draining),
         );
+        let _ = writeln!(
+            out,
+            "# HELP sandboxd_egress_connections Egress connections of the live sandboxes, as their logs hold them.\n# TYPE sandboxd_egress_connections gauge"
+        );
+        for (verdict, count) in VERDICTS.iter().zip(egress.by_verdict) {
+            let _ = writeln!(
+                out,
+                "sandboxd_egress_connections{{verdict=\"{verdict}\"}} {count}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sandboxd_egress_bytes Egress bytes of the live sandboxes, as their logs hold them.\n# TYPE sandboxd_egress_bytes gauge\nsandboxd_egress_bytes{{direction=\"out\"}} {}\nsandboxd_egress_bytes{{direction=\"in\"}} {}",
+            egress.bytes_out, egress.bytes_in
+        );
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sandbox_engine::node::Capacity;
+    use sandbox_vmm::egress::{EgressRecord, Verdict};
+
+    use super::*;
+
+    fn record(verdict: Verdict, bytes_out: u64, bytes_in: u64) -> EgressRecord {
+        EgressRecord {
+            time_unix_ms: 0,
+            host: "example.org".into(),
+            port: 443,
+            address: None,
+            verdict,
+            reason: None,
+            bytes_out,
+            bytes_in,
+            duration_ms: 1,
+        }
+    }
+
+    #[test]
+    fn egress_is_counted_by_verdict_with_its_bytes() {
+        let mut totals = EgressTotals::default();
+        totals.add(&[
+            record(Verdict::Allowed, 10, 100),
+            record(Verdict::Allowed, 1, 2),
+            record(Verdict::Denied, 0, 0),
+        ]);
+        let status = NodeStatus {
+            attached: false,
+            default_template: "default".into(),
+            pool: None,
+            templates: Vec::new(),
+            sandboxes: Vec::new(),
+            capacity: Capacity {
+                max_sandboxes: 1,
+                vms: 0,
+                live_claims: 0,
+                claimable: 1,
+            },
+            draining: false,
+        };
+        let text = Metrics::default().render(&status, &totals);
+        for line in [
+            "sandboxd_egress_connections{verdict=\"allowed\"} 2",
+            "sandboxd_egress_connections{verdict=\"denied\"} 1",
+            "sandboxd_egress_connections{verdict=\"refused\"} 0",
+            "sandboxd_egress_bytes{direction=\"out\"} 11",
+            "sandboxd_egress_bytes{direction=\"in\"} 102",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
     }
 }

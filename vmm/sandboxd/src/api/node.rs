@@ -91,9 +91,25 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// Most records read from one sandbox's egress log per scrape.
+const EGRESS_RECORDS_PER_SANDBOX: usize = 100_000;
+
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let status = state.node.status();
-    let text = state.metrics.render(&status);
+    // The logs are files: read them off the async threads.
+    let node = state.node.clone();
+    let egress = tokio::task::spawn_blocking(move || {
+        let mut totals = crate::metrics::EgressTotals::default();
+        for sandbox in node.registry().list() {
+            if let Some(Ok(records)) = node.egress_log(&sandbox, EGRESS_RECORDS_PER_SANDBOX) {
+                totals.add(&records);
+            }
+        }
+        totals
+    })
+    .await
+    .unwrap_or_default();
+    let text = state.metrics.render(&status, &egress);
     (
         [(
             header::CONTENT_TYPE,
