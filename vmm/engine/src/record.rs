@@ -434,7 +434,7 @@ mod tests {
             read(&dir).unwrap_err(),
             RecordError::Version { found: 2, .. }
         ));
-        put(&vec![b' '; (RECORD_MAX_BYTES + 1) as usize]);
+        put(&vec![b' '; usize::try_from(RECORD_MAX_BYTES + 1).unwrap()]);
         assert!(matches!(
             read(&dir).unwrap_err(),
             RecordError::TooLarge { .. }
