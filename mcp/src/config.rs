@@ -277,6 +277,7 @@ impl Config {
                 boot_timeout: Duration::from_secs(args.boot_timeout_secs),
                 max_fork_count: args.max_fork_count,
                 egress_allow,
+                owner: sandbox_engine::config::OwnerKind::Embedded,
             }),
             profile: args.profile,
             host,

@@ -189,6 +189,11 @@ impl ToolError {
             InsertError::Closed => {
                 Self::new("The server is shutting down; no sandbox is available.")
             }
+            InsertError::Record(cause) => Self::new(format!(
+                "Cannot write the sandbox's record ({}). Nothing was kept; check that \
+                 SANDBOX_HOME is writable and not full, then try again.",
+                sandbox_vmm::error_chain(cause)
+            )),
         }
     }
 

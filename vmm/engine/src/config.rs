@@ -6,6 +6,8 @@ use std::time::Duration;
 use sandbox_vmm::client::AgentUrl;
 use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
 
+pub use crate::record::OwnerKind;
+
 /// Most live sandboxes a node may be configured for.
 pub const MAX_SANDBOXES_LIMIT: usize = 256;
 
@@ -62,4 +64,8 @@ pub struct LaunchConfig {
     /// The operator's egress allowlist: what any sandbox with `net: egress` may reach
     /// at most (a sandbox's `allow` narrows it). Empty: egress is refused.
     pub egress_allow: sandbox_vmm::egress::Allowlist,
+    /// Who holds the VMs: [`OwnerKind::Node`] (a daemon) boots them detached, so they
+    /// outlive the process and its next start re-adopts the claimed ones;
+    /// [`OwnerKind::Embedded`] VMs end with the process.
+    pub owner: OwnerKind,
 }

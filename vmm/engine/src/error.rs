@@ -45,6 +45,10 @@ pub enum InsertError {
     /// The node is shutting down (the VM was destroyed).
     #[error("The node is shutting down")]
     Closed,
+    /// Its record could not be written (the VM was destroyed: a sandbox the node
+    /// could not re-adopt after a restart would be lost then).
+    #[error("Cannot write the sandbox's record")]
+    Record(#[source] crate::record::RecordError),
 }
 
 /// A `ttl_seconds` that cannot be had.

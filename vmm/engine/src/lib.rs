@@ -23,6 +23,11 @@
 //!   hibernate, promote, the checkpoint store).
 //! - [`pool`]: capacity (a semaphore), cold boots and the warm pool's refiller, behind
 //!   a `VmFactory` seam; [`pool::launcher`] is the real factory (QEMU via the launcher).
+//! - [`record`]: the engine's record of each VM on disk (`sandbox.json` in its run
+//!   folder): holder, and the claim (id, token, deadline, lineage) a restarted node
+//!   re-adopts it with.
+//! - [`adopt`]: a node daemon's start: re-adopts the claimed VMs its earlier life
+//!   left, stops its warm ones, cleans up the dead.
 //! - [`registry`]: the live sandboxes by id, TTL timers, tombstones.
 //! - [`sandbox`]: one sandbox: its agent connection and its VM (running or
 //!   hibernated).
@@ -30,11 +35,13 @@
 //! - [`error`]: one error enum per operation.
 //! - [`util`]: a lock that survives poisoning, `join_all`, milliseconds.
 
+pub mod adopt;
 pub mod batch;
 pub mod config;
 pub mod error;
 pub mod node;
 pub mod pool;
+pub mod record;
 pub mod registry;
 pub mod sandbox;
 pub mod snapshot;

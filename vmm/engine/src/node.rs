@@ -28,6 +28,7 @@ use crate::error::{
 };
 use crate::pool::launcher::{LaunchedVm, LauncherFactory};
 use crate::pool::{Lease, Machine, Origin, Pool, PoolStatus, VmSpec};
+use crate::record::{Owner, OwnerKind};
 use crate::registry::{Lookup, Registry};
 use crate::sandbox::{Backing, Claim, Deadline, Lineage, Sandbox, SandboxId};
 use crate::snapshot::SnapshotHost;
@@ -82,7 +83,7 @@ pub struct Claimed {
 /// The sandboxes and where they come from.
 #[derive(Debug)]
 pub struct Node {
-    registry: Arc<Registry>,
+    pub(crate) registry: Arc<Registry>,
     source: Source,
     /// The operator's egress allowlist (empty: egress is refused).
     egress_allow: sandbox_vmm::egress::Allowlist,
@@ -189,13 +190,12 @@ impl Node {
                     net: sandbox_vmm::egress::Net::None,
                 };
                 let pool = Pool::new(
-                    LauncherFactory::new(launcher),
+                    LauncherFactory::new(launcher, launch.owner),
                     spec,
                     launch.pool,
                     launch.max_sandboxes,
                     launch.boot_timeout,
                 );
-                pool.start();
                 let pool = Arc::new(pool);
                 let snapshots = Arc::new(SnapshotHost::new(pool.clone(), launch.max_fork_count));
                 Source::Launch(pool, snapshots)
@@ -207,6 +207,14 @@ impl Node {
             egress_allow,
             draining: AtomicBool::new(false),
         });
+        if let Source::Launch(pool, _) = &node.source {
+            // Before the pool boots (and sweeps): a daemon's earlier life left its
+            // claimed VMs running or asleep, and its warm ones to stop.
+            if pool.factory().owner() == OwnerKind::Node {
+                node.adopt_leftovers().await;
+            }
+            pool.start();
+        }
         if let Source::Attach(attach) = &node.source {
             match node.insert_attached(None, Duration::ZERO).await {
                 // Connect in the background: the client is kept for the first call, and
@@ -452,6 +460,7 @@ impl Node {
                 .connect_options(ConnectOptions::default().connect_timeout),
             Some(lease.vm().client.clone()),
         );
+        let run_dir = lease.vm().vm.run_dir().to_owned();
         let backing = match &self.source {
             Source::Launch(_, snapshots) => Backing::hibernating(lease, snapshots.clone()),
             Source::Attach(_) => Backing::vm(lease),
@@ -465,7 +474,14 @@ impl Node {
             lineage,
             token,
         };
-        let sandbox = Sandbox::new(id, claim, agent, backing);
+        let owner = Owner::this(self.owner_kind());
+        let sandbox = Sandbox::new(id, claim, agent, backing).with_record(run_dir, owner);
+        // Written before anyone learns the token: a node killed after this finds the
+        // sandbox at its next start, as it was claimed.
+        if let Err(error) = sandbox.persist() {
+            sandbox.destroy().await;
+            return Err(InsertError::Record(error));
+        }
         let sandbox = self
             .registry
             .insert(sandbox)
@@ -540,6 +556,10 @@ impl Node {
         let deadline = Deadline::after(Duration::from_secs(ttl));
         match self.registry.renew(id, deadline) {
             Ok(Some(sandbox)) => {
+                if let Err(error) = sandbox.persist() {
+                    // Renewed here; a restarted node would go by the old deadline.
+                    tracing::warn!(sandbox = %sandbox.id, error = %sandbox_vmm::error_chain(&error), "cannot record the new deadline");
+                }
                 tracing::info!(sandbox = %sandbox.id, ttl_secs = ttl, "renewed");
                 Ok(sandbox)
             }
@@ -689,6 +709,30 @@ impl Node {
             .collect();
         names.sort();
         names
+    }
+
+    /// Who holds this node's VMs (an attached node holds none: embedded).
+    pub fn owner_kind(&self) -> OwnerKind {
+        match &self.source {
+            Source::Launch(pool, _) => pool.factory().owner(),
+            Source::Attach(_) => OwnerKind::Embedded,
+        }
+    }
+
+    /// A node daemon's graceful stop: the warm VMs are destroyed, the claimed
+    /// sandboxes left running (or asleep) with their records for the next start to
+    /// re-adopt; further calls are refused. An embedded node's VMs cannot outlive it:
+    /// this is [`Node::shutdown`] there.
+    pub async fn leave(&self) {
+        if self.owner_kind() != OwnerKind::Node {
+            return self.shutdown().await;
+        }
+        self.registry.leave().await;
+        if let Source::Launch(pool, snapshots) = &self.source {
+            pool.shutdown().await;
+            // Forks' checkpoints that live children still map are refused here.
+            snapshots.shutdown();
+        }
     }
 
     /// Destroys every sandbox and warm VM; further calls are refused.

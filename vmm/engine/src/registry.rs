@@ -205,6 +205,25 @@ impl<V: Machine> Registry<V> {
         tracing::info!(count, "every sandbox destroyed");
     }
 
+    /// Lets every sandbox's VM outlive this process ([`Sandbox::leave`]) and
+    /// refuses new ones: a node daemon's graceful stop.
+    pub async fn leave(&self) {
+        let sandboxes: Vec<Arc<Sandbox<V>>> = {
+            let mut state = lock(&self.state);
+            state.closed = true;
+            for (_, timer) in state.timers.drain() {
+                timer.abort();
+            }
+            std::mem::take(&mut state.live).into_values().collect()
+        };
+        let count = sandboxes.len();
+        join_all(sandboxes.into_iter().map(|sandbox| async move {
+            sandbox.leave().await;
+        }))
+        .await;
+        tracing::info!(count, "every sandbox left for the next start");
+    }
+
     fn remove(&self, id: &SandboxId, why: Gone) -> Result<Arc<Sandbox<V>>, Lookup> {
         let mut state = lock(&self.state);
         if state.closed {

@@ -65,6 +65,15 @@ pub struct Deadline {
 }
 
 impl Deadline {
+    /// At `wall` (a recorded deadline); one in the past is now.
+    pub fn at(wall: SystemTime) -> Self {
+        let left = wall.duration_since(SystemTime::now()).unwrap_or_default();
+        Self {
+            instant: Instant::now() + left,
+            wall,
+        }
+    }
+
     /// `ttl` from now.
     pub fn after(ttl: Duration) -> Self {
         Self {
@@ -215,6 +224,15 @@ impl<V: Machine> Backing<V> {
             hibernator: Some(hibernator),
         }))
     }
+
+    /// The backing of a VM found hibernated (a node's earlier life put it to
+    /// sleep): `hibernator` wakes it on first use.
+    pub fn asleep(image: Image, hibernator: Arc<dyn Hibernator<V>>) -> Self {
+        Self::Vm(Box::new(VmBacking {
+            state: tokio::sync::Mutex::new(VmState::Hibernated(image)),
+            hibernator: Some(hibernator),
+        }))
+    }
 }
 
 /// What a sandbox descends from (where its VM came from is `crate::pool::Origin`).
@@ -319,6 +337,9 @@ pub struct Sandbox<V = LaunchedVm> {
     pub token: SandboxToken,
     agent: Agent,
     backing: Backing<V>,
+    /// Where its record lives (its VM's run folder) and who holds it; `None` for
+    /// the attached agent and in unit tests.
+    record: Option<(std::path::PathBuf, crate::record::Owner)>,
 }
 
 impl<V: Machine> Sandbox<V> {
@@ -347,6 +368,49 @@ impl<V: Machine> Sandbox<V> {
                 client: tokio::sync::Mutex::new(client),
             },
             backing,
+            record: None,
+        }
+    }
+
+    /// Keeps this sandbox's record in `dir` (its VM's run folder), held by
+    /// `owner`; [`Sandbox::persist`] writes it.
+    pub fn with_record(mut self, dir: std::path::PathBuf, owner: crate::record::Owner) -> Self {
+        self.record = Some((dir, owner));
+        self
+    }
+
+    /// The claim time a record gave (an adopted sandbox keeps its first claim's).
+    pub fn with_claimed_at(mut self, claimed_at: SystemTime) -> Self {
+        self.claimed_at = claimed_at;
+        self
+    }
+
+    /// What its record says now (`None` without a record or a deadline).
+    pub fn record(&self) -> Option<crate::record::SandboxRecord> {
+        use crate::record::{unix_ms, ClaimRecord, LineageRecord, SandboxRecord, RECORD_VERSION};
+        let (_, owner) = self.record.as_ref()?;
+        Some(SandboxRecord {
+            version: RECORD_VERSION,
+            owner: *owner,
+            claim: Some(ClaimRecord {
+                id: self.id.as_str().to_owned(),
+                token: self.token.reveal().to_owned(),
+                template: self.template.clone(),
+                size: self.size?,
+                claimed_at_unix_ms: unix_ms(self.claimed_at),
+                deadline_unix_ms: unix_ms(self.deadline()?.wall),
+                warm: self.warm,
+                lineage: LineageRecord::of(&self.lineage)?,
+            }),
+        })
+    }
+
+    /// Writes its record (after a claim, a renew). A sandbox without one has
+    /// nothing to write.
+    pub fn persist(&self) -> Result<(), crate::record::RecordError> {
+        match (&self.record, self.record()) {
+            (Some((dir, _)), Some(record)) => crate::record::write(dir, &record),
+            _ => Ok(()),
         }
     }
 
@@ -481,6 +545,21 @@ impl<V: Machine> Sandbox<V> {
         match &self.backing {
             Backing::Attached => false,
             Backing::Vm(vm) => matches!(*vm.state.lock().await, VmState::Hibernated(_)),
+        }
+    }
+
+    /// Lets the VM outlive this process, running or hibernated, with its record,
+    /// for a node's next start to re-adopt (a graceful stop of a node daemon); the
+    /// sandbox is gone from this process. A VM that cannot outlive it (booted owned)
+    /// is stopped instead.
+    pub async fn leave(&self) {
+        self.agent.forget().await;
+        let Backing::Vm(vm) = &self.backing else {
+            return;
+        };
+        let state = std::mem::replace(&mut *vm.state.lock().await, VmState::Destroyed);
+        if let VmState::Running(lease) = state {
+            lease.leave();
         }
     }
 

@@ -30,6 +30,17 @@ impl SandboxToken {
         ))
     }
 
+    /// A token read back from a sandbox's record; `None` unless it has the shape
+    /// [`SandboxToken::generate`] gives (a record edited by hand is not trusted with
+    /// a weaker secret).
+    pub fn from_record(token: &str) -> Option<Self> {
+        let valid = token.len() == 2 * SANDBOX_TOKEN_BYTES
+            && token
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        valid.then(|| Self(token.to_owned()))
+    }
+
     /// The token, to hand to whoever made the sandbox.
     pub fn reveal(&self) -> &str {
         &self.0
@@ -62,6 +73,15 @@ mod tests {
         assert!(!one.matches(other.reveal()));
         assert!(!one.matches(""));
         assert!(!one.matches(&one.reveal()[1..]));
+    }
+
+    #[test]
+    fn a_recorded_token_must_have_the_generated_shape() {
+        let one = SandboxToken::generate().unwrap();
+        assert_eq!(SandboxToken::from_record(one.reveal()), Some(one.clone()));
+        for bad in ["", "abc", &"A".repeat(64), &"g".repeat(64), &"a".repeat(65)] {
+            assert_eq!(SandboxToken::from_record(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -351,6 +351,12 @@ struct VmView {
     vcpus: Option<u16>,
     memory_mib: Option<u32>,
     created_at_unix_ms: Option<u64>,
+    /// From the engine's record (`sandbox.json`), the same file a node daemon
+    /// re-adopts from: which sandbox the VM is, who holds it, until when. Never its
+    /// token.
+    sandbox_id: Option<String>,
+    held_by: Option<&'static str>,
+    deadline_unix_ms: Option<u64>,
 }
 
 fn vm_ls(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
@@ -362,7 +368,19 @@ fn vm_ls(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
     let views: Vec<VmView> = launcher
         .list()?
         .into_iter()
-        .map(|entry| VmView {
+        .map(|entry| {
+            let held = match sandbox_engine::record::read(&entry.path) {
+                Ok(record) => record,
+                Err(error) => {
+                    tracing::warn!(error = %sandbox_vmm::error_chain(&error), "unreadable sandbox record");
+                    None
+                }
+            };
+            let claim = held.as_ref().and_then(|r| r.claim.as_ref());
+            VmView {
+            sandbox_id: claim.map(|c| c.id.clone()),
+            held_by: held.as_ref().map(|r| r.owner.kind.as_str()),
+            deadline_unix_ms: claim.map(|c| c.deadline_unix_ms),
             id: entry.name,
             status: entry.status,
             template: entry.record.as_ref().map(|r| r.template.clone()),
@@ -370,24 +388,35 @@ fn vm_ls(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
             vcpus: entry.record.as_ref().map(|r| r.size.vcpus),
             memory_mib: entry.record.as_ref().map(|r| r.size.memory_mib),
             created_at_unix_ms: entry.record.as_ref().map(|r| r.created_at_unix_ms),
-        })
+        }})
         .collect();
     if args.json {
         print_json_line(&views)?;
         return Ok(0);
     }
     let mut table = format!(
-        "{:<14}{:<11}{:<12}{:<6}{:<8}AGENT\n",
-        "ID", "STATUS", "TEMPLATE", "CPUS", "MEMORY"
+        "{:<14}{:<11}{:<12}{:<6}{:<8}{:<10}{:<22}AGENT\n",
+        "ID", "STATUS", "TEMPLATE", "CPUS", "MEMORY", "HELD BY", "DEADLINE"
     );
     for view in views {
+        let deadline = view.deadline_unix_ms.map_or("-".to_owned(), |ms| {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+            humantime::format_rfc3339_seconds(at).to_string()
+        });
+        let held_by = match (view.held_by, &view.sandbox_id) {
+            (Some(kind), Some(_)) => kind.to_owned(),
+            (Some(kind), None) => format!("{kind}:warm"),
+            (None, _) => "-".to_owned(),
+        };
         table.push_str(&format!(
-            "{:<14}{:<11}{:<12}{:<6}{:<8}{}\n",
+            "{:<14}{:<11}{:<12}{:<6}{:<8}{:<10}{:<22}{}\n",
             view.id,
             serde_json::to_value(view.status)?.as_str().unwrap_or("?"),
             view.template.as_deref().unwrap_or("-"),
             view.vcpus.map_or("-".into(), |v| v.to_string()),
             view.memory_mib.map_or("-".into(), |m| format!("{m}M")),
+            held_by,
+            deadline,
             view.agent_url.as_deref().unwrap_or("-"),
         ));
     }

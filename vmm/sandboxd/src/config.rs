@@ -37,9 +37,18 @@ use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7777";
 
 /// The node daemon: microVM sandboxes behind an HTTP API.
+///
+/// Claimed sandboxes belong to the node, not to the daemon's process: a daemon
+/// stopped with SIGTERM stops its warm VMs and leaves claimed sandboxes running (or
+/// hibernated); one killed outright leaves both. The next start on the same
+/// SANDBOX_HOME re-adopts the claimed ones (same ids, tokens, deadlines, processes
+/// and files) and stops the warm ones. `sandboxd stop-all` stops everything.
 #[derive(Debug, Parser)]
-#[command(name = "sandboxd", version, about)]
+#[command(name = "sandboxd", version, about, long_about)]
 pub struct Args {
+    /// What to do instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Address to listen on. A non-loopback address needs TLS (--tls-cert and
     /// --tls-key) or, behind a TLS proxy of your own, --insecure-listen: the API
     /// carries tokens.
@@ -118,6 +127,15 @@ pub struct Args {
     pub egress_allow: Vec<String>,
 }
 
+/// A one-off action on the node's home instead of serving.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Subcommand)]
+pub enum Command {
+    /// Stop everything the node runs on this SANDBOX_HOME: asks a running daemon to
+    /// stop (SIGTERM) and waits for it, then stops every sandbox it left (running or
+    /// hibernated) and any warm VM, and removes their run folders.
+    StopAll,
+}
+
 /// What the daemon runs on, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -133,6 +151,8 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// The engine's configuration.
     pub mode: Mode,
+    /// Serve (`None`) or run a one-off command.
+    pub command: Option<Command>,
 }
 
 /// The certificate chain and key HTTPS is served with.
@@ -260,9 +280,11 @@ impl Config {
                 boot_timeout: Duration::from_secs(args.boot_timeout_secs),
                 max_fork_count: args.max_fork_count,
                 egress_allow,
+                owner: sandbox_engine::config::OwnerKind::Node,
             }),
         };
         Ok(Self {
+            command: args.command,
             listen: args.listen,
             advertise: args.advertise.unwrap_or_else(|| args.listen.to_string()),
             token_file,

@@ -12,9 +12,13 @@
 //! engine's, one for all clients.
 //!
 //! # Lifetime
-//! The daemon owns its VMs: they stop when it stops (SIGTERM or SIGINT destroys
-//! every sandbox and warm VM). Re-adopting running VMs after a restart is not built
-//! yet.
+//! VMs belong to the node, not to the daemon's process: they are booted detached,
+//! each with its record in its run folder (`sandbox_engine::record`). SIGTERM or
+//! SIGINT stops the warm pool's VMs and leaves claimed sandboxes running (or
+//! hibernated); a daemon killed outright leaves both. The next start on the same
+//! run folders re-adopts the claimed ones and stops the warm ones
+//! (`sandbox_engine::adopt`). `sandboxd stop-all` ([`stop_all`]) stops everything.
+//! One daemon per run root ([`node_lock`]).
 //!
 //! # Layout
 //! - [`config`]: command line → [`Config`].
@@ -23,12 +27,16 @@
 //! - [`metrics`]: counters for `/metrics`.
 //! - [`server`]: the accept loop and its bounds.
 //! - [`tls`]: HTTPS from a certificate and key.
+//! - [`node_lock`]: one daemon per run root.
+//! - [`stop_all`]: `sandboxd stop-all`.
 
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod metrics;
+pub mod node_lock;
 pub mod server;
+pub mod stop_all;
 pub mod tls;
 
 use std::future::Future;
@@ -38,8 +46,33 @@ use anyhow::Context as _;
 
 pub use config::{Args, Config};
 
-/// Serves the node until `shutdown` resolves, then destroys every sandbox.
+/// Serves the node until `shutdown` resolves, then stops the warm VMs and leaves
+/// the claimed sandboxes for the next start; or runs `config`'s one-off command.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    if config.command == Some(config::Command::StopAll) {
+        let stopped = stop_all::stop_all(config.mode).await?;
+        println!(
+            "sandboxd stop-all: stopped {} VMs{}",
+            stopped.vms,
+            if stopped.skipped > 0 {
+                format!(
+                    "; {} run folders with unreadable records left (see the log)",
+                    stopped.skipped
+                )
+            } else {
+                String::new()
+            }
+        );
+        return Ok(());
+    }
+    let run_root = match &config.mode {
+        sandbox_engine::config::Mode::Launch(launch) => Some(launch.launcher.run_root.clone()),
+        sandbox_engine::config::Mode::Attach(_) => None,
+    };
+    let _lock = run_root
+        .as_deref()
+        .map(node_lock::NodeLock::acquire)
+        .transpose()?;
     let operator = auth::OperatorToken::load(&config.token_file, config.token_file_is_default)?;
     let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -63,7 +96,10 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     // The test harness and scripts read this line to learn the port.
     println!("sandboxd listening on {local}");
     server::serve(listener, tls, api::router(state), shutdown).await;
-    tracing::info!("shutting down: destroying every sandbox");
-    node.shutdown().await;
+    tracing::info!(
+        "shutting down: warm VMs stop; claimed sandboxes keep running for the next start \
+         (`sandboxd stop-all` stops them)"
+    );
+    node.leave().await;
     Ok(())
 }

@@ -3,7 +3,14 @@
 //! through the upgrade (exec, files, a streamed put and get), one sandbox's token
 //! refused on another and on operator endpoints, fork, checkpoint and a claim from
 //! it (kept while used), hibernate and a wake through the data plane, renew,
-//! release; then SIGTERM leaves no QEMU, relay or run folder.
+//! release; then SIGTERM stops the warm VM and leaves the claimed sandbox, a restart
+//! re-adopts it, and `sandboxd stop-all` leaves no QEMU, relay or run folder.
+//!
+//! The second test kills the daemon with `kill -9` and starts it again on the same
+//! home and port: the claimed sandboxes answer with the same id, token and deadline,
+//! their files and a process spawned before; a hibernated one (woken meanwhile by
+//! `sandboxctl vm wake`, and hibernated again) wakes on its next connection; the
+//! killed daemon's warm VM is stopped, not leaked.
 //!
 //! Needs what `sandbox_tests::vm::gate` checks; `SANDBOX_SKIP_VM_TESTS=1` marks the
 //! test ignored.
@@ -19,16 +26,22 @@ use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use sandbox_tests::{eventually, sh};
 use sandbox_vmm::client::ClientError;
 use serde_json::{json, Value};
-use support::{test_dir, Daemon};
+use support::{test_dir, Daemon, StopAllOnDrop};
 
 /// How long the first warm VM may take (TCG on a busy 2-core host is slow).
 const WARM_WITHIN: Duration = Duration::from_secs(180);
 
 fn main() -> std::process::ExitCode {
-    vm_main(&[VmTest {
-        name: "a_node_serves_claims_the_agent_protocol_and_snapshots_over_http",
-        run: || block_on(a_node_end_to_end()),
-    }])
+    vm_main(&[
+        VmTest {
+            name: "a_node_serves_claims_the_agent_protocol_and_snapshots_over_http",
+            run: || block_on(a_node_end_to_end()),
+        },
+        VmTest {
+            name: "a_node_killed_with_sigkill_re_adopts_its_sandboxes_at_restart",
+            run: || block_on(a_node_outlives_kill_9()),
+        },
+    ])
 }
 
 fn field(value: &Value, name: &str) -> String {
@@ -40,6 +53,7 @@ fn field(value: &Value, name: &str) -> String {
 
 async fn a_node_end_to_end() {
     let dir = test_dir("node");
+    let _cleanup = StopAllOnDrop(dir.clone());
     let daemon = Daemon::start(&dir, &["--pool", "1", "--max-sandboxes", "5"], &[]).await;
     eventually(WARM_WITHIN, "a warm VM", || async {
         let info = daemon.get("/v1/info").await;
@@ -275,15 +289,207 @@ async fn a_node_end_to_end() {
         metrics.text
     );
 
-    // SIGTERM: every VM stops, nothing is left.
+    // SIGTERM: the warm VM stops; the claimed sandbox `a` keeps running.
     let run = dir.join("run");
+    let deadline = field(
+        &daemon.get(&format!("/v1/sandboxes/{a}")).await.json,
+        "deadline",
+    );
+    let addr = daemon.addr.clone();
     let status = daemon.terminate(Duration::from_secs(60)).await;
     assert!(status.success(), "{status:?}");
+    let a_vm = a.strip_prefix("sbx-").unwrap().to_owned();
+    let left: Vec<String> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, vec![a_vm.clone()], "only the claimed sandbox is left");
+    assert!(
+        !support::processes_mentioning(&a_vm).is_empty(),
+        "its QEMU runs on"
+    );
+
+    // The next start re-adopts it: same id, token, deadline and files.
+    let daemon = Daemon::start_on(&dir, &addr, &["--pool", "0"], &[]).await;
+    let again = daemon.agent(&a, &a_token).await.unwrap();
+    assert_eq!(again.read_file("/tmp/marker").await.unwrap(), b"from-a");
+    drop(again);
+    let shown = daemon.get(&format!("/v1/sandboxes/{a}")).await;
+    assert_eq!(field(&shown.json, "deadline"), deadline, "{shown:?}");
+
+    // `stop-all` asks the daemon to stop, then ends everything it left.
+    let said = support::stop_all(&dir);
+    assert!(said.contains("stopped 1 VMs"), "{said}");
+    let status = tokio::time::timeout(Duration::from_secs(60), daemon.wait())
+        .await
+        .expect("the daemon did not stop for stop-all");
+    assert!(status.success(), "{status:?}");
+    assert_nothing_left(&run).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// No run folder, QEMU or relay of `run` is left.
+async fn assert_nothing_left(run: &std::path::Path) {
     eventually(Duration::from_secs(30), "every VM to be gone", || async {
-        let left = std::fs::read_dir(&run).unwrap().count();
+        let left = std::fs::read_dir(run).unwrap().count();
         let processes = support::processes_mentioning(&run.display().to_string());
         (left == 0 && processes.is_empty()).then_some(())
     })
     .await;
+}
+
+/// The folders (VM ids) in `run`.
+fn run_folders(run: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+async fn a_node_outlives_kill_9() {
+    let dir = test_dir("adopt");
+    let _cleanup = StopAllOnDrop(dir.clone());
+    let run = dir.join("run");
+    let args = ["--pool", "1", "--max-sandboxes", "4"];
+    let daemon = Daemon::start(&dir, &args, &[]).await;
+    eventually(WARM_WITHIN, "a warm VM", || async {
+        let info = daemon.get("/v1/info").await;
+        (info.json["pool"]["warm"] == 1).then_some(())
+    })
+    .await;
+
+    // `a`: a file and a background process.
+    let claimed = daemon.post("/v1/claim", &json!({"ttl_seconds": 900})).await;
+    assert_eq!(claimed.status, 201, "{claimed:?}\n{}", daemon.log());
+    let a = field(&claimed.json, "id");
+    let a_token = field(&claimed.json, "token");
+    let a_deadline = field(&claimed.json, "deadline");
+    let client = daemon.agent(&a, &a_token).await.unwrap();
+    client
+        .write_file("/tmp/before", b"written before the kill".to_vec(), None)
+        .await
+        .unwrap();
+    let sleeper = client
+        .spawn(sandbox_tests::argv(&["sleep", "1000"]))
+        .await
+        .unwrap();
+    drop(client);
+
+    // `b`: hibernated by the daemon, woken by the CLI (issue 22 item 3: the daemon
+    // then uses the running VM instead of insisting it sleeps), hibernated again.
+    let claimed = daemon.post("/v1/claim", &json!({"ttl_seconds": 900})).await;
+    assert_eq!(claimed.status, 201, "{claimed:?}\n{}", daemon.log());
+    let b = field(&claimed.json, "id");
+    let b_token = field(&claimed.json, "token");
+    let b_client = daemon.agent(&b, &b_token).await.unwrap();
+    b_client
+        .write_file("/tmp/b", b"b's file".to_vec(), None)
+        .await
+        .unwrap();
+    drop(b_client);
+    let hibernate = |id: String, token: String| {
+        let daemon = &daemon;
+        async move {
+            let slept = daemon
+                .call(
+                    "POST",
+                    &format!("/v1/sandboxes/{id}/hibernate"),
+                    Some(&token),
+                    None,
+                )
+                .await;
+            assert_eq!(slept.status, 200, "{slept:?}\n{}", daemon.log());
+        }
+    };
+    hibernate(b.clone(), b_token.clone()).await;
+    let b_vm = b.strip_prefix("sbx-").unwrap().to_owned();
+    sandbox_tests::TestCommand::new_sandboxctl()
+        .env("SANDBOX_RUN_DIR", &run.display().to_string())
+        .args(["vm", "wake", &b_vm])
+        .deadline(Duration::from_secs(240))
+        .assert_code(0);
+    let b_client = daemon.agent(&b, &b_token).await.unwrap();
+    assert_eq!(
+        sh(&b_client, "cat /tmp/b").await,
+        "b's file",
+        "the daemon reaches the VM the CLI woke\n{}",
+        daemon.log()
+    );
+    drop(b_client);
+    hibernate(b.clone(), b_token.clone()).await;
+
+    // The pool's warm VM, which the killed daemon leaves unclaimed.
+    eventually(WARM_WITHIN, "the pool to refill", || async {
+        let info = daemon.get("/v1/info").await;
+        (info.json["pool"]["warm"] == 1).then_some(())
+    })
+    .await;
+    let a_vm = a.strip_prefix("sbx-").unwrap().to_owned();
+    let warm: Vec<String> = run_folders(&run)
+        .into_iter()
+        .filter(|name| *name != a_vm && *name != b_vm)
+        .collect();
+    assert_eq!(warm.len(), 1, "one warm VM: {warm:?}");
+
+    let addr = daemon.addr.clone();
+    let status = daemon.kill9().await;
+    assert!(!status.success(), "{status:?}");
+    assert!(
+        !support::processes_mentioning(&a_vm).is_empty(),
+        "a's QEMU outlived the daemon"
+    );
+
+    let daemon = Daemon::start_on(&dir, &addr, &args, &[]).await;
+    let client = daemon.agent(&a, &a_token).await.unwrap();
+    assert_eq!(
+        client.read_file("/tmp/before").await.unwrap(),
+        b"written before the kill"
+    );
+    let entry = sandbox_tests::ps_entry(&client, sleeper)
+        .await
+        .expect("the process spawned before the kill is listed");
+    assert_eq!(
+        entry.state,
+        sandbox_protocol::ProcessState::Running,
+        "{entry:?}"
+    );
+    drop(client);
+    let shown = daemon.get(&format!("/v1/sandboxes/{a}")).await;
+    assert_eq!(field(&shown.json, "deadline"), a_deadline, "{shown:?}");
+    let shown = daemon.get(&format!("/v1/sandboxes/{b}")).await;
+    assert_eq!(shown.json["status"], "hibernated", "{shown:?}");
+    // A token is still the sandbox's own: `a`'s does not reach `b`.
+    assert!(daemon.agent(&b, &a_token).await.is_err());
+    let b_client = daemon.agent(&b, &b_token).await.unwrap();
+    assert_eq!(sh(&b_client, "cat /tmp/b").await, "b's file");
+    drop(b_client);
+    // The killed daemon's warm VM was stopped, not leaked.
+    eventually(Duration::from_secs(60), "the old warm VM to go", || async {
+        (!run.join(&warm[0]).exists() && support::processes_mentioning(&warm[0]).is_empty())
+            .then_some(())
+    })
+    .await;
+    assert!(
+        daemon.log().contains("re-adopted"),
+        "the log reports the adoption:\n{}",
+        daemon.log()
+    );
+
+    for (id, token) in [(&a, &a_token), (&b, &b_token)] {
+        let released = daemon
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/release"),
+                Some(token),
+                None,
+            )
+            .await;
+        assert_eq!(released.status, 200, "{released:?}");
+    }
+    let status = daemon.terminate(Duration::from_secs(60)).await;
+    assert!(status.success(), "{status:?}");
+    assert_nothing_left(&run).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -30,6 +30,8 @@
 //! - [`vm`]: [`Vm`], the running VM and its shutdown.
 //! - [`template`], [`size`], [`accel`], [`qemu`], [`vsock_daemon`], [`ready`],
 //!   [`run_dir`]: one step each, as above.
+//! - [`adopt`]: a handle on a detached VM another process (or an earlier life of
+//!   this one) started: how a restarted node daemon takes its VMs back.
 //! - [`post_mortem`]: how a VM that stopped ended (power-off, panic), from its console.
 //! - [`qmp`]: a typed QMP client (run state, migration to and from a file, disk
 //!   overlays), what snapshots drive a running QEMU with.
@@ -41,6 +43,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 pub mod accel;
+pub mod adopt;
 pub mod boot;
 pub mod config;
 pub mod post_mortem;
@@ -60,6 +63,7 @@ pub mod vm;
 pub mod vsock_daemon;
 
 pub use accel::{Accel, AccelDecision, AccelMode};
+pub use adopt::AdoptError;
 pub use boot::{BootSpec, Launcher};
 pub use config::{AgentTransport, ConfigError, LauncherConfig};
 pub use post_mortem::{GuestEnd, PostMortem};

@@ -198,6 +198,12 @@ pub struct VmRecord {
     /// promoted snapshot), if it was not booted.
     #[serde(default)]
     pub restored_from: Option<String>,
+    /// When QEMU started, in clock ticks after the host's boot (`/proc/PID/stat`
+    /// field 22): with the VM id in its arguments, what tells this VM's QEMU from a
+    /// process that took over its pid (see [`is_vm_qemu`]). `None` in records from
+    /// before it was kept.
+    #[serde(default)]
+    pub qemu_started_ticks: Option<u64>,
 }
 
 fn vsock() -> super::AgentTransport {
@@ -546,10 +552,7 @@ fn inspect(path: &Path) -> (RunDirEntry, Option<File>) {
         .ok()
         .filter(|file| sys::try_lock_exclusive(file).unwrap_or(false));
     let owner_alive = lock.is_none();
-    let qemu_alive = record
-        .as_ref()
-        .and_then(|r| r.qemu_pid.map(|pid| (pid, qemu_name(&r.id))))
-        .is_some_and(|(pid, name)| process_mentions(pid, &name));
+    let qemu_alive = record.as_ref().is_some_and(is_vm_qemu);
     let young = fs::metadata(path)
         .and_then(|m| m.modified())
         .ok()
@@ -595,6 +598,31 @@ pub(crate) fn read_record(dir: &Path) -> Option<VmRecord> {
 /// The `-name` QEMU gets: how a pid is recognised as this VM's QEMU.
 pub(crate) fn qemu_name(id: &VmId) -> String {
     format!("sandbox-{id}")
+}
+
+/// True when the record's QEMU runs: its pid is alive, its arguments carry the VM's
+/// `-name`, and (when recorded) it started when the record says. A process that took
+/// over the pid after QEMU ended fails the last two.
+pub fn is_vm_qemu(record: &VmRecord) -> bool {
+    let Some(pid) = record.qemu_pid else {
+        return false;
+    };
+    if !process_mentions(pid, &qemu_name(&record.id)) {
+        return false;
+    }
+    match record.qemu_started_ticks {
+        Some(ticks) => process_start_ticks(pid) == Some(ticks),
+        None => true,
+    }
+}
+
+/// When `pid` started, in clock ticks after boot (`/proc/PID/stat` field 22).
+pub fn process_start_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces or ')':
+    // fields are counted after its last ')'. Field 3 is the first after it.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
 }
 
 /// True when a process `pid` exists (a recycled pid reads as alive: an image then
@@ -666,7 +694,35 @@ mod tests {
             checkpoint: None,
             hibernation: None,
             restored_from: None,
+            qemu_started_ticks: None,
         }
+    }
+
+    #[test]
+    fn start_ticks_tell_a_live_process_from_a_recycled_pid() {
+        let own = process_start_ticks(std::process::id()).expect("own start time");
+        assert_eq!(process_start_ticks(std::process::id()), Some(own));
+        assert_eq!(process_start_ticks(dead_pid()), None);
+        // A record naming a live process with the VM's name but another start time
+        // (a pid taken over) is not that VM's QEMU.
+        let id = VmId::generate();
+        let mut fake = std::process::Command::new("sh")
+            .args(["-c", "read x", &qemu_name(&id)])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !process_mentions(fake.id(), &qemu_name(&id)) {
+            assert!(std::time::Instant::now() < deadline, "argv never showed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut rec = record(&id, Some(fake.id()));
+        rec.qemu_started_ticks = process_start_ticks(fake.id());
+        assert!(is_vm_qemu(&rec));
+        rec.qemu_started_ticks = rec.qemu_started_ticks.map(|t| t + 1);
+        assert!(!is_vm_qemu(&rec), "another start time is another process");
+        fake.kill().unwrap();
+        fake.wait().unwrap();
     }
 
     #[test]

@@ -162,6 +162,7 @@ impl Launcher {
             checkpoint: start.checkpoint.clone(),
             restored_from: start.restored_from.clone(),
             hibernation: start.reuse.as_ref().and_then(|(_, h)| h.clone()),
+            qemu_started_ticks: None,
         };
         dir.write_record(&record)?;
         dir.write_token(&start.token)?;
@@ -248,6 +249,7 @@ impl Launcher {
         let own_ram = ram_file.and_then(|(path, shared)| shared.then_some(path));
         super::vm::watch_exit(&qemu, start.detached.then_some(&attach.daemon), own_ram);
         record.qemu_pid = Some(qemu.pid());
+        record.qemu_started_ticks = run_dir::process_start_ticks(qemu.pid());
         record.daemon_pid = Some(attach.daemon.pid());
         dir.write_record(&record)?;
         tracing::info!(id = %record.id, template = %machine.template, size = %machine.size, accel = %machine.accel, %transport, restore = start.incoming.is_some(), qemu_pid = qemu.pid(), "starting");
@@ -323,6 +325,7 @@ impl Launcher {
             daemon: Some(daemon),
             run_dir: Some(dir),
             run_path,
+            adopted: None,
         })
     }
 }

@@ -56,6 +56,12 @@ impl PidFd {
         }
     }
 
+    /// A second descriptor on the same process (`dup`), e.g. to wait on it while the
+    /// first is kept for signals.
+    pub(crate) fn try_clone(&self) -> io::Result<Self> {
+        Ok(Self(self.0.try_clone()?))
+    }
+
     /// Registers the descriptor with the current tokio reactor; it polls readable once
     /// the process has exited. Needs a runtime.
     pub(crate) fn into_async(self) -> io::Result<AsyncFd<PidFd>> {

@@ -5,6 +5,10 @@
 //! `SIGKILL`), or handed off by [`Vm::detach`]. Every way out reaps QEMU and the
 //! vsock daemon and removes the run folder, except `detach`, which leaves all three to
 //! a later `Launcher::stop`.
+//!
+//! A handle made by `Launcher::adopt` (a detached VM some other process started)
+//! has no child processes: it reaches QEMU and the daemon by pidfd (see `adopt`),
+//! and otherwise ends the same ways.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -16,6 +20,7 @@ use sandbox_protocol::Ready;
 use tokio::time::Instant;
 
 use super::accel::AccelDecision;
+use super::adopt::Adopted;
 use super::process::ChildProcess;
 use super::run_dir::{RunDir, VmId, VmRecord};
 use super::size::Size;
@@ -55,6 +60,8 @@ pub struct Vm {
     pub(crate) daemon: Option<VsockDaemon>,
     pub(crate) run_dir: Option<RunDir>,
     pub(crate) run_path: PathBuf,
+    /// Set instead of `qemu` and `daemon` for an adopted VM (`Launcher::adopt`).
+    pub(crate) adopted: Option<Adopted>,
 }
 
 impl Vm {
@@ -178,7 +185,19 @@ impl Vm {
     /// Waits until QEMU exits on its own (the guest powered off or crashed); the VM is
     /// then dead but its daemon and folder remain until the handle is dropped or shut
     /// down. Cancel-safe.
+    /// An adopted VM's QEMU is not this process's child: its status reads as 0.
     pub async fn wait_exit(&mut self) -> Result<ExitStatus, LaunchError> {
+        if let (None, Some(adopted)) = (&self.qemu, &self.adopted) {
+            use std::os::unix::process::ExitStatusExt;
+            adopted
+                .wait_exit()
+                .await
+                .map_err(|error| LaunchError::Wait {
+                    what: "QEMU",
+                    error,
+                })?;
+            return Ok(ExitStatus::from_raw(0));
+        }
         let qemu = self.qemu.as_mut().ok_or_else(gone)?;
         qemu.wait().await.map_err(|error| LaunchError::Wait {
             what: "QEMU",
@@ -189,6 +208,11 @@ impl Vm {
     /// Stops the VM without asking the guest: `SIGTERM` to QEMU, up to `grace` for
     /// it to exit, then `SIGKILL`; then the daemon and the run folder.
     pub async fn shutdown(mut self, grace: Duration) -> Result<StopOutcome, LaunchError> {
+        if let (None, Some(adopted)) = (&self.qemu, self.adopted.as_mut()) {
+            let outcome = adopted.stop(grace).await;
+            self.finish().await;
+            return Ok(outcome);
+        }
         let qemu = self.qemu.as_mut().ok_or_else(gone)?;
         let outcome = match qemu.try_wait() {
             Ok(Some(status)) => Ok(StopOutcome::Exited(status)),
@@ -217,6 +241,19 @@ impl Vm {
         let deadline = Instant::now() + grace;
         if tokio::time::timeout_at(deadline, hook).await.is_err() {
             tracing::warn!(id = %self.id(), "shutdown hook outlasted the grace period");
+        }
+        if let (None, Some(adopted)) = (&self.qemu, self.adopted.as_mut()) {
+            let exited = tokio::time::timeout_at(deadline, adopted.wait_exit()).await;
+            let outcome = match exited {
+                Ok(Ok(())) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    adopted.release();
+                    StopOutcome::Exited(ExitStatus::from_raw(0))
+                }
+                _ => adopted.stop(QEMU_TERM_GRACE).await,
+            };
+            self.finish().await;
+            return Ok(outcome);
         }
         let qemu = self.qemu.as_mut().ok_or_else(gone)?;
         let outcome = match tokio::time::timeout_at(deadline, qemu.wait()).await {
@@ -254,6 +291,9 @@ impl Vm {
         if let Some(dir) = self.run_dir.take() {
             dir.keep();
         }
+        if let Some(mut adopted) = self.adopted.take() {
+            adopted.release();
+        }
         Ok(self.record.clone())
     }
 
@@ -266,7 +306,22 @@ impl Vm {
             daemon.stop().await;
         }
         drop(self.run_dir.take());
+        self.remove_adopted_folder();
         tracing::info!(id = %self.record.id, "vm stopped");
+    }
+
+    /// An adopted VM's folder is nobody's `RunDir`: its handle removes it (and the
+    /// RAM file it links to) once the VM is stopped.
+    fn remove_adopted_folder(&mut self) {
+        let Some(mut adopted) = self.adopted.take() else {
+            return;
+        };
+        adopted.kill();
+        if let Err(error) = super::run_dir::remove_run_folder(&self.run_path) {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %self.run_path.display(), %error, "cannot remove run folder");
+            }
+        }
     }
 }
 
@@ -278,6 +333,7 @@ impl Drop for Vm {
         }
         drop(self.daemon.take());
         drop(self.run_dir.take());
+        self.remove_adopted_folder();
     }
 }
 

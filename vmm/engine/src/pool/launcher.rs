@@ -10,6 +10,7 @@ use sandbox_vmm::launcher::{BootSpec, LaunchError, Launcher, Vm};
 use tokio::time::Instant;
 
 use super::{Machine, VmFactory, VmSpec};
+use crate::record::{Owner, OwnerKind, SandboxRecord};
 
 /// How long a destroyed VM's QEMU gets between `SIGTERM` and `SIGKILL`. The guest is
 /// being thrown away, so nothing inside it needs to shut down cleanly.
@@ -27,18 +28,34 @@ pub enum BootError {
     /// The VM booted but reported an agent URL the client cannot parse.
     #[error("The VM reported an unusable agent URL {0:?}")]
     AgentUrl(String),
+    /// The VM booted but its record could not be written (it was stopped).
+    #[error("The VM booted but its record could not be written")]
+    Record(#[source] crate::record::RecordError),
 }
 
 /// Boots microVMs with a [`Launcher`].
 #[derive(Debug, Clone)]
 pub struct LauncherFactory {
     launcher: Arc<Launcher>,
+    /// Who holds the VMs: a node daemon's are detached (they outlive it), an
+    /// embedded engine's die with its process.
+    owner: OwnerKind,
 }
 
 impl LauncherFactory {
-    /// A factory over `launcher`.
-    pub fn new(launcher: Arc<Launcher>) -> Self {
-        Self { launcher }
+    /// A factory over `launcher` whose VMs are held by an `owner`.
+    pub fn new(launcher: Arc<Launcher>, owner: OwnerKind) -> Self {
+        Self { launcher, owner }
+    }
+
+    /// Whether its VMs outlive this process.
+    pub fn detached(&self) -> bool {
+        self.owner == OwnerKind::Node
+    }
+
+    /// Who holds its VMs.
+    pub fn owner(&self) -> OwnerKind {
+        self.owner
     }
 
     /// The launcher (templates are looked up through it).
@@ -56,7 +73,15 @@ impl VmFactory for LauncherFactory {
         boot.size = Some(spec.size);
         boot.net = spec.net.clone();
         boot.ready_timeout = timeout;
+        boot.detached = self.detached();
         let vm = self.launcher.boot(boot).await?;
+        // Recorded as this node's before anyone can claim it: a node killed now
+        // finds it at its next start and stops it, rather than leaking it.
+        let record = SandboxRecord::unclaimed(Owner::this(self.owner));
+        if let Err(error) = crate::record::write(vm.run_dir(), &record) {
+            stop(vm).await;
+            return Err(BootError::Record(error));
+        }
         LaunchedVm::connect(vm).await
     }
 }
@@ -111,6 +136,17 @@ impl Machine for LaunchedVm {
         let Self { vm, client, .. } = self;
         drop(client);
         stop(vm).await;
+    }
+
+    /// Detaches a detached VM (its processes, folder and records stay); an owned
+    /// one is killed by its drop.
+    fn leave(self) {
+        let Self { vm, client, .. } = self;
+        drop(client);
+        match vm.detach() {
+            Ok(record) => tracing::info!(vm = %record.id, "left running for the next start"),
+            Err(vm) => drop(vm),
+        }
     }
 }
 

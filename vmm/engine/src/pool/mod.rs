@@ -93,6 +93,15 @@ pub trait Machine: fmt::Debug + Send + 'static {
 
     /// Stops the VM and everything it made.
     fn destroy(self) -> impl Future<Output = ()> + Send;
+
+    /// Lets the VM run on past this process (a node daemon's graceful stop leaves
+    /// claimed VMs for its next start). One that cannot is killed, as by a drop.
+    fn leave(self)
+    where
+        Self: Sized,
+    {
+        drop(self);
+    }
 }
 
 /// A VM and the capacity slot it pays for.
@@ -122,6 +131,13 @@ impl<V: Machine> Lease<V> {
     pub async fn destroy(self) {
         let Self { vm, slot } = self;
         vm.destroy().await;
+        drop(slot);
+    }
+
+    /// Lets the VM outlive this process ([`Machine::leave`]) and frees the slot.
+    pub fn leave(self) {
+        let Self { vm, slot } = self;
+        vm.leave();
         drop(slot);
     }
 

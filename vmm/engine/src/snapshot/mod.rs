@@ -28,7 +28,7 @@ pub mod templates;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use sandbox_vmm::launcher::snapshot::{BranchSpec, NotHibernated};
+use sandbox_vmm::launcher::snapshot::{BranchSpec, NotHibernated, SnapshotError};
 use sandbox_vmm::launcher::{Launcher, VmId};
 
 use crate::pool::launcher::{LaunchedVm, LauncherFactory};
@@ -75,11 +75,12 @@ impl SnapshotHost {
         self.max_fork_count
     }
 
-    /// How children are started: owned by this process (they die with it), each
-    /// given a boot timeout to answer.
+    /// How children are started: held as the pool's VMs are (a node daemon's are
+    /// detached, an embedded engine's die with it), each given a boot timeout to
+    /// answer.
     pub fn branch_spec(&self) -> BranchSpec {
         BranchSpec {
-            detached: false,
+            detached: self.pool.factory().detached(),
             ready_timeout: self.pool.boot_timeout(),
         }
     }
@@ -151,11 +152,21 @@ impl Hibernator<LaunchedVm> for SnapshotHost {
                 .map_err(|error| WakeError::Capacity(Box::new(error)))?
                 .pop()
                 .ok_or_else(|| WakeError::Capacity("no slot was handed out".into()))?;
-            let vm = self
-                .launcher()
-                .wake_owned(&id)
-                .await
-                .map_err(|e| restore(Box::new(e)))?;
+            let vm = match self.launcher().wake_owned(&id).await {
+                Ok(vm) => vm,
+                // Woken meanwhile by someone else (`sandboxctl --vm ID`, `vm wake`):
+                // the run folder's record says it runs, detached; use that VM rather
+                // than insist it sleeps.
+                Err(SnapshotError::NotHibernated { .. }) => {
+                    let vm = self
+                        .launcher()
+                        .adopt(&id)
+                        .map_err(|e| restore(Box::new(e)))?;
+                    tracing::info!(vm = %id, "woken by another process; adopted it");
+                    vm
+                }
+                Err(error) => return Err(restore(Box::new(error))),
+            };
             let vm = LaunchedVm::connect(vm)
                 .await
                 .map_err(|e| restore(Box::new(e)))?;

@@ -47,6 +47,11 @@ impl Daemon {
     /// Starts `sandboxd ARGS` on a free loopback port with its own run folder,
     /// checkpoint store and token file under `dir`, and `envs` added.
     pub async fn start(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Self {
+        Self::start_on(dir, "127.0.0.1:0", args, envs).await
+    }
+
+    /// [`Daemon::start`] listening on `listen` (a restart on its old port).
+    pub async fn start_on(dir: &Path, listen: &str, args: &[&str], envs: &[(&str, &str)]) -> Self {
         // The relay the launcher starts next to itself, built in this profile.
         sandbox_tests::binaries();
         std::fs::create_dir_all(dir).unwrap();
@@ -56,7 +61,7 @@ impl Daemon {
         let log = dir.join("sandboxd.log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_sandboxd"));
         command
-            .args(["--listen", "127.0.0.1:0", "--token-file"])
+            .args(["--listen", listen, "--token-file"])
             .arg(&token_file)
             .args(args)
             .env("SANDBOX_RUN_DIR", &run)
@@ -187,6 +192,21 @@ impl Daemon {
         NodeApi::new(&self.addr, Some(self.token.clone())).unwrap()
     }
 
+    /// Waits for the daemon to exit by itself (or by someone else's signal).
+    pub async fn wait(mut self) -> std::process::ExitStatus {
+        self.child.wait().await.unwrap()
+    }
+
+    /// `kill -9`, then waits for the exit: nothing of the daemon runs its shutdown.
+    pub async fn kill9(mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("sandboxd did not die")
+            .unwrap()
+    }
+
     /// SIGTERM, then waits for the exit.
     pub async fn terminate(mut self, within: Duration) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap());
@@ -195,6 +215,51 @@ impl Daemon {
             .await
             .expect("sandboxd did not exit in time")
             .unwrap()
+    }
+}
+
+/// `sandboxd stop-all` on the home of the daemons started in `dir`; returns its
+/// stdout, asserting it succeeded.
+pub fn stop_all(dir: &Path) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .arg("stop-all")
+        .env("SANDBOX_RUN_DIR", dir.join("run"))
+        .env("SANDBOX_CHECKPOINT_DIR", dir.join("checkpoints"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("cannot run sandboxd stop-all");
+    assert!(
+        output.status.success(),
+        "stop-all failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Runs `sandboxd stop-all` on `dir` when dropped: a failed test leaves no VM behind
+/// (a daemon's VMs outlive it, by design, so killing the daemon is not enough).
+pub struct StopAllOnDrop(pub PathBuf);
+
+impl Drop for StopAllOnDrop {
+    fn drop(&mut self) {
+        // A daemon dropped just before (killed, not yet gone) may still hold the
+        // lock for a moment.
+        for _ in 0..5 {
+            if !self.0.join("run").exists() {
+                return;
+            }
+            let done = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+                .arg("stop-all")
+                .env("SANDBOX_RUN_DIR", self.0.join("run"))
+                .env("SANDBOX_CHECKPOINT_DIR", self.0.join("checkpoints"))
+                .stdin(Stdio::null())
+                .output()
+                .is_ok_and(|output| output.status.success());
+            if done {
+                return;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
     }
 }
 

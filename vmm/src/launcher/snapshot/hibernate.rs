@@ -120,24 +120,15 @@ impl Launcher {
         })
     }
 
-    /// Hibernates a VM this process owns (booted without `detached`), through its
-    /// handle: like [`Launcher::hibernate`], but the VM stays this process's. Its
-    /// image waits in its run folder for [`Launcher::wake_owned`] (or `stop`); if
+    /// Hibernates a VM through its handle: like [`Launcher::hibernate`], but the VM
+    /// stays this process's. Its image waits in its run folder for
+    /// [`Launcher::wake_owned`] (or `stop`); for a VM booted without `detached`, if
     /// this process dies first, the next sweep removes it, as it would have killed
-    /// the running VM. A failed capture hands the VM back, running.
+    /// the running VM (a detached VM's image waits for anyone's wake, as it would
+    /// have kept running). A failed capture hands the VM back, running.
     pub async fn hibernate_owned(&self, mut vm: Vm) -> Result<Hibernation, Box<NotHibernated>> {
         let started = Instant::now();
         let id = vm.id().clone();
-        if vm.record.detached {
-            let error = SnapshotError::NotCapable {
-                id: id.to_string(),
-                why: "it is detached: hibernate it by id".into(),
-            };
-            return Err(Box::new(NotHibernated {
-                error,
-                vm: Some(vm),
-            }));
-        }
         let run = vm.run_path.clone();
         let image_id = VmId::generate().to_string();
         let name = format!("hibernation-{image_id}");
@@ -191,6 +182,10 @@ impl Launcher {
         if let Some(daemon) = vm.daemon.take() {
             daemon.stop().await;
         }
+        if let Some(mut adopted) = vm.adopted.take() {
+            // Not a child: signalled by pidfd; its relay ends as QEMU's chardev closes.
+            adopted.stop(Duration::ZERO).await;
+        }
         if let Some(dir) = vm.run_dir.take() {
             dir.keep();
         }
@@ -213,9 +208,14 @@ impl Launcher {
     /// set from the host. A failed wake keeps the image for another try. A wake of
     /// the same VM by another caller that wins the race leaves this one with
     /// [`SnapshotError::NotHibernated`] (that VM is not this process's).
+    ///
+    /// A VM hibernated detached (by a node daemon, whose VMs outlive it) wakes
+    /// detached again, still through a handle.
     pub async fn wake_owned(&self, id: &VmId) -> Result<Vm, SnapshotError> {
         let started = Instant::now();
-        let mut vm = match self.restore_hibernated(id, false).await? {
+        let run = self.config.run_root.join(id.as_str());
+        let detached = run_dir::read_record(&run).is_some_and(|record| record.detached);
+        let mut vm = match self.restore_hibernated(id, detached).await? {
             Restored::Here(vm) => *vm,
             Restored::ByAnother(_) => {
                 return Err(SnapshotError::NotHibernated { id: id.to_string() })
