@@ -432,6 +432,7 @@ mod tests {
             owner_pid: std::process::id(),
             detached: true,
             qemu_pid: None,
+            qemu_started_ticks: None,
             daemon_pid: None,
             agent_url: "unix:///x".into(),
             template: "python".into(),
