@@ -674,3 +674,25 @@ pub fn wait_child(child: &mut Child, limit: Duration) -> Option<std::process::Ex
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Pids and command lines of live processes whose arguments mention `needle` (a run
+/// folder, say: what a test's VMs' QEMUs and relays name), cargo's own excepted.
+pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        panic!("cannot list /proc");
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(needle) && !text.contains("cargo") {
+            found.push((pid, text));
+        }
+    }
+    found
+}

@@ -288,20 +288,4 @@ pub fn test_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Pids and command lines of live processes whose arguments mention `needle`.
-pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if text.contains(needle) && !text.contains("cargo") {
-            found.push((pid, text));
-        }
-    }
-    found
-}
+pub use sandbox_tests::processes_mentioning;
