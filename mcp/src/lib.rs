@@ -57,6 +57,7 @@
 //! - [`schema`]: standard JSON Schema formats in every tool's schemas.
 //! - [`params`], [`render`], [`error`]: tool inputs, outputs and failures.
 
+pub mod backend;
 pub mod config;
 pub mod error;
 pub mod eval;
@@ -89,6 +90,9 @@ pub enum ServeError {
     /// The MCP handshake on stdio failed.
     #[error("MCP initialization failed")]
     Initialize(#[source] Box<rmcp::service::ServerInitializeError>),
+    /// A node daemon was configured; this build drives none yet.
+    #[error("Driving a node daemon ({0}) is not implemented yet")]
+    NodeUnsupported(String),
     /// The service task failed.
     #[error("The MCP service stopped unexpectedly")]
     Service(#[source] tokio::task::JoinError),
@@ -110,7 +114,13 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let profile = config.profile;
     let host = config.host.clone();
-    let node = sandbox_engine::Node::start(config.mode).await;
+    let ended = backend::Ended::new(config.home.as_deref());
+    let node = match config.backing {
+        config::Backing::Embedded(mode) => {
+            backend::Backend::embedded(sandbox_engine::Node::start(*mode).await, ended)
+        }
+        config::Backing::Node(node) => return Err(ServeError::NodeUnsupported(node.base)),
+    };
     let server = tools::SandboxServer::new(node.clone(), profile, host).with_client_log(log);
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let (mut front, transport) = stdio::Front::start(stdin, stdout);

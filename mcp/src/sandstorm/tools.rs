@@ -44,7 +44,9 @@ impl SandboxServer {
         )
     )]
     async fn sandstorm_list_snapshots(&self) -> Result<CallToolResult, ToolError> {
-        Ok(list(ops::snapshots(&self.node)?))
+        Ok(list(ops::snapshots(
+            self.backend.engine("list_snapshots")?,
+        )?))
     }
 
     #[tool(
@@ -70,7 +72,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SpawnSandboxesParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandboxes = ops::spawn(&self.node, &params).await?;
+        let sandboxes = ops::spawn(self.backend.engine("spawn_sandboxes")?, &params).await?;
         Ok(list(
             sandboxes.iter().map(|s| SpawnedSandbox::new(s)).collect(),
         ))
@@ -99,7 +101,9 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<BranchSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(object(&ops::branch(&self.node, &params).await?))
+        Ok(object(
+            &ops::branch(self.backend.engine("branch_sandbox")?, &params).await?,
+        ))
     }
 
     #[tool(
@@ -116,7 +120,7 @@ impl SandboxServer {
         )
     )]
     async fn sandstorm_list_sandboxes(&self) -> Result<CallToolResult, ToolError> {
-        let sandboxes = self.node.registry().list();
+        let sandboxes = self.backend.engine("list_sandboxes")?.registry().list();
         Ok(list(
             sandboxes.iter().map(|s| SandboxInfo::new(s)).collect(),
         ))
@@ -139,7 +143,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxIdParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = ops::sandbox(&self.node, &params.sandbox_id)?;
+        let sandbox = ops::sandbox(self.backend.engine("get_sandbox")?, &params.sandbox_id)?;
         Ok(object(&SandboxInfo::new(&sandbox)))
     }
 
@@ -196,7 +200,7 @@ impl SandboxServer {
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.authorized(&params)?;
-        guest::eval_code(&self.node, &sandbox, params.code).await
+        guest::eval_code(self.backend.engine("eval_code")?, &sandbox, params.code).await
     }
 
     #[tool(
@@ -242,7 +246,7 @@ impl SandboxServer {
         Parameters(params): Parameters<PingSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.authorized(&params)?;
-        guest::ping_sandbox(&self.node, &sandbox).await
+        guest::ping_sandbox(self.backend.engine("ping_sandbox")?, &sandbox).await
     }
 
     #[tool(
@@ -264,14 +268,20 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxIdParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(object(&ops::kill(&self.node, &params.sandbox_id).await?))
+        Ok(object(
+            &ops::kill(self.backend.engine("kill_sandbox")?, &params.sandbox_id).await?,
+        ))
     }
 }
 
 impl SandboxServer {
     /// The sandbox a guest-reaching call names, once its token checks out.
     fn authorized(&self, params: &impl Guarded) -> Result<Arc<Sandbox>, ToolError> {
-        ops::authorized(&self.node, params.sandbox_id(), params.sandbox_token())
+        ops::authorized(
+            self.backend.engine("kill_sandbox")?,
+            params.sandbox_id(),
+            params.sandbox_token(),
+        )
     }
 }
 
