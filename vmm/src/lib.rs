@@ -19,6 +19,7 @@
 //! - [`launcher`]: boots and stops the microVMs the agent runs in.
 //! - [`egress`]: `net: egress` on the host: the allowlist, dialling for the guest,
 //!   and the per-VM egress log.
+//! - `node_api`: a node daemon's control plane, its JSON shapes and client.
 //! - [`splice`]: a node daemon's data plane, server side: an upgraded HTTP
 //!   connection joined to a local agent (its client side is [`client::node`]).
 //! - [`relay`]: the per-VM host end of a snapshot-capable VM's one agent stream,
@@ -27,6 +28,8 @@
 pub mod client;
 pub mod egress;
 pub mod launcher;
+#[cfg(feature = "node")]
+pub mod node_api;
 pub mod relay;
 pub mod splice;
 

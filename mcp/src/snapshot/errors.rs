@@ -103,6 +103,9 @@ impl ToolError {
                 "Pass another name (list_checkpoints shows the names in use)."
             }
             SnapshotError::BadName(_) => "Pass a name like \"base-1\".",
+            SnapshotError::NoTemplate(_) | SnapshotError::NotPromoted(_) => {
+                "node_info lists the templates and which ones promote made."
+            }
             SnapshotError::InUse { .. } => {
                 "Release the sandboxes started from it (release) first, then call \
                  delete_checkpoint again."

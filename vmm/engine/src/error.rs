@@ -359,3 +359,25 @@ pub enum RenewError {
     #[error("The attached agent has no deadline")]
     Attached,
 }
+
+/// Why a promoted template was not deleted.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteTemplateError {
+    /// The node launches no VMs.
+    #[error("The node launches no microVMs")]
+    NotLaunch,
+    /// The name is the node's default template (its warm pool serves it).
+    #[error("{0:?} is the node's default template and cannot be deleted")]
+    Default(String),
+    /// Live sandboxes were claimed from it.
+    #[error("Template {name:?} is in use by {}: release them first", sandboxes.join(", "))]
+    InUse {
+        /// The template.
+        name: String,
+        /// The sandboxes of it.
+        sandboxes: Vec<String>,
+    },
+    /// No such template, a built one, a bad name, or the files could not go.
+    #[error(transparent)]
+    Snapshot(SnapshotError),
+}

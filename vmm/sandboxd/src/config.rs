@@ -6,7 +6,8 @@
 //! | `--listen ADDR` | `SANDBOXD_LISTEN` | `127.0.0.1:7777` |
 //! | `--token-file FILE` | `SANDBOXD_TOKEN_FILE` | `$SANDBOX_HOME/sandboxd/token`, made at first start |
 //! | `--advertise ADDR` | `SANDBOXD_ADVERTISE` | the listen address |
-//! | `--insecure-listen` | none | off: a non-loopback address is refused (no TLS yet) |
+//! | `--tls-cert FILE`, `--tls-key FILE` | `SANDBOXD_TLS_CERT`, `SANDBOXD_TLS_KEY` | none: plain HTTP |
+//! | `--insecure-listen` | none | off: a non-loopback address without TLS is refused |
 //! | `--template NAME` | `SANDBOX_TEMPLATE` | `default` |
 //! | `--pool N` | `SANDBOX_POOL` | `1` |
 //! | `--max-sandboxes N` | `SANDBOX_MAX` | `8` |
@@ -37,8 +38,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7777";
 #[derive(Debug, Parser)]
 #[command(name = "sandboxd", version, about)]
 pub struct Args {
-    /// Address to listen on. A non-loopback address needs --insecure-listen (the
-    /// API carries tokens; TLS is not built in yet: put a TLS proxy in front).
+    /// Address to listen on. A non-loopback address needs TLS (--tls-cert and
+    /// --tls-key) or, behind a TLS proxy of your own, --insecure-listen: the API
+    /// carries tokens.
     #[arg(long, env = "SANDBOXD_LISTEN", default_value = DEFAULT_LISTEN, value_name = "ADDR")]
     pub listen: SocketAddr,
     /// File holding the operator token (mode 0600 or stricter). Default:
@@ -48,6 +50,22 @@ pub struct Args {
     /// The address clients are told to reach this node at (`owner_addr`).
     #[arg(long, env = "SANDBOXD_ADVERTISE", value_name = "HOST:PORT")]
     pub advertise: Option<String>,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(
+        long = "tls-cert",
+        env = "SANDBOXD_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM); needs --tls-cert.
+    #[arg(
+        long = "tls-key",
+        env = "SANDBOXD_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
     /// Listen on a non-loopback address without TLS.
     #[arg(long = "insecure-listen")]
     pub insecure_listen: bool,
@@ -101,17 +119,29 @@ pub struct Config {
     pub token_file: PathBuf,
     /// Whether `token_file` may be created.
     pub token_file_is_default: bool,
+    /// HTTPS, when given a certificate.
+    pub tls: Option<TlsFiles>,
     /// The engine's configuration.
     pub mode: Mode,
+}
+
+/// The certificate chain and key HTTPS is served with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain, the node's first.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
 }
 
 /// The command line does not make a valid configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// A non-loopback address without `--insecure-listen`.
+    /// A non-loopback address without TLS or `--insecure-listen`.
     #[error(
-        "--listen {0} is not a loopback address: the API carries tokens in the clear. Put a \
-         TLS proxy in front and pass --insecure-listen, or listen on 127.0.0.1"
+        "--listen {0} is not a loopback address and the API carries tokens: serve TLS \
+         (--tls-cert FILE --tls-key FILE), or put a TLS proxy in front and pass \
+         --insecure-listen, or listen on 127.0.0.1"
     )]
     NotLoopback(SocketAddr),
     /// The launcher's environment is unusable.
@@ -151,7 +181,11 @@ impl Config {
         args: Args,
         env: impl Fn(&str) -> Option<OsString>,
     ) -> Result<Self, ConfigError> {
-        if !args.listen.ip().is_loopback() && !args.insecure_listen {
+        let tls = match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            _ => None,
+        };
+        if !args.listen.ip().is_loopback() && !args.insecure_listen && tls.is_none() {
             return Err(ConfigError::NotLoopback(args.listen));
         }
         if !(1..=MAX_SANDBOXES_LIMIT).contains(&args.max_sandboxes) {
@@ -194,6 +228,7 @@ impl Config {
             advertise: args.advertise.unwrap_or_else(|| args.listen.to_string()),
             token_file,
             token_file_is_default,
+            tls,
             mode: Mode::Launch(LaunchConfig {
                 launcher,
                 template: TemplateRef::parse(args.template.trim()),
@@ -234,6 +269,24 @@ mod tests {
             "{refused}"
         );
         assert!(config(&["--listen", "0.0.0.0:7777", "--insecure-listen"]).is_ok());
+        let tls = config(&[
+            "--listen",
+            "0.0.0.0:7777",
+            "--tls-cert",
+            "/c.pem",
+            "--tls-key",
+            "/k.pem",
+        ])
+        .unwrap();
+        assert_eq!(
+            tls.tls,
+            Some(TlsFiles {
+                cert: "/c.pem".into(),
+                key: "/k.pem".into()
+            })
+        );
+        let half = Args::try_parse_from(["sandboxd", "--tls-cert", "/c.pem"]);
+        assert!(half.is_err(), "a certificate without its key is refused");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! `sandboxd`: the node daemon. One sandbox engine (`sandbox-engine`) per host,
-//! shared by every client: a REST/JSON control plane in seed 000's shape (claims,
+//! shared by every client, over HTTP or HTTPS: a REST/JSON control plane in seed 000's shape (claims,
 //! sandboxes, checkpoints, the node) and a data plane that upgrades an HTTP
 //! connection to a sandbox's agent protocol.
 //!
@@ -22,12 +22,14 @@
 //! - [`api`]: routes, handlers, the error mapping.
 //! - [`metrics`]: counters for `/metrics`.
 //! - [`server`]: the accept loop and its bounds.
+//! - [`tls`]: HTTPS from a certificate and key.
 
 pub mod api;
 pub mod auth;
 pub mod config;
 pub mod metrics;
 pub mod server;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -39,6 +41,7 @@ pub use config::{Args, Config};
 /// Serves the node until `shutdown` resolves, then destroys every sandbox.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let operator = auth::OperatorToken::load(&config.token_file, config.token_file_is_default)?;
+    let tls = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("Cannot listen on {}", config.listen))?;
@@ -55,10 +58,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         advertise,
         metrics: Arc::new(metrics::Metrics::default()),
     };
-    tracing::info!(addr = %local, token_file = %config.token_file.display(), "sandboxd listening");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(addr = %local, scheme, token_file = %config.token_file.display(), "sandboxd listening");
     // The test harness and scripts read this line to learn the port.
     println!("sandboxd listening on {local}");
-    server::serve(listener, api::router(state), shutdown).await;
+    server::serve(listener, tls, api::router(state), shutdown).await;
     tracing::info!("shutting down: destroying every sandbox");
     node.shutdown().await;
     Ok(())

@@ -221,3 +221,115 @@ async fn drain_refuses_claims_until_uncordoned_and_metrics_say_so() {
     daemon.terminate(Duration::from_secs(30)).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The workspace's typed client (`sandbox_vmm::node_api`) against the real daemon:
+/// the shapes both ends share parse, and refusals keep their code.
+#[tokio::test]
+async fn the_typed_client_reads_every_node_endpoint() {
+    let (daemon, dir) = daemon("client").await;
+    let api = daemon.api();
+    let info = api.info().await.unwrap();
+    assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(info.addr, daemon.addr);
+    assert!(info.pool.is_none() || info.pool.as_ref().is_some_and(|p| p.target == 0));
+    assert!(api.sandboxes().await.unwrap().is_empty());
+    assert!(api.checkpoints().await.unwrap().is_empty());
+    assert!(api.peers().await.unwrap().is_empty());
+    assert!(api.drain().await.unwrap().draining);
+    assert!(!api.uncordon().await.unwrap().draining);
+
+    let unknown = api.sandbox("sbx-000000000000").await.unwrap_err();
+    assert_eq!(unknown.code(), Some("not_found"), "{unknown}");
+    let template = api.delete_template("no-such-template").await.unwrap_err();
+    assert_eq!(template.code(), Some("not_found"), "{template}");
+    let default = api.delete_template("default").await.unwrap_err();
+    assert_eq!(default.code(), Some("conflict"), "{default}");
+    let missing = daemon
+        .call("DELETE", "/v1/templates", Some(&daemon.token), None)
+        .await;
+    assert_error(&missing, 400, "bad_request");
+
+    // A sandbox token is no operator token; no token is no caller.
+    let stranger = api.with_token("not-the-token");
+    let forbidden = stranger.info().await.unwrap_err();
+    assert_eq!(forbidden.code(), Some("forbidden"), "{forbidden}");
+    let anonymous = sandbox_vmm::node_api::NodeApi::new(&daemon.addr, None).unwrap();
+    let refused = anonymous.delete_template("x").await.unwrap_err();
+    assert_eq!(refused.code(), Some("unauthorized"), "{refused}");
+    daemon.terminate(Duration::from_secs(30)).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--tls-cert`/`--tls-key`: both planes over HTTPS, a client trusting the node's CA
+/// reaches it, one that does not is refused at the handshake, plain HTTP to the TLS
+/// port gets no answer, and a non-loopback address is accepted with TLS.
+#[tokio::test]
+async fn https_serves_the_api_to_clients_that_trust_the_certificate() {
+    let dir = test_dir("tls");
+    let home = dir.join("home");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let cert_file = dir.join("cert.pem");
+    let key_file = dir.join("key.pem");
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let daemon = Daemon::start(
+        &dir,
+        &[
+            "--pool",
+            "0",
+            "--sandbox-home",
+            home.to_str().unwrap(),
+            "--tls-cert",
+            cert_file.to_str().unwrap(),
+            "--tls-key",
+            key_file.to_str().unwrap(),
+        ],
+        &[],
+    )
+    .await;
+    let base = format!("https://{}?ca={}", daemon.addr, cert_file.display());
+    let api = sandbox_vmm::node_api::NodeApi::new(&base, Some(daemon.token.clone())).unwrap();
+    assert_eq!(api.info().await.unwrap().addr, daemon.addr);
+    // The data plane rides the same TLS: an unknown sandbox is refused by the daemon
+    // (an HTTP answer through TLS), not by the handshake.
+    let url = api.agent_url("sbx-000000000000");
+    let options = sandbox_vmm::ConnectOptions {
+        token: Some(daemon.token.clone()),
+        ..sandbox_vmm::ConnectOptions::default()
+    };
+    let refused = sandbox_vmm::Client::connect(&url, &options)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            sandbox_vmm::ClientError::NodeRefused { status: 404, .. }
+        ),
+        "{refused:?}"
+    );
+
+    // Without the CA (the system's roots do not hold a self-signed certificate).
+    let untrusting =
+        sandbox_vmm::node_api::NodeApi::new(&format!("https://{}", daemon.addr), None).unwrap();
+    let error = untrusting.info().await.unwrap_err();
+    assert!(
+        matches!(error, sandbox_vmm::node_api::NodeApiError::Transport { .. }),
+        "{error:?}"
+    );
+    // Plain HTTP to the TLS port: no HTTP answer.
+    let plain = sandbox_vmm::node_api::NodeApi::new(&daemon.addr, Some(daemon.token.clone()))
+        .unwrap()
+        .with_timeout(Duration::from_secs(60));
+    assert!(plain.info().await.is_err());
+    assert_eq!(
+        daemon.call("GET", "/healthz", None, None).await.status,
+        0,
+        "no HTTP answer in the clear"
+    );
+    daemon.terminate(Duration::from_secs(30)).await;
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -102,6 +102,9 @@ pub enum NodeError {
     /// The daemon answered `101` but switched to something else.
     #[error("Node switched to {0:?}, not {NODE_UPGRADE_TOKEN}")]
     WrongUpgrade(String),
+    /// The answer's body could not be read or the request's written.
+    #[error("Bad HTTP body: {0}")]
+    Reply(String),
     /// hyper could not hand over the upgraded connection.
     #[error("Upgrade failed")]
     Upgrade(#[source] hyper::Error),
@@ -138,6 +141,39 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Why [`open`] failed.
+#[derive(Debug)]
+pub(crate) enum Opened {
+    /// The TCP connection failed.
+    Connect(std::io::Error),
+    /// TLS failed (configuration or handshake).
+    Node(NodeError),
+}
+
+/// A TCP connection to `endpoint`, inside TLS for `https` (with `ca` as the only
+/// root when given): the byte stream both planes speak HTTP over.
+pub(crate) async fn open(
+    endpoint: &NodeEndpoint,
+    ca: Option<&Path>,
+) -> Result<Box<dyn AgentStream>, Opened> {
+    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
+        .await
+        .map_err(Opened::Connect)?;
+    // Small frames in both directions (a request, a pty keystroke): no Nagle delay.
+    let _ = tcp.set_nodelay(true);
+    if !endpoint.tls {
+        return Ok(Box::new(tcp));
+    }
+    let config = tls_config(ca).map_err(Opened::Node)?;
+    let name = ServerName::try_from(endpoint.host.clone())
+        .map_err(|_| Opened::Node(NodeError::ServerName(endpoint.host.clone())))?;
+    let tls = TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+        .map_err(|error| Opened::Node(NodeError::Tls(error)))?;
+    Ok(Box::new(tls))
+}
+
 /// Connects to the node `url` names and upgrades `GET /v1/sandboxes/{id}/agent` to
 /// the agent protocol (no timeout: the caller bounds it).
 /// `url` is the whole URL, for errors; `node` its parts.
@@ -151,26 +187,15 @@ pub(crate) async fn upgrade(
         error: Box::new(error),
     };
     let endpoint = NodeEndpoint::parse(&node.base)?;
-    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
+    let stream = open(&endpoint, node.tls_ca.as_deref())
         .await
-        .map_err(|error| ClientError::Connect {
-            url: url.clone(),
-            error,
+        .map_err(|error| match error {
+            Opened::Connect(error) => ClientError::Connect {
+                url: url.clone(),
+                error,
+            },
+            Opened::Node(error) => failed(error),
         })?;
-    // Small frames in both directions (a request, a pty keystroke): no Nagle delay.
-    let _ = tcp.set_nodelay(true);
-    let stream: Box<dyn AgentStream> = if endpoint.tls {
-        let config = tls_config(node.tls_ca.as_deref()).map_err(failed)?;
-        let name = ServerName::try_from(endpoint.host.clone())
-            .map_err(|_| failed(NodeError::ServerName(endpoint.host.clone())))?;
-        let tls = TlsConnector::from(config)
-            .connect(name, tcp)
-            .await
-            .map_err(|error| failed(NodeError::Tls(error)))?;
-        Box::new(tls)
-    } else {
-        Box::new(tcp)
-    };
 
     let request = upgrade_request(&endpoint, &node.sandbox, bearer).map_err(failed)?;
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
@@ -226,6 +251,31 @@ fn upgrade_request(
     Ok(request)
 }
 
+/// The `(code, message)` of an error answer's body: the daemon's JSON, or the start
+/// of the body as text (a proxy's error page); the status's reason when empty.
+pub(crate) fn error_message(status: StatusCode, bytes: &[u8]) -> (String, String) {
+    let (code, message) = match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(ErrorBody {
+            error: ErrorField::Text(message),
+            code,
+        }) => (code, message),
+        Ok(ErrorBody {
+            error: ErrorField::Detail { code, message },
+            ..
+        }) => (code, message),
+        Err(_) => {
+            let text = String::from_utf8_lossy(bytes);
+            (String::new(), cut(text.trim(), MAX_PLAIN_MESSAGE_BYTES))
+        }
+    };
+    if message.is_empty() {
+        let reason = status.canonical_reason().unwrap_or("no message").to_owned();
+        (code, reason)
+    } else {
+        (code, message)
+    }
+}
+
 /// Turns a non-`101` answer into [`ClientError::NodeRefused`], with the message of
 /// its JSON body (or the start of the body as text, for a proxy's error page).
 async fn refused(url: &AgentUrl, response: hyper::Response<hyper::body::Incoming>) -> ClientError {
@@ -235,26 +285,8 @@ async fn refused(url: &AgentUrl, response: hyper::Response<hyper::body::Incoming
         .await
         .map(|collected| collected.to_bytes());
     let (code, message) = match body {
-        Ok(bytes) => match serde_json::from_slice::<ErrorBody>(&bytes) {
-            Ok(ErrorBody {
-                error: ErrorField::Text(message),
-                code,
-            }) => (code, message),
-            Ok(ErrorBody {
-                error: ErrorField::Detail { code, message },
-                ..
-            }) => (code, message),
-            Err(_) => {
-                let text = String::from_utf8_lossy(&bytes);
-                (String::new(), cut(text.trim(), MAX_PLAIN_MESSAGE_BYTES))
-            }
-        },
+        Ok(bytes) => error_message(status, &bytes),
         Err(error) => (String::new(), format!("(unreadable body: {error})")),
-    };
-    let message = if message.is_empty() {
-        status.canonical_reason().unwrap_or("no message").to_owned()
-    } else {
-        message
     };
     ClientError::NodeRefused {
         url: url.clone(),

@@ -20,8 +20,10 @@
 //! - this file: [`SnapshotHost`] (the launcher, the pool, the fork limit) and its
 //!   [`Hibernator`] implementation.
 //! - [`ops`]: the operations, as methods of [`crate::node::Node`], and their results.
+//! - [`templates`]: deleting a promoted template.
 
 pub mod ops;
+pub mod templates;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

@@ -11,75 +11,47 @@ use sandbox_engine::error::CheckpointUser;
 use sandbox_engine::node::sandbox_id_of;
 use sandbox_engine::snapshot::ops::bytes_on_disk;
 use sandbox_vmm::launcher::snapshot::Manifest;
-use serde::{Deserialize, Serialize};
+use sandbox_vmm::node_api::wire::{
+    CheckpointClaimBody, CheckpointDeleted, CheckpointList, CheckpointRow,
+};
 
-use super::sandboxes::{rfc3339, ClaimReply};
+use super::sandboxes::{claim_reply, rfc3339};
 use super::{ApiError, AppState, Body};
 
-/// A checkpoint, in seed 000's shape (`id`, `name`, `sandbox_id`, `created_at`) and
-/// more.
-#[derive(Debug, Serialize)]
-pub struct CheckpointRow {
-    id: String,
-    name: String,
-    sandbox_id: String,
-    template: String,
-    created_at: String,
-    bytes_on_disk: u64,
-    in_use_by: Vec<String>,
-}
-
-impl CheckpointRow {
-    /// The row of `manifest`, used by `users`.
-    pub fn new(manifest: &Manifest, users: Vec<CheckpointUser>) -> Self {
-        Self {
-            id: manifest.id.clone(),
-            name: manifest.name.clone().unwrap_or_default(),
-            sandbox_id: sandbox_id_of(&manifest.source_vm).to_string(),
-            template: manifest.machine.template.clone(),
-            created_at: rfc3339(UNIX_EPOCH + Duration::from_millis(manifest.created_at_unix_ms)),
-            bytes_on_disk: bytes_on_disk(manifest),
-            in_use_by: users.iter().map(ToString::to_string).collect(),
-        }
+/// The row of `manifest`, used by `users`.
+pub fn checkpoint_row(manifest: &Manifest, users: Vec<CheckpointUser>) -> CheckpointRow {
+    CheckpointRow {
+        id: manifest.id.clone(),
+        name: manifest.name.clone().unwrap_or_default(),
+        sandbox_id: sandbox_id_of(&manifest.source_vm).to_string(),
+        template: manifest.machine.template.clone(),
+        created_at: rfc3339(UNIX_EPOCH + Duration::from_millis(manifest.created_at_unix_ms)),
+        bytes_on_disk: bytes_on_disk(manifest),
+        in_use_by: users.iter().map(ToString::to_string).collect(),
     }
-}
-
-#[derive(Serialize)]
-pub struct ListReply {
-    checkpoints: Vec<CheckpointRow>,
 }
 
 pub async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-) -> Result<Json<ListReply>, ApiError> {
+) -> Result<Json<CheckpointList>, ApiError> {
     state.require_operator(&headers)?;
     let mut entries = state.node.list_checkpoints()?;
     // Newest first, as seed 000's client documents.
     entries.sort_by_key(|entry| std::cmp::Reverse(entry.manifest.created_at_unix_ms));
-    Ok(Json(ListReply {
+    Ok(Json(CheckpointList {
         checkpoints: entries
             .into_iter()
-            .map(|entry| CheckpointRow::new(&entry.manifest, entry.users))
+            .map(|entry| checkpoint_row(&entry.manifest, entry.users))
             .collect(),
     }))
-}
-
-/// `POST /v1/checkpoints/{id}/claim`
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimBody {
-    #[serde(default)]
-    ttl_seconds: u64,
-    #[serde(default)]
-    no_redirect: bool,
 }
 
 pub async fn claim(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Body(body): Body<ClaimBody>,
+    Body(body): Body<CheckpointClaimBody>,
 ) -> Result<impl IntoResponse, ApiError> {
     state.require_operator(&headers)?;
     let _ = body.no_redirect;
@@ -99,23 +71,17 @@ pub async fn claim(
     } else {
         child.clone()
     };
-    Ok((StatusCode::CREATED, Json(ClaimReply::new(&state, &child))))
-}
-
-#[derive(Serialize)]
-pub struct Deleted {
-    id: String,
-    freed_bytes: u64,
+    Ok((StatusCode::CREATED, Json(claim_reply(&state, &child))))
 }
 
 pub async fn delete(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<Json<Deleted>, ApiError> {
+) -> Result<Json<CheckpointDeleted>, ApiError> {
     state.require_operator(&headers)?;
     let manifest = state.node.delete_checkpoint(&id)?;
-    Ok(Json(Deleted {
+    Ok(Json(CheckpointDeleted {
         id: manifest.id.clone(),
         freed_bytes: bytes_on_disk(&manifest),
     }))

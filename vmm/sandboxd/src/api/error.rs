@@ -7,8 +7,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use sandbox_engine::error::{
-    BranchError, CaptureError, CheckpointError, CreateError, DeleteCheckpointError, ForkError,
-    HibernateOpError, ListCheckpointsError, LookupError, PromoteError, RenewError,
+    BranchError, CaptureError, CheckpointError, CreateError, DeleteCheckpointError,
+    DeleteTemplateError, ForkError, HibernateOpError, ListCheckpointsError, LookupError,
+    PromoteError, RenewError,
 };
 use sandbox_engine::pool::ClaimError;
 use sandbox_engine::registry::Lookup;
@@ -140,7 +141,10 @@ fn pool_error<E: std::error::Error + 'static>(error: &ClaimError<E>) -> ApiError
 
 fn snapshot_error(error: &SnapshotError) -> ApiError {
     let (status, code) = match error {
-        SnapshotError::NoCheckpoint(_) => (StatusCode::NOT_FOUND, "not_found"),
+        SnapshotError::NoCheckpoint(_) | SnapshotError::NoTemplate(_) => {
+            (StatusCode::NOT_FOUND, "not_found")
+        }
+        SnapshotError::NotPromoted(_) => (StatusCode::CONFLICT, "conflict"),
         SnapshotError::NameTaken(_) | SnapshotError::InUse { .. } => {
             (StatusCode::CONFLICT, "conflict")
         }
@@ -298,6 +302,19 @@ impl From<HibernateOpError> for ApiError {
                 };
                 Self::new(status, code, error_chain(&error))
             }
+        }
+    }
+}
+
+impl From<DeleteTemplateError> for ApiError {
+    fn from(error: DeleteTemplateError) -> Self {
+        match &error {
+            DeleteTemplateError::NotLaunch
+            | DeleteTemplateError::Default(_)
+            | DeleteTemplateError::InUse { .. } => {
+                Self::new(StatusCode::CONFLICT, "conflict", error.to_string())
+            }
+            DeleteTemplateError::Snapshot(inner) => snapshot_error(inner),
         }
     }
 }

@@ -12,10 +12,12 @@
 //! | `POST /v1/sandboxes/{id}/checkpoint` | operator or its token | `{name}` → `{checkpoint: {id, name, sandbox_id, created_at}}` |
 //! | `POST /v1/sandboxes/{id}/hibernate` | operator or its token | snapshot and stop; the next agent connection wakes it |
 //! | `POST /v1/sandboxes/{id}/promote` | operator or its token | `{template}` → `{key: {template}}` |
+//! | `GET /v1/sandboxes/{id}/owner` | operator or its token | `{id, owner_addr}`: which node holds it |
 //! | `GET /v1/sandboxes/{id}/agent` | operator or its token | `Upgrade: sandbox-agent`: the agent protocol |
 //! | `GET /v1/checkpoints` | operator | the checkpoints |
 //! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds}` → claim |
 //! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used) |
+//! | `DELETE /v1/templates?template=NAME` | operator | delete a promoted template (refused while used) |
 //! | `GET /v1/info` | operator | pool, templates, capacity, claims, drain |
 //! | `POST` / `DELETE /v1/drain` | operator | refuse claims / take them again |
 //! | `GET /v1/peers` | operator | `{peers: []}` on a single node |
@@ -23,13 +25,15 @@
 //! | `GET /metrics` | anyone on the listen address | Prometheus text |
 //!
 //! Seed 000's clients send a sandbox's token in the body of fork, checkpoint and
-//! promote (`"token"`): accepted like the bearer.
+//! promote (`"token"`): accepted like the bearer. The JSON shapes are
+//! `sandbox_vmm::node_api::wire`, which the clients share.
 
 mod agent;
 mod checkpoints;
 pub mod error;
 mod node;
 mod sandboxes;
+mod templates;
 
 use std::sync::Arc;
 
@@ -83,10 +87,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/checkpoint", post(sandboxes::checkpoint))
         .route("/v1/sandboxes/{id}/hibernate", post(sandboxes::hibernate))
         .route("/v1/sandboxes/{id}/promote", post(sandboxes::promote))
+        .route("/v1/sandboxes/{id}/owner", get(sandboxes::owner))
         .route("/v1/sandboxes/{id}/agent", get(agent::upgrade))
         .route("/v1/checkpoints", get(checkpoints::list))
         .route("/v1/checkpoints/{id}", delete(checkpoints::delete))
         .route("/v1/checkpoints/{id}/claim", post(checkpoints::claim))
+        .route("/v1/templates", delete(templates::delete))
         .route("/v1/info", get(node::info))
         .route("/v1/drain", post(node::drain).delete(node::uncordon))
         .route("/v1/peers", get(node::peers))

@@ -4,49 +4,11 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::Serialize;
+use sandbox_vmm::node_api::wire::{
+    CapacityRow, DrainReply, InfoReply, PeersReply, PoolRow, TemplateRow,
+};
 
 use super::{ApiError, AppState};
-
-#[derive(Serialize)]
-pub struct PoolRow {
-    template: String,
-    size: String,
-    target: usize,
-    warm: usize,
-    booting: usize,
-    last_error: Option<String>,
-}
-
-#[derive(Serialize)]
-pub struct TemplateRow {
-    name: String,
-    default: bool,
-    size: Option<String>,
-    promoted: bool,
-    error: Option<String>,
-}
-
-#[derive(Serialize)]
-pub struct Capacity {
-    max_sandboxes: usize,
-    vms: usize,
-    live_claims: usize,
-    claimable: usize,
-}
-
-#[derive(Serialize)]
-pub struct InfoReply {
-    version: &'static str,
-    addr: String,
-    default_template: String,
-    draining: bool,
-    pool: Option<PoolRow>,
-    templates: Vec<TemplateRow>,
-    capacity: Capacity,
-    live_claims: usize,
-    peers: Vec<String>,
-}
 
 pub async fn info(
     State(state): State<AppState>,
@@ -55,7 +17,7 @@ pub async fn info(
     state.require_operator(&headers)?;
     let status = state.node.status();
     Ok(Json(InfoReply {
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
         addr: state.advertise.clone(),
         default_template: status.default_template,
         draining: status.draining,
@@ -79,7 +41,7 @@ pub async fn info(
             })
             .collect(),
         live_claims: status.capacity.live_claims,
-        capacity: Capacity {
+        capacity: CapacityRow {
             max_sandboxes: status.capacity.max_sandboxes,
             vms: status.capacity.vms,
             live_claims: status.capacity.live_claims,
@@ -87,12 +49,6 @@ pub async fn info(
         },
         peers: Vec::new(),
     }))
-}
-
-#[derive(Serialize)]
-pub struct DrainReply {
-    draining: bool,
-    live_claims: usize,
 }
 
 pub async fn drain(
@@ -120,11 +76,6 @@ fn set_drain(
         draining,
         live_claims: state.node.registry().list().len(),
     }))
-}
-
-#[derive(Serialize)]
-pub struct PeersReply {
-    peers: Vec<String>,
 }
 
 /// A single node has no peers.

@@ -1,4 +1,5 @@
-//! Claims and the verbs on one sandbox, in seed 000's shapes.
+//! Claims and the verbs on one sandbox, in seed 000's shapes (the shapes themselves
+//! are `sandbox_vmm::node_api::wire`, shared with the clients).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,120 +9,50 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use sandbox_engine::node::{ClaimRequest, NetRequest};
-use sandbox_engine::sandbox::Sandbox;
-use serde::{Deserialize, Serialize};
+use sandbox_engine::sandbox::{Lineage, Sandbox};
+use sandbox_vmm::node_api::wire::{
+    CheckpointBody, CheckpointReply, ClaimBody, ClaimReply, ForkBody, ForkReply, HibernateReply,
+    OwnerReply, PromoteBody, PromoteReply, Released, RenewBody, Renewed, SandboxList, SandboxRow,
+    TemplateKey, TokenBody,
+};
 
 use super::{ApiError, AppState, Body};
 use crate::auth::{caller, may_use, Caller};
 
-/// `POST /v1/claim`
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimBody {
-    /// A template name; empty for the node's default.
-    #[serde(default)]
-    pub template: String,
-    /// `none` (or empty) or `egress`.
-    #[serde(default)]
-    pub net: String,
-    /// With egress: narrow the operator's allowlist.
-    #[serde(default)]
-    pub allow: Vec<String>,
-    /// A size preset; empty for the template's.
-    #[serde(default)]
-    pub size: String,
-    /// Lifetime; 0 for one hour.
-    #[serde(default)]
-    pub ttl_seconds: u64,
-    /// The caller's own label for the claim, echoed in listings.
-    #[serde(default)]
-    pub claim_ref: String,
-    /// Seed 000's clients set these for its mesh; a single node has no peer to
-    /// redirect to, so both are accepted and change nothing.
-    #[serde(default)]
-    pub no_redirect: bool,
-    /// See `no_redirect`.
-    #[serde(default)]
-    pub require_promoted: bool,
-    /// Volumes: not offered by this node (refused when non-empty).
-    #[serde(default)]
-    pub volumes: Vec<serde_json::Value>,
-}
-
-/// A claimed sandbox, as a claim, fork or branch answers it.
-#[derive(Debug, Serialize)]
-pub struct ClaimReply {
-    /// The sandbox's id.
-    pub id: String,
-    /// Its token: shown once, here.
-    pub token: String,
-    /// When it is destroyed (RFC 3339, UTC).
-    pub deadline: String,
-    /// The node that holds it.
-    pub owner_addr: String,
-    /// Its template.
-    pub template: String,
-    /// Its size.
-    pub size: String,
-    /// Whether a warm VM was waiting.
-    pub warm: bool,
-    /// How long the claim took.
-    pub claim_ms: u64,
-    /// The checkpoint it started from, if it did.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub from_checkpoint: String,
-}
-
-impl ClaimReply {
-    /// The reply for `sandbox`, newly made.
-    pub fn new(state: &AppState, sandbox: &Sandbox) -> Self {
-        use sandbox_engine::sandbox::Lineage;
-        Self {
-            id: sandbox.id.to_string(),
-            token: sandbox.token.reveal().to_owned(),
-            deadline: deadline(sandbox),
-            owner_addr: state.advertise.clone(),
-            template: sandbox.template.clone(),
-            size: sandbox
-                .size
-                .map(|size| size.to_string())
-                .unwrap_or_default(),
-            warm: sandbox.warm,
-            claim_ms: sandbox_engine::util::millis(sandbox.claim_duration),
-            from_checkpoint: match &sandbox.lineage {
-                Lineage::Checkpoint { id, .. } => id.clone(),
-                _ => String::new(),
-            },
-        }
+/// The reply for `sandbox`, newly made: the one answer that carries its token.
+pub fn claim_reply(state: &AppState, sandbox: &Sandbox) -> ClaimReply {
+    ClaimReply {
+        id: sandbox.id.to_string(),
+        token: sandbox.token.reveal().to_owned(),
+        deadline: deadline(sandbox),
+        owner_addr: state.advertise.clone(),
+        template: sandbox.template.clone(),
+        size: size(sandbox),
+        warm: sandbox.warm,
+        claim_ms: sandbox_engine::util::millis(sandbox.claim_duration),
+        from_checkpoint: match &sandbox.lineage {
+            Lineage::Checkpoint { id, .. } => id.clone(),
+            _ => String::new(),
+        },
     }
 }
 
-/// A sandbox in a listing: never its token.
-#[derive(Debug, Serialize)]
-pub struct SandboxRow {
-    id: String,
-    /// What it was claimed as (`template` / `template:size`), seed 000's `key`.
-    key: String,
-    template: String,
-    size: String,
-    status: &'static str,
-    claimed_at: String,
-    deadline: String,
-    lineage: String,
-}
-
-fn row(sandbox: &Sandbox) -> SandboxRow {
-    use sandbox_engine::sandbox::Lineage;
-    let size = sandbox
+fn size(sandbox: &Sandbox) -> String {
+    sandbox
         .size
         .map(|size| size.to_string())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// A sandbox in a listing: never its token.
+fn row(sandbox: &Sandbox) -> SandboxRow {
+    let size = size(sandbox);
     SandboxRow {
         id: sandbox.id.to_string(),
         key: format!("{}:{size}", sandbox.template),
         template: sandbox.template.clone(),
         size,
-        status: sandbox.status().as_str(),
+        status: sandbox.status().as_str().to_owned(),
         claimed_at: rfc3339(sandbox.claimed_at),
         deadline: deadline(sandbox),
         lineage: match &sandbox.lineage {
@@ -173,7 +104,7 @@ pub async fn claim(
         require_promoted = body.require_promoted,
         "mesh flags of a claim (a single node has no peer: ignored)"
     );
-    if !body.volumes.is_empty() {
+    if !body.volumes.is_empty() || body.volumes_attach_only {
         return Err(ApiError::bad_request(
             "volumes are not offered by this node; claim without them",
         ));
@@ -201,19 +132,14 @@ pub async fn claim(
     tracing::info!(sandbox = %claimed.sandbox.id, claim_ref = %body.claim_ref, "claim served");
     Ok((
         StatusCode::CREATED,
-        Json(ClaimReply::new(&state, &claimed.sandbox)),
+        Json(claim_reply(&state, &claimed.sandbox)),
     ))
-}
-
-#[derive(Serialize)]
-pub struct ListReply {
-    sandboxes: Vec<SandboxRow>,
 }
 
 pub async fn list(
     State(state): State<AppState>,
     headers: HeaderMap,
-) -> Result<Json<ListReply>, ApiError> {
+) -> Result<Json<SandboxList>, ApiError> {
     let sandboxes = state.node.registry().list();
     let visible: Vec<SandboxRow> = match caller(&state.operator, &headers) {
         Caller::Operator => sandboxes.iter().map(|sandbox| row(sandbox)).collect(),
@@ -224,7 +150,7 @@ pub async fn list(
             .collect(),
         Caller::Anonymous => return Err(ApiError::unauthorized()),
     };
-    Ok(Json(ListReply { sandboxes: visible }))
+    Ok(Json(SandboxList { sandboxes: visible }))
 }
 
 pub async fn show(
@@ -236,39 +162,32 @@ pub async fn show(
     Ok(Json(row(&sandbox)))
 }
 
-#[derive(Serialize)]
-pub struct Released {
-    id: String,
-    released: bool,
+/// `GET /v1/sandboxes/{id}/owner`: seed 000's clients ask each node which one holds
+/// a sandbox; on one node it is this one.
+pub async fn owner(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<OwnerReply>, ApiError> {
+    let sandbox = authorized(&state, &headers, None, &id)?;
+    Ok(Json(OwnerReply {
+        id: sandbox.id.to_string(),
+        owner_addr: state.advertise.clone(),
+    }))
 }
 
 pub async fn release(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Body(body): Body<TokenBody>,
 ) -> Result<Json<Released>, ApiError> {
-    authorized(&state, &headers, None, &id)?;
+    authorized(&state, &headers, Some(&body.token), &id)?;
     let sandbox = state.node.release(&id).await?;
     Ok(Json(Released {
         id: sandbox.id.to_string(),
         released: true,
     }))
-}
-
-/// `POST /v1/sandboxes/{id}/renew`
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RenewBody {
-    #[serde(default)]
-    ttl_seconds: u64,
-    #[serde(default)]
-    token: String,
-}
-
-#[derive(Serialize)]
-pub struct Renewed {
-    id: String,
-    deadline: String,
 }
 
 pub async fn renew(
@@ -285,30 +204,6 @@ pub async fn renew(
     }))
 }
 
-/// `POST /v1/sandboxes/{id}/fork`
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ForkBody {
-    #[serde(default)]
-    token: String,
-    #[serde(default = "one")]
-    count: u64,
-    #[serde(default)]
-    ttl_seconds: u64,
-}
-
-fn one() -> u64 {
-    1
-}
-
-#[derive(Serialize)]
-pub struct ForkReply {
-    id: String,
-    children: Vec<ClaimReply>,
-    pause_ms: u64,
-    fork_ms: u64,
-}
-
 pub async fn fork(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -316,7 +211,7 @@ pub async fn fork(
     Body(body): Body<ForkBody>,
 ) -> Result<Json<ForkReply>, ApiError> {
     authorized(&state, &headers, Some(&body.token), &id)?;
-    // An empty body is `Default`, whose count is 0: one child, as for no count.
+    // `"count": 0` is one child, as no count is.
     let count = body.count.max(1);
     if body.ttl_seconds > 0 {
         sandbox_engine::node::claim_ttl_secs(body.ttl_seconds)
@@ -330,7 +225,7 @@ pub async fn fork(
         } else {
             child.clone()
         };
-        children.push(ClaimReply::new(&state, &child));
+        children.push(claim_reply(&state, &child));
     }
     state.metrics.forked(children.len());
     Ok(Json(ForkReply {
@@ -339,23 +234,6 @@ pub async fn fork(
         pause_ms: sandbox_engine::util::millis(forked.pause),
         fork_ms: sandbox_engine::util::millis(forked.took),
     }))
-}
-
-/// `POST /v1/sandboxes/{id}/checkpoint`
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CheckpointBody {
-    #[serde(default)]
-    token: String,
-    #[serde(default)]
-    name: String,
-}
-
-#[derive(Serialize)]
-pub struct CheckpointReply {
-    checkpoint: super::checkpoints::CheckpointRow,
-    pause_ms: u64,
-    took_ms: u64,
 }
 
 pub async fn checkpoint(
@@ -368,26 +246,10 @@ pub async fn checkpoint(
     let name = Some(body.name).filter(|name| !name.trim().is_empty());
     let taken = state.node.checkpoint(&id, name).await?;
     Ok(Json(CheckpointReply {
-        checkpoint: super::checkpoints::CheckpointRow::new(&taken.manifest, Vec::new()),
+        checkpoint: super::checkpoints::checkpoint_row(&taken.manifest, Vec::new()),
         pause_ms: sandbox_engine::util::millis(taken.pause),
         took_ms: sandbox_engine::util::millis(taken.took),
     }))
-}
-
-/// `POST /v1/sandboxes/{id}/hibernate`
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenBody {
-    #[serde(default)]
-    token: String,
-}
-
-#[derive(Serialize)]
-pub struct HibernateReply {
-    id: String,
-    hibernated_now: bool,
-    bytes_on_disk: u64,
-    deadline: String,
 }
 
 pub async fn hibernate(
@@ -404,29 +266,6 @@ pub async fn hibernate(
         bytes_on_disk: done.image.bytes_on_disk,
         deadline: deadline(&done.sandbox),
     }))
-}
-
-/// `POST /v1/sandboxes/{id}/promote`
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PromoteBody {
-    #[serde(default)]
-    token: String,
-    #[serde(default)]
-    template: String,
-}
-
-#[derive(Serialize)]
-pub struct TemplateKey {
-    template: String,
-}
-
-#[derive(Serialize)]
-pub struct PromoteReply {
-    key: TemplateKey,
-    replaced: bool,
-    pause_ms: u64,
-    took_ms: u64,
 }
 
 pub async fn promote(

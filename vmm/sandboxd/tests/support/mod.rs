@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use sandbox_vmm::client::{AgentUrl, Client, ClientError, ConnectOptions};
+use sandbox_vmm::node_api::NodeApi;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -179,6 +180,11 @@ impl Daemon {
             ..ConnectOptions::default()
         };
         Client::connect(&url, &options).await
+    }
+
+    /// The typed control-plane client, with the operator token.
+    pub fn api(&self) -> NodeApi {
+        NodeApi::new(&self.addr, Some(self.token.clone())).unwrap()
     }
 
     /// SIGTERM, then waits for the exit.

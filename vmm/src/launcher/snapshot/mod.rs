@@ -131,6 +131,12 @@ pub enum SnapshotError {
     /// Another checkpoint has that name.
     #[error("A checkpoint named {0:?} exists already")]
     NameTaken(String),
+    /// No template of that name.
+    #[error("No template named {0:?}")]
+    NoTemplate(String),
+    /// The template was built, not promoted: delete does not remove it.
+    #[error("{0:?} is a built template, not one made by promote; remove its folder to delete it")]
+    NotPromoted(String),
     /// A name that is not 1-64 letters, digits, `-`, `_` or `.` (not starting with `.`).
     #[error("Invalid checkpoint name {0:?}: use 1-64 letters, digits, '-', '_' or '.'")]
     BadName(String),

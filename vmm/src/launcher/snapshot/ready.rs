@@ -237,6 +237,28 @@ impl Launcher {
         })
     }
 
+    /// Deletes the promoted template `name` and answers the bytes it held. A built
+    /// template (one without a promoted snapshot) is refused: only what promote
+    /// made is removed here. The folder is renamed away first, so a claim racing the
+    /// delete sees the template whole or not at all.
+    pub fn delete_promoted(&self, name: &str) -> Result<u64, SnapshotError> {
+        check_name(name)?;
+        let template = self
+            .template(&TemplateRef::Name(name.to_owned()))
+            .map_err(|_| SnapshotError::NoTemplate(name.to_owned()))?;
+        if template.snapshot.is_none() {
+            return Err(SnapshotError::NotPromoted(name.to_owned()));
+        }
+        let root = self.config.templates_root();
+        let dir = root.join(name);
+        let bytes = folder_bytes(&dir);
+        let gone = root.join(format!(".deleted-{}", VmId::generate()));
+        fs::rename(&dir, &gone).map_err(|error| write_error(&dir, error))?;
+        // Running VMs of it keep the files they have open.
+        fs::remove_dir_all(&gone).map_err(|error| write_error(&gone, error))?;
+        Ok(bytes)
+    }
+
     async fn promote_into(
         &self,
         id: &VmId,
@@ -365,4 +387,20 @@ fn write_error(path: &Path, error: std::io::Error) -> SnapshotError {
         path: path.to_owned(),
         error,
     }
+}
+
+/// Bytes the files under `dir` occupy on disk (what a delete frees).
+fn folder_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(kind) if kind.is_dir() => folder_bytes(&entry.path()),
+            Ok(_) => entry.metadata().map_or(0, |m| m.blocks() * 512),
+            Err(_) => 0,
+        })
+        .sum()
 }

@@ -1,0 +1,524 @@
+//! The JSON shapes of a node daemon's control plane, in seed 000's field names, for
+//! both ends: `sandboxd` serializes replies and reads requests with them; clients
+//! (`sandbox-mcp --addr`, `sandboxctl --node`) do the reverse. Requests refuse unknown
+//! fields (a misspelt field is an error, not a default); replies accept them, so an
+//! older client reads a newer daemon.
+
+use serde::{Deserialize, Serialize};
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// `POST /v1/claim`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimBody {
+    /// A template name; empty for the node's default.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub template: String,
+    /// `none` (or empty) or `egress`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub net: String,
+    /// With egress: narrow the operator's allowlist.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// A size preset; empty for the template's.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub size: String,
+    /// Lifetime; 0 for one hour.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ttl_seconds: u64,
+    /// The caller's own label for the claim, echoed in listings.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub claim_ref: String,
+    /// Seed 000's clients set these for its mesh; a single node has no peer to
+    /// redirect to, so both are accepted and change nothing.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub no_redirect: bool,
+    /// See `no_redirect`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub require_promoted: bool,
+    /// Volumes: not offered by this node (refused when non-empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<serde_json::Value>,
+    /// Seed 000's clients send it with volumes that are attached but not mounted.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub volumes_attach_only: bool,
+}
+
+/// A claimed sandbox, as a claim, fork or branch answers it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimReply {
+    /// The sandbox's id.
+    pub id: String,
+    /// Its token: shown once, here.
+    pub token: String,
+    /// When it is destroyed (RFC 3339, UTC).
+    pub deadline: String,
+    /// The node that holds it.
+    #[serde(default)]
+    pub owner_addr: String,
+    /// Its template.
+    #[serde(default)]
+    pub template: String,
+    /// Its size.
+    #[serde(default)]
+    pub size: String,
+    /// Whether a warm VM was waiting.
+    #[serde(default)]
+    pub warm: bool,
+    /// How long the claim took.
+    #[serde(default)]
+    pub claim_ms: u64,
+    /// The checkpoint it started from, if it did.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub from_checkpoint: String,
+}
+
+/// A sandbox in a listing: never its token.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRow {
+    /// Its id.
+    pub id: String,
+    /// What it was claimed as (`template:size`), seed 000's `key`.
+    #[serde(default)]
+    pub key: String,
+    /// Its template.
+    #[serde(default)]
+    pub template: String,
+    /// Its size.
+    #[serde(default)]
+    pub size: String,
+    /// `running`, `hibernated` or `destroyed`.
+    #[serde(default)]
+    pub status: String,
+    /// When it was claimed (RFC 3339).
+    #[serde(default)]
+    pub claimed_at: String,
+    /// When it ends (RFC 3339; empty for none).
+    #[serde(default)]
+    pub deadline: String,
+    /// `template`, `fork:PARENT`, `checkpoint:ID` or `attached`.
+    #[serde(default)]
+    pub lineage: String,
+}
+
+/// `GET /v1/sandboxes`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxList {
+    /// What the caller may see.
+    pub sandboxes: Vec<SandboxRow>,
+}
+
+/// `GET /v1/sandboxes/{id}/owner`: where a sandbox lives (seed 000's lookup).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerReply {
+    /// Its id.
+    pub id: String,
+    /// The node that holds it.
+    pub owner_addr: String,
+}
+
+/// `POST /v1/sandboxes/{id}/release`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    /// Its id.
+    pub id: String,
+    /// Always true on success.
+    pub released: bool,
+}
+
+/// The body of the verbs that take nothing but seed 000's in-body token
+/// (`hibernate`, `release`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBody {
+    /// The sandbox's token, as seed 000's clients send it (the bearer does as well).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+}
+
+/// `POST /v1/sandboxes/{id}/renew`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenewBody {
+    /// The new lifetime from now; 0 for one hour.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ttl_seconds: u64,
+    /// See [`TokenBody::token`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+}
+
+/// The answer to a renew.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Renewed {
+    /// Its id.
+    pub id: String,
+    /// The new deadline (RFC 3339).
+    pub deadline: String,
+}
+
+/// `POST /v1/sandboxes/{id}/fork`
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    /// See [`TokenBody::token`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+    /// How many children (at least one).
+    #[serde(default = "one")]
+    pub count: u64,
+    /// The children's lifetime; 0 for one hour.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ttl_seconds: u64,
+}
+
+impl Default for ForkBody {
+    fn default() -> Self {
+        Self {
+            token: String::new(),
+            count: 1,
+            ttl_seconds: 0,
+        }
+    }
+}
+
+/// The answer to a fork.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkReply {
+    /// The parent's id.
+    pub id: String,
+    /// The children, each with its own token.
+    pub children: Vec<ClaimReply>,
+    /// How long the parent was paused.
+    #[serde(default)]
+    pub pause_ms: u64,
+    /// How long the whole fork took.
+    #[serde(default)]
+    pub fork_ms: u64,
+}
+
+/// `POST /v1/sandboxes/{id}/checkpoint`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointBody {
+    /// See [`TokenBody::token`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+    /// A label for it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+}
+
+/// A checkpoint, in seed 000's shape (`id`, `name`, `sandbox_id`, `created_at`) and
+/// more.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRow {
+    /// Its id.
+    pub id: String,
+    /// Its label.
+    #[serde(default)]
+    pub name: String,
+    /// The sandbox it was taken of.
+    #[serde(default)]
+    pub sandbox_id: String,
+    /// That sandbox's template.
+    #[serde(default)]
+    pub template: String,
+    /// When (RFC 3339).
+    #[serde(default)]
+    pub created_at: String,
+    /// Its files' size.
+    #[serde(default)]
+    pub bytes_on_disk: u64,
+    /// What keeps it from being deleted.
+    #[serde(default)]
+    pub in_use_by: Vec<String>,
+}
+
+/// The answer to a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointReply {
+    /// What was taken.
+    pub checkpoint: CheckpointRow,
+    /// How long the sandbox was paused.
+    #[serde(default)]
+    pub pause_ms: u64,
+    /// How long the whole capture took.
+    #[serde(default)]
+    pub took_ms: u64,
+}
+
+/// `GET /v1/checkpoints`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointList {
+    /// Newest first.
+    pub checkpoints: Vec<CheckpointRow>,
+}
+
+/// `POST /v1/checkpoints/{id}/claim`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointClaimBody {
+    /// The new sandbox's lifetime; 0 for one hour.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ttl_seconds: u64,
+    /// Seed 000's mesh flag: accepted, changes nothing on one node.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub no_redirect: bool,
+}
+
+/// `DELETE /v1/checkpoints/{id}`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointDeleted {
+    /// Its id.
+    pub id: String,
+    /// What its files took.
+    #[serde(default)]
+    pub freed_bytes: u64,
+}
+
+/// The answer to a hibernate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HibernateReply {
+    /// Its id.
+    pub id: String,
+    /// False when it was already hibernated.
+    #[serde(default)]
+    pub hibernated_now: bool,
+    /// Its image's size.
+    #[serde(default)]
+    pub bytes_on_disk: u64,
+    /// Its deadline, which runs on while it sleeps (RFC 3339).
+    #[serde(default)]
+    pub deadline: String,
+}
+
+/// `POST /v1/sandboxes/{id}/promote`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromoteBody {
+    /// See [`TokenBody::token`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+    /// The template's name.
+    #[serde(default)]
+    pub template: String,
+}
+
+/// A template's key, as seed 000's clients read it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateKey {
+    /// Its name.
+    pub template: String,
+}
+
+/// The answer to a promote.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromoteReply {
+    /// What is now claimable.
+    pub key: TemplateKey,
+    /// Whether an earlier promotion of that name was replaced.
+    #[serde(default)]
+    pub replaced: bool,
+    /// How long the sandbox was paused.
+    #[serde(default)]
+    pub pause_ms: u64,
+    /// How long the whole promotion took.
+    #[serde(default)]
+    pub took_ms: u64,
+}
+
+/// `DELETE /v1/templates?template=NAME`: the query.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateQuery {
+    /// The promoted template's name.
+    #[serde(default)]
+    pub template: String,
+    /// Seed 000's key parts: accepted when empty or matching, since a template
+    /// here is one name whatever the claim's net and size.
+    #[serde(default)]
+    pub net: String,
+    /// See `net`.
+    #[serde(default)]
+    pub size: String,
+    /// Seed 000's mesh flag (`1`): accepted, changes nothing on one node.
+    #[serde(default)]
+    pub no_redirect: String,
+}
+
+/// The answer to a template delete.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateDeleted {
+    /// Its name.
+    pub template: String,
+    /// What its files took.
+    #[serde(default)]
+    pub freed_bytes: u64,
+    /// Seed 000's clients follow this to the owner node; empty on one node.
+    #[serde(default)]
+    pub redirect: Vec<String>,
+}
+
+/// The warm pool in [`InfoReply`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRow {
+    /// What it keeps warm.
+    pub template: String,
+    /// In which size.
+    #[serde(default)]
+    pub size: String,
+    /// How many it aims for.
+    #[serde(default)]
+    pub target: usize,
+    /// How many are waiting.
+    #[serde(default)]
+    pub warm: usize,
+    /// How many are booting.
+    #[serde(default)]
+    pub booting: usize,
+    /// Why the last boot failed, if it did.
+    #[serde(default)]
+    pub last_error: Option<String>,
+}
+
+/// A template in [`InfoReply`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateRow {
+    /// Its name.
+    pub name: String,
+    /// Whether claims without a template get it.
+    #[serde(default)]
+    pub default: bool,
+    /// Its size, when it has one of its own.
+    #[serde(default)]
+    pub size: Option<String>,
+    /// Whether a promote made it.
+    #[serde(default)]
+    pub promoted: bool,
+    /// Why it cannot be used, if it cannot.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// Capacity in [`InfoReply`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapacityRow {
+    /// The most VMs (sandboxes and warm) at once.
+    pub max_sandboxes: usize,
+    /// VMs now.
+    #[serde(default)]
+    pub vms: usize,
+    /// Claimed sandboxes now.
+    #[serde(default)]
+    pub live_claims: usize,
+    /// How many more claims fit.
+    #[serde(default)]
+    pub claimable: usize,
+}
+
+/// `GET /v1/info`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InfoReply {
+    /// The daemon's version.
+    pub version: String,
+    /// What claims report as `owner_addr`.
+    #[serde(default)]
+    pub addr: String,
+    /// What a claim without a template gets.
+    #[serde(default)]
+    pub default_template: String,
+    /// Whether claims are refused.
+    #[serde(default)]
+    pub draining: bool,
+    /// The warm pool, if there is one.
+    #[serde(default)]
+    pub pool: Option<PoolRow>,
+    /// What can be claimed.
+    #[serde(default)]
+    pub templates: Vec<TemplateRow>,
+    /// Limits and use.
+    #[serde(default)]
+    pub capacity: CapacityRow,
+    /// Claimed sandboxes now (seed 000 reads it at the top).
+    #[serde(default)]
+    pub live_claims: usize,
+    /// Other nodes (none on a single node).
+    #[serde(default)]
+    pub peers: Vec<String>,
+}
+
+/// `POST` / `DELETE /v1/drain`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainReply {
+    /// Whether claims are now refused.
+    pub draining: bool,
+    /// Claimed sandboxes still running out.
+    #[serde(default)]
+    pub live_claims: usize,
+}
+
+/// `GET /v1/peers`
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeersReply {
+    /// Other nodes' addresses.
+    pub peers: Vec<String>,
+}
+
+/// Every failure: `{"error": MESSAGE, "code": CODE}`. `error` is a string, as seed
+/// 000's clients read it; `code` a stable name to branch on.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    /// What happened.
+    pub error: String,
+    /// A stable name for the failure (`not_found`, `gone`, `unauthorized`, ...).
+    #[serde(default)]
+    pub code: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_fork_body_is_one_child() {
+        let body: ForkBody = serde_json::from_str("{}").unwrap();
+        assert_eq!(body, ForkBody::default());
+        assert_eq!(body.count, 1);
+    }
+
+    #[test]
+    fn requests_refuse_unknown_fields_and_replies_ignore_them() {
+        assert!(serde_json::from_str::<ClaimBody>(r#"{"templat": "x"}"#).is_err());
+        let reply: DrainReply =
+            serde_json::from_str(r#"{"draining": true, "new_field": 1}"#).unwrap();
+        assert!(reply.draining);
+    }
+
+    #[test]
+    fn a_default_claim_body_serializes_to_an_empty_object() {
+        assert_eq!(serde_json::to_string(&ClaimBody::default()).unwrap(), "{}");
+    }
+
+    #[test]
+    fn seed_000s_claim_body_parses() {
+        let body: ClaimBody = serde_json::from_str(
+            r#"{"template": "t", "net": "egress", "size": "small", "ttl_seconds": 60,
+                "claim_ref": "r", "no_redirect": true}"#,
+        )
+        .unwrap();
+        assert_eq!(body.template, "t");
+        assert_eq!(body.ttl_seconds, 60);
+    }
+}
