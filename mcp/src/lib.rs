@@ -90,9 +90,9 @@ pub enum ServeError {
     /// The MCP handshake on stdio failed.
     #[error("MCP initialization failed")]
     Initialize(#[source] Box<rmcp::service::ServerInitializeError>),
-    /// A node daemon was configured; this build drives none yet.
-    #[error("Driving a node daemon ({0}) is not implemented yet")]
-    NodeUnsupported(String),
+    /// The node daemon's address cannot be used.
+    #[error("Cannot use the node daemon's address")]
+    Node(#[source] Box<sandbox_vmm::node_api::NodeApiError>),
     /// The service task failed.
     #[error("The MCP service stopped unexpectedly")]
     Service(#[source] tokio::task::JoinError),
@@ -119,7 +119,12 @@ pub async fn run(
         config::Backing::Embedded(mode) => {
             backend::Backend::embedded(sandbox_engine::Node::start(*mode).await, ended)
         }
-        config::Backing::Node(node) => return Err(ServeError::NodeUnsupported(node.base)),
+        config::Backing::Node(node) => {
+            let session = backend::node::Session::new(&node, ended.clone())
+                .map_err(|error| ServeError::Node(Box::new(error)))?;
+            tracing::info!(node = %session.base(), "driving a node daemon");
+            backend::Backend::node(session, ended)
+        }
     };
     let server = tools::SandboxServer::new(node.clone(), profile, host).with_client_log(log);
     let (stdin, stdout) = rmcp::transport::stdio_pipes();

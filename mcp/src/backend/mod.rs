@@ -6,19 +6,25 @@
 //! Each operation answers with the tool's own result type (the renderers' input:
 //! [`crate::render`], [`crate::snapshot::render`], [`crate::fleet::render`]) or a
 //! [`ToolError`] that says what to do next: the embedded side maps the engine's
-//! typed errors ([`crate::error`]).
+//! typed errors ([`crate::error`]), the node side the daemon's typed JSON
+//! `{"error", "code"}` to the same hints ([`node::errors`]).
 //!
-//! What a session holds is the session's own: the embedded engine's registry is
-//! this process's. When the session ends its ids are written to [`ended::Ended`],
-//! so that a later session handed one says so instead of "Unknown sandbox_id".
+//! What a session holds is the session's own, in both: the embedded engine's
+//! registry is this process's; on a node, [`node::Session`] keeps the claims this
+//! session made (ids and their tokens), lists only those, and releases them when the
+//! client disconnects ([`Backend::shutdown`]). Either way the ended session's ids
+//! are written to [`ended::Ended`], so that a later session handed one says so
+//! instead of "Unknown sandbox_id".
 //!
 //! # Layout
 //! - this file: [`Backend`], [`Handle`] (one sandbox, enough to reach its agent).
 //! - [`embedded`]: the operations on the engine.
+//! - [`node`]: the operations on a node daemon, its session, its error mapping.
 //! - [`ended`]: the record of ended sessions' ids.
 
 pub mod embedded;
 pub mod ended;
+pub mod node;
 
 use std::sync::Arc;
 
@@ -46,6 +52,8 @@ pub struct Backend {
 enum Kind {
     /// The engine in this process.
     Embedded(Arc<Node>),
+    /// A node daemon.
+    Node(Arc<node::Session>),
 }
 
 /// One sandbox of this session: enough to name it and reach its agent.
@@ -53,6 +61,8 @@ enum Kind {
 pub enum Handle {
     /// A sandbox of the embedded engine.
     Embedded(Arc<Sandbox>),
+    /// A sandbox on a node.
+    Node(node::Held),
 }
 
 impl Handle {
@@ -60,6 +70,7 @@ impl Handle {
     pub fn id(&self) -> &str {
         match self {
             Self::Embedded(sandbox) => sandbox.id.as_str(),
+            Self::Node(held) => &held.id,
         }
     }
 
@@ -67,6 +78,7 @@ impl Handle {
     pub fn template(&self) -> &str {
         match self {
             Self::Embedded(sandbox) => &sandbox.template,
+            Self::Node(held) => &held.template,
         }
     }
 
@@ -78,6 +90,7 @@ impl Handle {
                 .client()
                 .await
                 .map_err(|error| ToolError::unreachable(op, sandbox.id.as_str(), &error)),
+            Self::Node(held) => held.client(op).await,
         }
     }
 }
@@ -91,19 +104,43 @@ impl Backend {
         }
     }
 
+    /// A session on a node daemon; its ids go to `ended` when it ends.
+    pub fn node(session: node::Session, ended: Ended) -> Self {
+        Self {
+            kind: Kind::Node(Arc::new(session)),
+            ended,
+        }
+    }
+
+    /// The node session, for the tools that speak to a node in their own way
+    /// (sandstorm's); `None` for the embedded engine.
+    pub fn node_session(&self) -> Option<&Arc<node::Session>> {
+        match &self.kind {
+            Kind::Node(session) => Some(session),
+            Kind::Embedded(_) => None,
+        }
+    }
+
     /// Whether the snapshot tools (and the fleet tools that claim) are offered: not
     /// for an attached agent, which cannot be snapshotted and is the only sandbox.
     pub fn snapshots(&self) -> bool {
         match &self.kind {
             Kind::Embedded(node) => node.snapshots().is_some(),
+            Kind::Node(_) => true,
         }
     }
 
     /// The embedded engine, for the tools that only it offers; `tool` names the one
     /// asking, for the refusal elsewhere.
-    pub fn engine(&self, _tool: &str) -> Result<&Arc<Node>, ToolError> {
+    pub fn engine(&self, tool: &str) -> Result<&Arc<Node>, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => Ok(node),
+            Kind::Node(session) => Err(ToolError::new(format!(
+                "{tool} is not available through a node daemon ({}): it needs the sandboxes \
+                 in this process. The user can start sandbox-mcp without --addr and a token, \
+                 on the machine that runs them, to use it.",
+                session.base()
+            ))),
         }
     }
 
@@ -116,6 +153,7 @@ impl Backend {
     pub async fn sandbox(&self, id: &str) -> Result<Handle, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::sandbox(node, &self.ended, id).map(Handle::Embedded),
+            Kind::Node(session) => session.sandbox(id).map(Handle::Node),
         }
     }
 
@@ -126,6 +164,7 @@ impl Backend {
     ) -> Result<CreateSandboxResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::create(node, params).await,
+            Kind::Node(session) => session.create(params).await,
         }
     }
 
@@ -133,6 +172,7 @@ impl Backend {
     pub async fn release(&self, id: &str) -> Result<ReleaseResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::release(node, &self.ended, id).await,
+            Kind::Node(session) => session.release(id).await,
         }
     }
 
@@ -140,6 +180,7 @@ impl Backend {
     pub async fn node_info(&self) -> Result<NodeInfoResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => Ok(embedded::node_info(node)),
+            Kind::Node(session) => session.node_info().await,
         }
     }
 
@@ -147,6 +188,7 @@ impl Backend {
     pub async fn list_sandboxes(&self) -> Result<ListSandboxesResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => Ok(embedded::list_sandboxes(node)),
+            Kind::Node(session) => session.list_sandboxes().await,
         }
     }
 
@@ -156,6 +198,7 @@ impl Backend {
             Kind::Embedded(node) => {
                 embedded::sandbox(node, &self.ended, id).map(|sandbox| SandboxRow::new(&sandbox))
             }
+            Kind::Node(session) => session.get_sandbox(id).await,
         }
     }
 
@@ -163,6 +206,7 @@ impl Backend {
     pub async fn fork(&self, id: &str, count: u64) -> Result<ForkResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::fork(node, &self.ended, id, count).await,
+            Kind::Node(session) => session.fork(id, count).await,
         }
     }
 
@@ -174,6 +218,7 @@ impl Backend {
     ) -> Result<CheckpointResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::checkpoint(node, &self.ended, id, name).await,
+            Kind::Node(session) => session.checkpoint(id, name).await,
         }
     }
 
@@ -181,6 +226,7 @@ impl Backend {
     pub async fn branch(&self, key: &str) -> Result<BranchResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::branch(node, key).await,
+            Kind::Node(session) => session.branch(key).await,
         }
     }
 
@@ -188,6 +234,7 @@ impl Backend {
     pub async fn list_checkpoints(&self) -> Result<ListCheckpointsResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::list_checkpoints(node),
+            Kind::Node(session) => session.list_checkpoints().await,
         }
     }
 
@@ -195,6 +242,7 @@ impl Backend {
     pub async fn delete_checkpoint(&self, key: &str) -> Result<DeleteCheckpointResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::delete_checkpoint(node, key),
+            Kind::Node(session) => session.delete_checkpoint(key).await,
         }
     }
 
@@ -202,6 +250,7 @@ impl Backend {
     pub async fn hibernate(&self, id: &str) -> Result<HibernateResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::hibernate(node, &self.ended, id).await,
+            Kind::Node(session) => session.hibernate(id).await,
         }
     }
 
@@ -209,6 +258,7 @@ impl Backend {
     pub async fn promote(&self, id: &str, template: &str) -> Result<PromoteResult, ToolError> {
         match &self.kind {
             Kind::Embedded(node) => embedded::promote(node, &self.ended, id, template).await,
+            Kind::Node(session) => session.promote(id, template).await,
         }
     }
 
@@ -216,6 +266,8 @@ impl Backend {
     pub async fn python_templates(&self) -> Vec<String> {
         match &self.kind {
             Kind::Embedded(node) => crate::eval::python_templates(&node.template_entries()),
+            // The node does not say which templates start Python sessions.
+            Kind::Node(_) => Vec::new(),
         }
     }
 
@@ -227,6 +279,7 @@ impl Backend {
                 self.ended.record(&node.registry().ids());
                 node.shutdown().await;
             }
+            Kind::Node(session) => session.shutdown().await,
         }
     }
 }

@@ -14,7 +14,7 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
-use sandbox_vmm::client::NodeEndpoint;
+use sandbox_vmm::node_api::node_base;
 
 use super::{ConfigError, Profile};
 
@@ -34,7 +34,7 @@ const GO_FLAGS: [&str; 3] = ["addr", "token", "template"];
 /// A node daemon to drive, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConfig {
-    /// `http(s)://HOST:PORT`, no trailing slash.
+    /// `http(s)://HOST:PORT`, no trailing slash (and `?ca=PEM` for a CA to trust).
     pub base: String,
     /// The operator's bearer token.
     pub token: Option<String>,
@@ -240,20 +240,18 @@ pub(super) fn resolve(
     })
 }
 
-/// `HOST:PORT` (seed 000) or `http(s)://HOST[:PORT]` (seed 001) as the base URL of
-/// the node's API, checked.
+/// `HOST:PORT` (seed 000) or `http(s)://HOST[:PORT][?ca=PEM]` (seed 001) as the
+/// base URL of the node's API, checked by the client's own rule
+/// ([`sandbox_vmm::node_api::node_base`]).
 pub fn base_url(addr: &str) -> Result<String, ConfigError> {
-    let addr = addr.trim().trim_end_matches('/');
-    let base = if addr.starts_with("http://") || addr.starts_with("https://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    };
-    NodeEndpoint::parse(&base).map_err(|error| ConfigError::NodeAddr {
-        addr: addr.to_owned(),
+    let (base, ca) = node_base(addr).map_err(|error| ConfigError::NodeAddr {
+        addr: addr.trim().to_owned(),
         error,
     })?;
-    Ok(base)
+    Ok(match ca {
+        Some(ca) => format!("{base}?ca={}", ca.display()),
+        None => base,
+    })
 }
 
 #[cfg(test)]
