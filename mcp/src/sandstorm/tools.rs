@@ -4,8 +4,6 @@
 //! checks the token where sandstorm requires one and forwards to [`super::ops`] or
 //! [`super::guest`].
 
-use std::sync::Arc;
-
 use rmcp::handler::server::common::Extension;
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
@@ -20,11 +18,11 @@ use super::render::{
     list, object, BranchInfo, EvalCodeResult, ExecCommandResult, KillInfo, Listing, PingInfo,
     SandboxInfo, SnapshotInfo, SpawnedSandbox, WaitForTextResult,
 };
-use super::{guest, ops};
+use super::{guest, node, ops};
+use crate::backend::Handle;
 use crate::error::ToolError;
 use crate::progress::Progress;
 use crate::tools::SandboxServer;
-use sandbox_engine::sandbox::Sandbox;
 
 #[tool_router(router = sandstorm_router, vis = "pub(crate)")]
 impl SandboxServer {
@@ -44,6 +42,9 @@ impl SandboxServer {
         )
     )]
     async fn sandstorm_list_snapshots(&self) -> Result<CallToolResult, ToolError> {
+        if let Some(session) = self.backend.node_session() {
+            return Ok(list(node::snapshots(session).await?));
+        }
         Ok(list(ops::snapshots(
             self.backend.engine("list_snapshots")?,
         )?))
@@ -72,6 +73,9 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SpawnSandboxesParams>,
     ) -> Result<CallToolResult, ToolError> {
+        if let Some(session) = self.backend.node_session() {
+            return Ok(list(node::spawn(session, &params).await?));
+        }
         let sandboxes = ops::spawn(self.backend.engine("spawn_sandboxes")?, &params).await?;
         Ok(list(
             sandboxes.iter().map(|s| SpawnedSandbox::new(s)).collect(),
@@ -101,6 +105,9 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<BranchSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
+        if let Some(session) = self.backend.node_session() {
+            return Ok(object(&node::branch(session, &params).await?));
+        }
         Ok(object(
             &ops::branch(self.backend.engine("branch_sandbox")?, &params).await?,
         ))
@@ -120,6 +127,9 @@ impl SandboxServer {
         )
     )]
     async fn sandstorm_list_sandboxes(&self) -> Result<CallToolResult, ToolError> {
+        if let Some(session) = self.backend.node_session() {
+            return Ok(list(node::list(session).await?));
+        }
         let sandboxes = self.backend.engine("list_sandboxes")?.registry().list();
         Ok(list(
             sandboxes.iter().map(|s| SandboxInfo::new(s)).collect(),
@@ -143,6 +153,9 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxIdParams>,
     ) -> Result<CallToolResult, ToolError> {
+        if let Some(session) = self.backend.node_session() {
+            return Ok(object(&node::get(session, &params.sandbox_id).await?));
+        }
         let sandbox = ops::sandbox(self.backend.engine("get_sandbox")?, &params.sandbox_id)?;
         Ok(object(&SandboxInfo::new(&sandbox)))
     }
@@ -200,7 +213,7 @@ impl SandboxServer {
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.authorized(&params)?;
-        guest::eval_code(self.backend.engine("eval_code")?, &sandbox, params.code).await
+        guest::eval_code(&self.backend, &sandbox, params.code).await
     }
 
     #[tool(
@@ -246,7 +259,7 @@ impl SandboxServer {
         Parameters(params): Parameters<PingSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.authorized(&params)?;
-        guest::ping_sandbox(self.backend.engine("ping_sandbox")?, &sandbox).await
+        guest::ping_sandbox(&self.backend, &sandbox).await
     }
 
     #[tool(
@@ -268,6 +281,9 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxIdParams>,
     ) -> Result<CallToolResult, ToolError> {
+        if let Some(session) = self.backend.node_session() {
+            return Ok(object(&node::kill(session, &params.sandbox_id).await?));
+        }
         Ok(object(
             &ops::kill(self.backend.engine("kill_sandbox")?, &params.sandbox_id).await?,
         ))
@@ -276,12 +292,13 @@ impl SandboxServer {
 
 impl SandboxServer {
     /// The sandbox a guest-reaching call names, once its token checks out.
-    fn authorized(&self, params: &impl Guarded) -> Result<Arc<Sandbox>, ToolError> {
-        ops::authorized(
-            self.backend.engine("kill_sandbox")?,
-            params.sandbox_id(),
-            params.sandbox_token(),
-        )
+    /// The sandbox when the call carries its token, on either backend.
+    fn authorized(&self, params: &impl Guarded) -> Result<Handle, ToolError> {
+        let (id, token) = (params.sandbox_id(), params.sandbox_token());
+        if let Some(session) = self.backend.node_session() {
+            return node::authorized(session, id, token).map(Handle::Node);
+        }
+        ops::authorized(self.backend.engine("this tool")?, id, token).map(Handle::Embedded)
     }
 }
 

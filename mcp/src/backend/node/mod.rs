@@ -69,13 +69,24 @@ impl Held {
     /// A connection to its agent through the node's data plane, with its own token
     /// (the node wakes it when it is hibernated).
     pub async fn client(&self, op: Op) -> Result<Client, ToolError> {
+        self.connect()
+            .await
+            .map_err(|error| ToolError::agent(op, &self.id, &error))
+    }
+
+    /// [`Held::client`] with the client's own error, for tools with their own hints.
+    pub async fn connect(&self) -> Result<Client, sandbox_vmm::client::ClientError> {
         let options = ConnectOptions {
             token: Some(self.token.clone()),
             ..ConnectOptions::default()
         };
-        Client::connect(&self.url, &options)
-            .await
-            .map_err(|error| ToolError::agent(op, &self.id, &error))
+        Client::connect(&self.url, &options).await
+    }
+
+    /// Whether `given` is its token, compared in constant time.
+    pub fn token_matches(&self, given: &str) -> bool {
+        let (a, b) = (self.token.as_bytes(), given.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     }
 
     /// Its token (sandstorm's `sandbox_token`).
@@ -239,12 +250,15 @@ impl Session {
         Ok(convert::node_info(&info, &self.held()))
     }
 
-    /// `list_sandboxes`: this session's, as the node sees them now. Those the node
-    /// no longer has (their deadline passed) are forgotten.
-    pub async fn list_sandboxes(&self) -> Result<ListSandboxesResult, ToolError> {
+    /// This session's sandboxes as the node lists them now; those the node no
+    /// longer has (their deadline passed) are forgotten. `tool` names the caller.
+    pub async fn list_rows(
+        &self,
+        tool: &str,
+    ) -> Result<Vec<sandbox_vmm::node_api::wire::SandboxRow>, ToolError> {
         let rows = match self.api.sandboxes().await {
             Ok(rows) => rows,
-            Err(error) => return Err(self.fail(Call::Node("list_sandboxes"), &error).await),
+            Err(error) => return Err(self.fail(Call::Node(tool), &error).await),
         };
         let mine = self.ids();
         for id in &mine {
@@ -252,9 +266,18 @@ impl Session {
                 self.bury(id, Gone::Expired(SystemTime::now()));
             }
         }
-        let sandboxes = rows
-            .iter()
+        Ok(rows
+            .into_iter()
             .filter(|row| mine.contains(&row.id))
+            .collect())
+    }
+
+    /// `list_sandboxes`: this session's, as the node sees them now.
+    pub async fn list_sandboxes(&self) -> Result<ListSandboxesResult, ToolError> {
+        let sandboxes = self
+            .list_rows("list_sandboxes")
+            .await?
+            .iter()
             .map(convert::sandbox_row)
             .collect();
         let claimable = match self.api.info().await {
