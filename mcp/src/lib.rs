@@ -28,7 +28,10 @@
 //! - [`stdio`]: the line filter between stdin/stdout and `rmcp`: the line cap, error
 //!   replies ([`stdio::line`]), the streaming id scan of oversize lines
 //!   ([`stdio::scan`]), the single stdout writer.
-//! - [`config`]: command-line arguments and environment fallbacks → [`config::Config`].
+//! - [`config`]: command-line arguments and environment fallbacks → [`config::Config`];
+//!   [`config::node`]: the node address and the two seeds' spellings and variables.
+//! - [`backend`]: the seam the tools call: the embedded engine, or a node daemon
+//!   (`sandboxd`) over its control and data planes, with this session's claims.
 //! - [`node`]: where sandboxes come from; `create_sandbox`, `release`, `node_info`.
 //! - [`pool`]: capacity (a semaphore), cold boots and the warm pool's refiller, behind
 //!   a `VmFactory` seam; [`pool::launcher`] is the real factory (QEMU via the launcher).

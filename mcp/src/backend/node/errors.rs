@@ -89,14 +89,14 @@ fn refused(
 ) -> ToolError {
     let message = message.trim_end_matches('.');
     let text = match (code, call) {
-        ("unauthorized", _) => format!(
-            "The node at {base} refused this server's token ({message}). The user must start \
-             sandbox-mcp with the node's operator token: --token TOKEN (or SANDBOXD_TOKEN, \
-             SANDSTORM_TOKEN for sandstorm), the contents of sandboxd's --token-file."
-        ),
-        ("forbidden", _) => format!(
-            "The node at {base} refused {} ({message}): this needs its operator token, which \
-             the user passes to sandbox-mcp with --token.",
+        // Every call here carries this server's --token, the operator's; the daemon
+        // takes any other bearer for a sandbox's token, so a wrong one is a 403 on
+        // operator endpoints and a 401 elsewhere.
+        ("unauthorized" | "forbidden", _) => format!(
+            "The node at {base} refused this server's token for {} ({message}): it is not \
+             the node's operator token. The user must start sandbox-mcp with it: --token \
+             TOKEN (or SANDBOXD_TOKEN, SANDSTORM_TOKEN for sandstorm), the contents of \
+             sandboxd's --token-file.",
             call.tool()
         ),
         ("draining", _) => "The node is draining: it takes no new claims. Use the sandboxes \
