@@ -276,8 +276,11 @@ impl Backend {
     pub async fn shutdown(&self) {
         match &self.kind {
             Kind::Embedded(node) => {
-                self.ended.record(&node.registry().ids());
+                // The file is written after the VMs are stopped: nothing may delay
+                // the stop of a warm pool whose boot is in flight.
+                let ids = node.registry().ids();
                 node.shutdown().await;
+                self.ended.record(&ids);
             }
             Kind::Node(session) => session.shutdown().await,
         }
