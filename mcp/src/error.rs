@@ -63,6 +63,21 @@ impl ToolError {
         Self::new(message)
     }
 
+    /// An id that a session which has ended held: its sandboxes went with it.
+    pub fn ended(id: &str, live: &[String]) -> Self {
+        let live = if live.is_empty() {
+            "none".to_owned()
+        } else {
+            live.join(", ")
+        };
+        Self::new(format!(
+            "sandbox_id {id:?} belonged to an MCP session that has ended; its sandboxes were \
+             released when it disconnected. Live sandboxes of this session: {live}. Call \
+             create_sandbox for a new one (a checkpoint outlives its session: \
+             branch_checkpoint starts a sandbox from one)."
+        ))
+    }
+
     /// A claim that failed.
     pub fn claim<E: std::error::Error + 'static>(template: &str, error: &ClaimError<E>) -> Self {
         let text = error_chain(error);

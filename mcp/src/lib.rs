@@ -28,7 +28,10 @@
 //! - [`stdio`]: the line filter between stdin/stdout and `rmcp`: the line cap, error
 //!   replies ([`stdio::line`]), the streaming id scan of oversize lines
 //!   ([`stdio::scan`]), the single stdout writer.
-//! - [`config`]: command-line arguments and environment fallbacks → [`config::Config`].
+//! - [`config`]: command-line arguments and environment fallbacks → [`config::Config`];
+//!   [`config::node`]: the node address and the two seeds' spellings and variables.
+//! - [`backend`]: the seam the tools call: the embedded engine, or a node daemon
+//!   (`sandboxd`) over its control and data planes, with this session's claims.
 //! - [`node`]: where sandboxes come from; `create_sandbox`, `release`, `node_info`.
 //! - [`pool`]: capacity (a semaphore), cold boots and the warm pool's refiller, behind
 //!   a `VmFactory` seam; [`pool::launcher`] is the real factory (QEMU via the launcher).
@@ -57,6 +60,7 @@
 //! - [`schema`]: standard JSON Schema formats in every tool's schemas.
 //! - [`params`], [`render`], [`error`]: tool inputs, outputs and failures.
 
+pub mod backend;
 pub mod config;
 pub mod error;
 pub mod eval;
@@ -89,6 +93,9 @@ pub enum ServeError {
     /// The MCP handshake on stdio failed.
     #[error("MCP initialization failed")]
     Initialize(#[source] Box<rmcp::service::ServerInitializeError>),
+    /// The node daemon's address cannot be used.
+    #[error("Cannot use the node daemon's address")]
+    Node(#[source] Box<sandbox_vmm::node_api::NodeApiError>),
     /// The service task failed.
     #[error("The MCP service stopped unexpectedly")]
     Service(#[source] tokio::task::JoinError),
@@ -110,7 +117,18 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let profile = config.profile;
     let host = config.host.clone();
-    let node = sandbox_engine::Node::start(config.mode).await;
+    let ended = backend::Ended::new(config.home.as_deref());
+    let node = match config.backing {
+        config::Backing::Embedded(mode) => {
+            backend::Backend::embedded(sandbox_engine::Node::start(*mode).await, ended)
+        }
+        config::Backing::Node(node) => {
+            let session = backend::node::Session::new(&node, ended.clone())
+                .map_err(|error| ServeError::Node(Box::new(error)))?;
+            tracing::info!(node = %session.base(), "driving a node daemon");
+            backend::Backend::node(session, ended)
+        }
+    };
     let server = tools::SandboxServer::new(node.clone(), profile, host).with_client_log(log);
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let (mut front, transport) = stdio::Front::start(stdin, stdout);

@@ -5,7 +5,6 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
 use sandbox_mcp::logging::ClientLog;
 use sandbox_mcp::{Args, Config};
 use tokio::signal::unix::{signal, SignalKind};
@@ -18,7 +17,7 @@ use tracing_subscriber::Layer;
 const RUNTIME_SHUTDOWN_MS: u64 = 200;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::parse_normalized();
     let log = ClientLog::default();
     init_logging(&log);
     let config = match Config::from_args(args, |name| std::env::var_os(name)) {

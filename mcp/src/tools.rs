@@ -36,6 +36,7 @@ use sandbox_protocol::wait::{WAIT_DEFAULT_TIMEOUT_MS, WAIT_MAX_TIMEOUT_MS};
 use sandbox_protocol::{Command, ExecRequest, FileKind, ProcessSpec, WaitTarget};
 use tokio::time::Instant;
 
+use crate::backend::Backend;
 use crate::config::Profile;
 use crate::error::{Op, ToolError};
 use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES, EXEC_STDIN_MAX_BYTES};
@@ -49,14 +50,12 @@ use crate::params::{
 };
 use crate::progress::Progress;
 use crate::render::{
-    failure_with, from_engine, success, CreateSandboxResult, DirEntryRow, EvalCodeResult,
-    ExecResult, KillResult, ListDirResult, LogsResult, NodeInfoResult, PsResult, ReadFileResult,
-    ReleaseResult, SpawnResult, WaitForTextResult, WriteFileResult,
+    failure_with, success, CreateSandboxResult, DirEntryRow, EvalCodeResult, ExecResult,
+    KillResult, ListDirResult, LogsResult, NodeInfoResult, PsResult, ReadFileResult, ReleaseResult,
+    SpawnResult, WaitForTextResult, WriteFileResult,
 };
 use crate::upload::Uploads;
 use crate::{eval, files, processes, schema};
-use sandbox_engine::node::Node;
-use sandbox_engine::sandbox::Sandbox;
 use sandbox_engine::util::millis;
 
 /// The cap on one tool call: five minutes, plus the grace an exec that hits it gets
@@ -92,7 +91,7 @@ there is.";
 /// The MCP server.
 #[derive(Debug, Clone)]
 pub struct SandboxServer {
-    pub(crate) node: Arc<Node>,
+    pub(crate) backend: Backend,
     tool_router: ToolRouter<Self>,
     instructions: &'static str,
     uploads: Arc<Uploads>,
@@ -102,11 +101,11 @@ pub struct SandboxServer {
 
 #[tool_router]
 impl SandboxServer {
-    /// A server over `node` offering `profile`'s tools.
-    pub fn new(node: Arc<Node>, profile: Profile, host: Arc<HostDirs>) -> Self {
-        let (tool_router, instructions) = Self::router(profile, node.snapshots().is_some(), &host);
+    /// A server over `backend` offering `profile`'s tools.
+    pub fn new(backend: Backend, profile: Profile, host: Arc<HostDirs>) -> Self {
+        let (tool_router, instructions) = Self::router(profile, backend.snapshots(), &host);
         Self {
-            node,
+            backend,
             tool_router,
             instructions,
             uploads: Arc::new(Uploads::default()),
@@ -191,12 +190,7 @@ impl SandboxServer {
         Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
         progress.set_status("create_sandbox: waiting for a VM (a warm one, or a boot)");
-        let claimed = self
-            .node
-            .create(params.claim_request())
-            .await
-            .map_err(|error| ToolError::create(&error))?;
-        Ok(success(&from_engine::created(&claimed)))
+        Ok(success(&self.backend.create(params).await?))
     }
 
     #[tool(
@@ -228,7 +222,7 @@ impl SandboxServer {
         Parameters(params): Parameters<ExecParams>,
         Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         let timeout_secs = timeout_secs(params.timeout_seconds)?;
         let command = command_of(params.command, params.argv)?;
         let max_bytes = max_bytes(params.max_bytes, EXEC_DEFAULT_MAX_BYTES, EXEC_MAX_BYTES)?;
@@ -244,7 +238,7 @@ impl SandboxServer {
                 size(EXEC_STDIN_MAX_BYTES as u64)
             )));
         }
-        let client = client(&sandbox, Op::Command).await?;
+        let client = sandbox.client(Op::Command).await?;
         let request = ExecRequest {
             spec: process_spec(command, params.cwd, params.env),
             stdin,
@@ -259,7 +253,7 @@ impl SandboxServer {
         let collected = exec::run(&client, request, timeout, shape, &progress).await;
         if let End::Failed(error) = &collected.end {
             if !collected.started {
-                return Err(ToolError::agent(Op::Command, sandbox.id.as_str(), error));
+                return Err(ToolError::agent(Op::Command, sandbox.id(), error));
             }
         }
         let result = collected.to_result(timeout);
@@ -295,15 +289,19 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         let (request, timeout_secs) = eval::request(params)?;
-        let client = client(&sandbox, Op::Session).await?;
-        let reply = client.eval(request).await.map_err(|error| {
+        let client = sandbox.client(Op::Session).await?;
+        let reply = client.eval(request).await;
+        let with_python = match &reply {
+            Err(error) if eval::is_missing_python(error) => self.backend.python_templates().await,
+            _ => Vec::new(),
+        };
+        let reply = reply.map_err(|error| {
             if eval::is_missing_python(&error) {
-                let with_python = eval::python_templates(&self.node.template_entries());
                 return eval::no_python(
-                    sandbox.id.as_str(),
-                    &sandbox.template,
+                    sandbox.id(),
+                    sandbox.template(),
                     &with_python,
                     |name| {
                         format!(
@@ -313,7 +311,7 @@ impl SandboxServer {
                     "use language: \"sh\" here",
                 );
             }
-            ToolError::agent(Op::Session, sandbox.id.as_str(), &error)
+            ToolError::agent(Op::Session, sandbox.id(), &error)
         })?;
         let result = eval::result(reply, timeout_secs);
         Ok(match &result.error {
@@ -341,13 +339,13 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SpawnParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let client = client(&sandbox, Op::Command).await?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
+        let client = sandbox.client(Op::Command).await?;
         let spec = process_spec(Command::Shell(params.command), params.cwd, params.env);
         let pid = client
             .spawn(spec)
             .await
-            .map_err(|error| ToolError::agent(Op::Command, sandbox.id.as_str(), &error))?;
+            .map_err(|error| ToolError::agent(Op::Command, sandbox.id(), &error))?;
         Ok(success(&SpawnResult { pid: pid.0 }))
     }
 
@@ -371,10 +369,10 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<PsParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let client = client(&sandbox, Op::Kill).await?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
+        let client = sandbox.client(Op::Kill).await?;
         Ok(success(
-            &processes::ps(&client, sandbox.id.as_str(), &params).await?,
+            &processes::ps(&client, sandbox.id(), &params).await?,
         ))
     }
 
@@ -400,10 +398,10 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<LogsParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let client = client(&sandbox, Op::Logs).await?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
+        let client = sandbox.client(Op::Logs).await?;
         Ok(success(
-            &processes::logs(&client, sandbox.id.as_str(), &params).await?,
+            &processes::logs(&client, sandbox.id(), &params).await?,
         ))
     }
 
@@ -427,7 +425,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<KillParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         let signal = params.signal.unwrap_or(DEFAULT_SIGNAL);
         if !(0..=MAX_SIGNAL).contains(&signal) {
             return Err(ToolError::new(format!(
@@ -437,9 +435,9 @@ impl SandboxServer {
         }
         // This tool promises "0 means SIGKILL"; the wire carries the explicit signal.
         let sent = if signal == 0 { SIGKILL } else { signal };
-        let client = client(&sandbox, Op::Kill).await?;
+        let client = sandbox.client(Op::Kill).await?;
         Ok(success(
-            &processes::kill(&client, sandbox.id.as_str(), params.pid, sent).await?,
+            &processes::kill(&client, sandbox.id(), params.pid, sent).await?,
         ))
     }
 
@@ -466,7 +464,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<WaitForTextParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         let target = match (&params.path, params.pid) {
             (Some(path), None) => {
                 absolute(path)?;
@@ -491,11 +489,11 @@ impl SandboxServer {
             }
             Some(secs) => secs * 1000,
         };
-        let client = client(&sandbox, Op::Wait).await?;
+        let client = sandbox.client(Op::Wait).await?;
         let found = client
             .wait_for_text(target, params.text, Some(Duration::from_millis(timeout_ms)))
             .await
-            .map_err(|error| ToolError::agent(Op::Wait, sandbox.id.as_str(), &error))?;
+            .map_err(|error| ToolError::agent(Op::Wait, sandbox.id(), &error))?;
         Ok(success(&WaitForTextResult {
             path: params.path,
             pid: params.pid,
@@ -528,10 +526,10 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<WriteFileParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         absolute(&params.path)?;
-        let client = client(&sandbox, Op::Write).await?;
-        let result = files::write(&self.uploads, &client, sandbox.id.as_str(), params).await?;
+        let client = sandbox.client(Op::Write).await?;
+        let result = files::write(&self.uploads, &client, sandbox.id(), params).await?;
         Ok(success(&result))
     }
 
@@ -558,10 +556,10 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<ReadFileParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         absolute(&params.path)?;
-        let client = client(&sandbox, Op::Read).await?;
-        files::read(&client, sandbox.id.as_str(), params).await
+        let client = sandbox.client(Op::Read).await?;
+        files::read(&client, sandbox.id(), params).await
     }
 
     #[tool(
@@ -581,13 +579,13 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<PathParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         absolute(&params.path)?;
-        let client = client(&sandbox, Op::List).await?;
+        let client = sandbox.client(Op::List).await?;
         let entries = client
             .list_dir(&params.path)
             .await
-            .map_err(|error| ToolError::agent(Op::List, sandbox.id.as_str(), &error))?;
+            .map_err(|error| ToolError::agent(Op::List, sandbox.id(), &error))?;
         let entries = entries
             .into_iter()
             .map(|entry| DirEntryRow {
@@ -620,8 +618,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.release(&params.sandbox_id).await?;
-        Ok(success(&from_engine::released(&sandbox)))
+        Ok(success(&self.backend.release(&params.sandbox_id).await?))
     }
 
     #[tool(
@@ -639,7 +636,7 @@ impl SandboxServer {
         )
     )]
     async fn node_info(&self) -> Result<CallToolResult, ToolError> {
-        Ok(success(&from_engine::node_info(&self.node.status())))
+        Ok(success(&self.backend.node_info().await?))
     }
 }
 
@@ -730,14 +727,6 @@ impl ServerHandler for SandboxServer {
         tracing::info!(tool = %name, ms = millis(started.elapsed()), is_error, "tool call");
         response
     }
-}
-
-/// The sandbox's agent connection, or an error saying how to recover.
-pub(crate) async fn client(sandbox: &Sandbox, op: Op) -> Result<sandbox_vmm::Client, ToolError> {
-    sandbox
-        .client()
-        .await
-        .map_err(|error| ToolError::unreachable(op, sandbox.id.as_str(), &error))
 }
 
 fn process_spec(

@@ -123,7 +123,7 @@ async fn the_python_sdk_drives_a_microvm_sandbox() {
         Duration::from_secs(10),
         "the server's VM to be gone",
         || async {
-            support::processes_mentioning(&run.display().to_string())
+            sandbox_tests::processes_mentioning(&run.display().to_string())
                 .is_empty()
                 .then_some(())
         },

@@ -70,7 +70,8 @@ impl SandboxServer {
         };
         let template = params.template.as_deref();
         let batch = self
-            .node
+            .backend
+            .engine("create_sandboxes")?
             .claim_batch(template, size, Duration::from_secs(ttl_secs), params.count)
             .await
             .map_err(|error| batch_error(&error, template, params.count))?;
@@ -95,9 +96,11 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<EgressLogParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let node = self.backend.engine("egress_log")?;
+        let sandbox =
+            crate::backend::embedded::sandbox(node, self.backend.ended(), &params.sandbox_id)?;
         let tail = usize::try_from(params.tail.unwrap_or(100).min(1000)).unwrap_or(1000);
-        let records = match self.node.egress_log(&sandbox, tail) {
+        let records = match node.egress_log(&sandbox, tail) {
             None => {
                 return Err(ToolError::new(
                     "An attached agent has no egress log: this server launches no VMs.",
@@ -114,7 +117,7 @@ impl SandboxServer {
         };
         Ok(success(&EgressLogResult {
             sandbox_id: sandbox.id.to_string(),
-            server_allowlist: self.node.egress_allow(),
+            server_allowlist: node.egress_allow(),
             records: records.iter().map(EgressRow::new).collect(),
         }))
     }
@@ -133,18 +136,7 @@ impl SandboxServer {
         )
     )]
     async fn list_sandboxes(&self) -> Result<CallToolResult, ToolError> {
-        let sandboxes = self
-            .node
-            .registry()
-            .list()
-            .iter()
-            .map(|sandbox| SandboxRow::new(sandbox))
-            .collect();
-        let claimable = self.node.status().capacity.claimable;
-        Ok(success(&ListSandboxesResult {
-            sandboxes,
-            claimable,
-        }))
+        Ok(success(&self.backend.list_sandboxes().await?))
     }
 
     #[tool(
@@ -164,8 +156,9 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        Ok(success(&SandboxRow::new(&sandbox)))
+        Ok(success(
+            &self.backend.get_sandbox(&params.sandbox_id).await?,
+        ))
     }
 
     #[tool(
@@ -186,9 +179,10 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
-        let ping = self
-            .node
+        let node = self.backend.engine("ping_sandbox")?;
+        let sandbox =
+            crate::backend::embedded::sandbox(node, self.backend.ended(), &params.sandbox_id)?;
+        let ping = node
             .ping(&sandbox)
             .await
             .map_err(|error| ToolError::unreachable(Op::Other, &params.sandbox_id, &error))?;
@@ -211,7 +205,8 @@ impl SandboxServer {
     )]
     async fn list_templates(&self) -> Result<CallToolResult, ToolError> {
         let templates = self
-            .node
+            .backend
+            .engine("list_templates")?
             .template_entries()
             .iter()
             .map(TemplateRow::from)

@@ -28,7 +28,7 @@ use crate::error::{Op, ToolError};
 use crate::output::size;
 use crate::progress::Progress;
 use crate::render::{success, Render};
-use crate::tools::{absolute, client, SandboxServer};
+use crate::tools::{absolute, SandboxServer};
 use sandbox_engine::util::millis;
 
 /// The tools of this router, whose descriptions get the allowed directories.
@@ -216,7 +216,7 @@ impl SandboxServer {
         Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
         let started = Instant::now();
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         absolute(&params.path)?;
         if params.recursive {
             return self.copy_tree_from_host(&sandbox, params, started).await;
@@ -225,7 +225,7 @@ impl SandboxServer {
         let source = on_host(&self.host, move |host| host.open_source(&host_path))
             .await
             .map_err(|error| self.host_error(&error, Direction::ToSandbox))?;
-        let client = client(&sandbox, Op::CopyIn).await?;
+        let client = sandbox.client(Op::CopyIn).await?;
         let target = match client.stat(&params.path).await {
             Ok(stat) if stat.kind == FileKind::Dir => {
                 into_dir(&params.path, base_name(&source.path).unwrap_or("file"))
@@ -249,10 +249,10 @@ impl SandboxServer {
                     source.path,
                     error_chain(&error)
                 )),
-                _ => ToolError::agent(Op::CopyIn, sandbox.id.as_str(), &error),
+                _ => ToolError::agent(Op::CopyIn, sandbox.id(), &error),
             })?;
         Ok(success(&CopyResult {
-            sandbox_id: sandbox.id.to_string(),
+            sandbox_id: sandbox.id().to_owned(),
             host_path: source.path,
             path: target,
             bytes,
@@ -292,7 +292,7 @@ impl SandboxServer {
         Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
         let started = Instant::now();
-        let sandbox = self.node.sandbox(&params.sandbox_id)?;
+        let sandbox = self.backend.sandbox(&params.sandbox_id).await?;
         absolute(&params.path)?;
         let Some(name) = base_name(&params.path).map(str::to_owned) else {
             return Err(ToolError::new(format!(
@@ -301,11 +301,11 @@ impl SandboxServer {
             )));
         };
         let max = self.host.max_bytes();
-        let client = client(&sandbox, Op::CopyOut).await?;
+        let client = sandbox.client(Op::CopyOut).await?;
         let stat = client
             .stat(&params.path)
             .await
-            .map_err(|error| ToolError::agent(Op::CopyOut, sandbox.id.as_str(), &error))?;
+            .map_err(|error| ToolError::agent(Op::CopyOut, sandbox.id(), &error))?;
         if stat.kind == FileKind::Dir && params.recursive {
             return self
                 .copy_tree_to_host(&sandbox, &client, params, started)
@@ -316,7 +316,9 @@ impl SandboxServer {
                 "{} is a directory in sandbox {}: pass recursive: true to copy the tree, \
                  or pack it first with exec (tar -czf /tmp/dir.tgz -C {} .) and copy the \
                  archive.",
-                params.path, sandbox.id, params.path
+                params.path,
+                sandbox.id(),
+                params.path
             )));
         }
         if stat.kind == FileKind::File && stat.size > max {
@@ -332,14 +334,14 @@ impl SandboxServer {
         let (final_path, bytes, mode) = self
             .receive(
                 &client,
-                sandbox.id.as_str(),
+                sandbox.id(),
                 &params.path,
                 (&params.host_path, &name, params.overwrite),
                 0,
             )
             .await?;
         Ok(success(&CopyResult {
-            sandbox_id: sandbox.id.to_string(),
+            sandbox_id: sandbox.id().to_owned(),
             host_path: final_path,
             path: params.path,
             bytes,

@@ -7,7 +7,6 @@
 //! only.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use sandbox_protocol::FileKind;
 use sandbox_vmm::client::ClientError;
@@ -18,11 +17,11 @@ use tokio::time::Instant;
 use super::fs::{base_name, into_dir, TreeEntry};
 use super::tools::{on_host, CopyFromHostParams, CopyResult, CopyToHostParams, Direction};
 use super::HostError;
+use crate::backend::Handle;
 use crate::error::{Op, ToolError};
 use crate::render::success;
-use crate::tools::{client, SandboxServer};
+use crate::tools::SandboxServer;
 use rmcp::model::CallToolResult;
-use sandbox_engine::sandbox::Sandbox;
 use sandbox_engine::util::millis;
 
 /// Most entries (files and directories) one tree copy takes.
@@ -32,7 +31,7 @@ impl SandboxServer {
     /// `copy_from_host` with `recursive: true`.
     pub(super) async fn copy_tree_from_host(
         &self,
-        sandbox: &Arc<Sandbox>,
+        sandbox: &Handle,
         params: CopyFromHostParams,
         started: Instant,
     ) -> Result<CallToolResult, ToolError> {
@@ -40,8 +39,8 @@ impl SandboxServer {
         let tree = on_host(&self.host, move |host| host.walk(&top, TREE_MAX_ENTRIES))
             .await
             .map_err(|error| self.host_error(&error, Direction::ToSandbox))?;
-        let client = client(sandbox, Op::CopyIn).await?;
-        let id = sandbox.id.as_str();
+        let client = sandbox.client(Op::CopyIn).await?;
+        let id = sandbox.id();
         let target = match client.stat(&params.path).await {
             Ok(stat) if stat.kind == FileKind::Dir => {
                 into_dir(&params.path, base_name(&params.host_path).unwrap_or("tree"))
@@ -88,12 +87,12 @@ impl SandboxServer {
     /// `params.path`.
     pub(super) async fn copy_tree_to_host(
         &self,
-        sandbox: &Arc<Sandbox>,
+        sandbox: &Handle,
         client: &Client,
         params: CopyToHostParams,
         started: Instant,
     ) -> Result<CallToolResult, ToolError> {
-        let id = sandbox.id.as_str();
+        let id = sandbox.id();
         let max = self.host.max_bytes();
         let (entries, skipped, total) = guest_tree(client, &params.path)
             .await

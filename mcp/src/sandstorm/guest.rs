@@ -18,19 +18,18 @@ use super::render::{
     object, object_error, EvalCodeResult, ExecCommandResult, PingInfo, WaitForTextResult,
 };
 use super::{EVAL_TIMEOUT_SECS, EXCERPT_BYTES};
+use crate::backend::{Backend, Handle};
 use crate::error::ToolError;
 use crate::exec::{self, End, Shape, EXEC_DEFAULT_MAX_BYTES};
 use crate::output::Keep;
 use crate::progress::Progress;
-use sandbox_engine::node::Node;
-use sandbox_engine::sandbox::Sandbox;
 use sandbox_engine::util::millis;
 
 /// `exec_command`: `args` run without a shell (a command line with `/bin/sh -c`); a
 /// non-zero exit is a normal result, a run cut off (its timeout, a lost agent) an
 /// error result that keeps the output.
 pub async fn exec_command(
-    sandbox: &Sandbox,
+    sandbox: &Handle,
     args: CommandArgs,
     timeout_secs: f64,
     progress: &Progress,
@@ -82,7 +81,7 @@ pub async fn exec_command(
             )
         }),
         End::Failed(error) if !collected.started => {
-            let id = sandbox.id.as_str();
+            let id = sandbox.id();
             let error = errors::agent("exec_command", id, error);
             tracing::info!(sandbox = id, program, "exec_command did not start");
             return Err(error);
@@ -108,8 +107,8 @@ pub async fn exec_command(
 /// session when it has one), restarted if it died. An exception is a normal result
 /// with `error` set, as in sandstorm.
 pub async fn eval_code(
-    node: &Node,
-    sandbox: &Sandbox,
+    backend: &Backend,
+    sandbox: &Handle,
     code: String,
 ) -> Result<CallToolResult, ToolError> {
     let client = client(sandbox, "eval_code").await?;
@@ -120,18 +119,22 @@ pub async fn eval_code(
         timeout_ms: Some(EVAL_TIMEOUT_SECS * 1000),
         restart: true,
     };
-    let reply = client.eval(request).await.map_err(|error| {
+    let reply = client.eval(request).await;
+    let with_python = match &reply {
+        Err(error) if crate::eval::is_missing_python(error) => backend.python_templates().await,
+        _ => Vec::new(),
+    };
+    let reply = reply.map_err(|error| {
         if crate::eval::is_missing_python(&error) {
-            let with_python = crate::eval::python_templates(&node.template_entries());
             return crate::eval::no_python(
-                sandbox.id.as_str(),
-                &sandbox.template,
+                sandbox.id(),
+                sandbox.template(),
                 &with_python,
                 |name| format!("call spawn_sandboxes with snapshot_tag {name:?}"),
                 "run programs with exec_command here",
             );
         }
-        errors::agent("eval_code", sandbox.id.as_str(), &error)
+        errors::agent("eval_code", sandbox.id(), &error)
     })?;
     Ok(object(&eval_result(reply)))
 }
@@ -171,7 +174,7 @@ fn eval_result(reply: EvalReply) -> EvalCodeResult {
 /// `wait_for_text`: the agent watches the file (no polling); not finding the marker
 /// in time is a normal result with `found: false` and the file's tail.
 pub async fn wait_for_text(
-    sandbox: &Sandbox,
+    sandbox: &Handle,
     path: &str,
     marker: String,
     timeout_secs: f64,
@@ -202,7 +205,7 @@ pub async fn wait_for_text(
                 last_excerpt: tail(&client, path).await,
             }))
         }
-        Err(error) => Err(errors::agent("wait_for_text", sandbox.id.as_str(), &error)),
+        Err(error) => Err(errors::agent("wait_for_text", sandbox.id(), &error)),
     }
 }
 
@@ -213,15 +216,35 @@ async fn tail(client: &Client, path: &str) -> String {
     String::from_utf8_lossy(&data[start..]).into_owned()
 }
 
-/// `ping_sandbox`
-pub async fn ping_sandbox(node: &Node, sandbox: &Sandbox) -> Result<CallToolResult, ToolError> {
-    let ping = node
-        .ping(sandbox)
-        .await
-        .map_err(|error| errors::unreachable("ping_sandbox", sandbox.id.as_str(), &error))?;
+/// `ping_sandbox`: a hibernated sandbox of the embedded engine is reported without
+/// waking it; a node's is woken by the connection, as every data-plane call does.
+pub async fn ping_sandbox(
+    backend: &Backend,
+    sandbox: &Handle,
+) -> Result<CallToolResult, ToolError> {
+    let ping = match sandbox {
+        Handle::Embedded(inner) => backend
+            .engine("ping_sandbox")?
+            .ping(inner)
+            .await
+            .map_err(|error| errors::unreachable("ping_sandbox", sandbox.id(), &error))?,
+        Handle::Node(_) => {
+            let client = client(sandbox, "ping_sandbox").await?;
+            let started = std::time::Instant::now();
+            let info = client
+                .info()
+                .await
+                .map_err(|error| errors::agent("ping_sandbox", sandbox.id(), &error))?;
+            sandbox_engine::batch::Ping {
+                status: sandbox_engine::sandbox::Status::Running,
+                info: Some(info),
+                round_trip: Some(started.elapsed()),
+            }
+        }
+    };
     let info = ping.info.as_ref();
     Ok(object(&PingInfo {
-        id: sandbox.id.to_string(),
+        id: sandbox.id().to_owned(),
         ok: info.is_some(),
         round_trip_ms: ping.round_trip.map(millis),
         agent_version: info.map(|info| info.agent_version.clone()),
@@ -233,11 +256,17 @@ pub async fn ping_sandbox(node: &Node, sandbox: &Sandbox) -> Result<CallToolResu
     }))
 }
 
-async fn client(sandbox: &Sandbox, tool: &str) -> Result<Client, ToolError> {
-    sandbox
-        .client()
-        .await
-        .map_err(|error| errors::unreachable(tool, sandbox.id.as_str(), &error))
+async fn client(sandbox: &Handle, tool: &str) -> Result<Client, ToolError> {
+    match sandbox {
+        Handle::Embedded(inner) => inner
+            .client()
+            .await
+            .map_err(|error| errors::unreachable(tool, sandbox.id(), &error)),
+        Handle::Node(held) => held
+            .connect()
+            .await
+            .map_err(|error| errors::agent(tool, sandbox.id(), &error)),
+    }
 }
 
 /// A timeout in (fractional) seconds, at most `max_secs`; zero only when `zero_ok`.

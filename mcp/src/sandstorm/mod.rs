@@ -48,6 +48,7 @@
 
 pub mod errors;
 pub mod guest;
+pub mod node;
 pub mod ops;
 pub mod params;
 pub mod render;

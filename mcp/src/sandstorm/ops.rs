@@ -308,7 +308,14 @@ mod tests {
         // here: the check happens before any call.
         let args =
             Args::try_parse_from(["sandbox-mcp", "--agent", "unix:///nonexistent/a.sock"]).unwrap();
-        let node = Node::start(Config::from_args(args, |_| None).unwrap().mode).await;
+        let node = Node::start(
+            Config::from_args(args, |_| None)
+                .unwrap()
+                .mode()
+                .unwrap()
+                .clone(),
+        )
+        .await;
         let id = crate::config::ATTACHED_ID;
         let token = sandbox(&node, id).unwrap().token.reveal().to_owned();
 

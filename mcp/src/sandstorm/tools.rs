@@ -5,8 +5,6 @@
 //! on `branch_sandbox` and `kill_sandbox`) and forwards to [`super::ops`] or
 //! [`super::guest`].
 
-use std::sync::Arc;
-
 use rmcp::handler::server::common::Extension;
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
@@ -21,11 +19,11 @@ use super::render::{
     list, object, BranchInfo, EvalCodeResult, ExecCommandResult, KillInfo, Listing, PingInfo,
     SandboxInfo, SnapshotInfo, SpawnedSandbox, WaitForTextResult,
 };
-use super::{guest, ops};
+use super::{guest, node, ops};
+use crate::backend::Handle;
 use crate::error::ToolError;
 use crate::progress::Progress;
 use crate::tools::SandboxServer;
-use sandbox_engine::sandbox::Sandbox;
 
 #[tool_router(router = sandstorm_router, vis = "pub(crate)")]
 impl SandboxServer {
@@ -45,7 +43,12 @@ impl SandboxServer {
         )
     )]
     async fn sandstorm_list_snapshots(&self) -> Result<CallToolResult, ToolError> {
-        Ok(list(ops::snapshots(&self.node)?))
+        if let Some(session) = self.backend.node_session() {
+            return Ok(list(node::snapshots(session).await?));
+        }
+        Ok(list(ops::snapshots(
+            self.backend.engine("list_snapshots")?,
+        )?))
     }
 
     #[tool(
@@ -71,7 +74,10 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SpawnSandboxesParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandboxes = ops::spawn(&self.node, &params).await?;
+        if let Some(session) = self.backend.node_session() {
+            return Ok(list(node::spawn(session, &params).await?));
+        }
+        let sandboxes = ops::spawn(self.backend.engine("spawn_sandboxes")?, &params).await?;
         Ok(list(
             sandboxes.iter().map(|s| SpawnedSandbox::new(s)).collect(),
         ))
@@ -100,7 +106,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<BranchSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(object(&ops::branch(&self.node, &params).await?))
+        if let Some(session) = self.backend.node_session() {
+            return Ok(object(&node::branch(session, &params).await?));
+        }
+        Ok(object(
+            &ops::branch(self.backend.engine("branch_sandbox")?, &params).await?,
+        ))
     }
 
     #[tool(
@@ -117,7 +128,10 @@ impl SandboxServer {
         )
     )]
     async fn sandstorm_list_sandboxes(&self) -> Result<CallToolResult, ToolError> {
-        let sandboxes = self.node.registry().list();
+        if let Some(session) = self.backend.node_session() {
+            return Ok(list(node::list(session).await?));
+        }
+        let sandboxes = self.backend.engine("list_sandboxes")?.registry().list();
         Ok(list(
             sandboxes.iter().map(|s| SandboxInfo::new(s)).collect(),
         ))
@@ -140,7 +154,10 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxIdParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let sandbox = ops::sandbox(&self.node, &params.sandbox_id)?;
+        if let Some(session) = self.backend.node_session() {
+            return Ok(object(&node::get(session, &params.sandbox_id).await?));
+        }
+        let sandbox = ops::sandbox(self.backend.engine("get_sandbox")?, &params.sandbox_id)?;
         Ok(object(&SandboxInfo::new(&sandbox)))
     }
 
@@ -197,7 +214,7 @@ impl SandboxServer {
         Parameters(params): Parameters<EvalCodeParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.authorized(&params)?;
-        guest::eval_code(&self.node, &sandbox, params.code).await
+        guest::eval_code(&self.backend, &sandbox, params.code).await
     }
 
     #[tool(
@@ -243,7 +260,7 @@ impl SandboxServer {
         Parameters(params): Parameters<PingSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
         let sandbox = self.authorized(&params)?;
-        guest::ping_sandbox(&self.node, &sandbox).await
+        guest::ping_sandbox(&self.backend, &sandbox).await
     }
 
     #[tool(
@@ -265,14 +282,24 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<KillSandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(object(&ops::kill(&self.node, &params).await?))
+        if let Some(session) = self.backend.node_session() {
+            return Ok(object(&node::kill(session, &params).await?));
+        }
+        Ok(object(
+            &ops::kill(self.backend.engine("kill_sandbox")?, &params).await?,
+        ))
     }
 }
 
 impl SandboxServer {
-    /// The sandbox a call that reads it names, once its token checks out.
-    fn authorized(&self, params: &impl Guarded) -> Result<Arc<Sandbox>, ToolError> {
-        ops::authorized(&self.node, params.sandbox_id(), params.sandbox_token())
+    /// The sandbox a call that reads or ends it names, once its token checks out,
+    /// on either backend.
+    fn authorized(&self, params: &impl Guarded) -> Result<Handle, ToolError> {
+        let (id, token) = (params.sandbox_id(), params.sandbox_token());
+        if let Some(session) = self.backend.node_session() {
+            return node::authorized(session, id, token).map(Handle::Node);
+        }
+        ops::authorized(self.backend.engine("this tool")?, id, token).map(Handle::Embedded)
     }
 }
 

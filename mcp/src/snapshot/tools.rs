@@ -10,8 +10,8 @@ use rmcp::{tool, tool_router};
 
 use super::params::{CheckpointIdParams, CheckpointParams, ForkParams, PromoteParams};
 use super::render::{
-    from_engine, BranchResult, CheckpointResult, DeleteCheckpointResult, ForkResult,
-    HibernateResult, ListCheckpointsResult, PromoteResult,
+    BranchResult, CheckpointResult, DeleteCheckpointResult, ForkResult, HibernateResult,
+    ListCheckpointsResult, PromoteResult,
 };
 use crate::error::ToolError;
 use crate::params::SandboxParams;
@@ -43,12 +43,9 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<ForkParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let forked = self
-            .node
-            .fork(&params.sandbox_id, params.count)
-            .await
-            .map_err(|error| ToolError::fork(&params.sandbox_id, &error))?;
-        Ok(success(&from_engine::fork(&forked)))
+        Ok(success(
+            &self.backend.fork(&params.sandbox_id, params.count).await?,
+        ))
     }
 
     #[tool(
@@ -72,12 +69,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<CheckpointParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let taken = self
-            .node
-            .checkpoint(&params.sandbox_id, params.name)
-            .await
-            .map_err(|error| ToolError::checkpoint(&params.sandbox_id, &error))?;
-        Ok(success(&from_engine::checkpoint(&taken)))
+        Ok(success(
+            &self
+                .backend
+                .checkpoint(&params.sandbox_id, params.name)
+                .await?,
+        ))
     }
 
     #[tool(
@@ -101,15 +98,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<CheckpointIdParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let tool = "branch_checkpoint";
-        let branched = self
-            .node
-            .branch(&params.checkpoint_id, 1)
-            .await
-            .map_err(|error| ToolError::branch(tool, &error))?;
-        let result = from_engine::branch(&branched)
-            .ok_or_else(|| ToolError::new("branch_checkpoint made no sandbox; try again."))?;
-        Ok(success(&result))
+        Ok(success(&self.backend.branch(&params.checkpoint_id).await?))
     }
 
     #[tool(
@@ -127,11 +116,7 @@ impl SandboxServer {
         )
     )]
     async fn list_checkpoints(&self) -> Result<CallToolResult, ToolError> {
-        let entries = self
-            .node
-            .list_checkpoints()
-            .map_err(|error| ToolError::list_checkpoints(&error))?;
-        Ok(success(&from_engine::checkpoints(&entries)))
+        Ok(success(&self.backend.list_checkpoints().await?))
     }
 
     #[tool(
@@ -152,12 +137,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<CheckpointIdParams>,
     ) -> Result<CallToolResult, ToolError> {
-        Ok(success(&from_engine::deleted(
+        Ok(success(
             &self
-                .node
+                .backend
                 .delete_checkpoint(&params.checkpoint_id)
-                .map_err(|error| ToolError::delete_checkpoint(&error))?,
-        )))
+                .await?,
+        ))
     }
 
     #[tool(
@@ -181,12 +166,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let done = self
-            .node
-            .hibernate(&params.sandbox_id)
-            .await
-            .map_err(|error| ToolError::hibernate(&params.sandbox_id, &error))?;
-        Ok(success(&from_engine::hibernated(&done)))
+        Ok(success(&self.backend.hibernate(&params.sandbox_id).await?))
     }
 
     #[tool(
@@ -210,12 +190,12 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<PromoteParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let done = self
-            .node
-            .promote(&params.sandbox_id, &params.template)
-            .await
-            .map_err(|error| ToolError::promote(&params.sandbox_id, &error))?;
-        Ok(success(&from_engine::promoted(&done)))
+        Ok(success(
+            &self
+                .backend
+                .promote(&params.sandbox_id, &params.template)
+                .await?,
+        ))
     }
 }
 
@@ -234,7 +214,7 @@ mod tests {
         let args =
             Args::try_parse_from(["sandbox-mcp", "--agent", "unix:///nonexistent/a.sock"]).unwrap();
         let config = Config::from_args(args, |_| None).unwrap();
-        Node::start(config.mode).await
+        Node::start(config.mode().unwrap().clone()).await
     }
 
     #[tokio::test]
@@ -242,7 +222,7 @@ mod tests {
         use rmcp::ServerHandler;
         let node = attached_node().await;
         let server = SandboxServer::new(
-            node.clone(),
+            crate::backend::Backend::embedded(node.clone(), Default::default()),
             crate::config::Profile::Default,
             Default::default(),
         );

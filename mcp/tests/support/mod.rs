@@ -616,26 +616,7 @@ pub fn run_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Pids of live processes whose arguments mention `needle`.
-pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc")
-        .expect("cannot list /proc")
-        .flatten()
-    {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if text.contains(needle) && !text.contains("cargo") {
-            found.push((pid, text));
-        }
-    }
-    found
-}
+pub use sandbox_tests::processes_mentioning;
 
 /// After a server exited: no process mentions `run` (its VMs' QEMUs and relays), and
 /// the folder holds no run folder.

@@ -243,7 +243,7 @@ async fn sandboxctl_on_a_node() {
     assert!(status.success(), "{status:?}");
     eventually(Duration::from_secs(30), "every VM to be gone", || async {
         let left = std::fs::read_dir(&run).unwrap().count();
-        let processes = support::processes_mentioning(&run.display().to_string());
+        let processes = sandbox_tests::processes_mentioning(&run.display().to_string());
         (left == 0 && processes.is_empty()).then_some(())
     })
     .await;

@@ -305,7 +305,7 @@ async fn a_node_end_to_end() {
         .collect();
     assert_eq!(left, vec![a_vm.clone()], "only the claimed sandbox is left");
     assert!(
-        !support::processes_mentioning(&a_vm).is_empty(),
+        !sandbox_tests::processes_mentioning(&a_vm).is_empty(),
         "its QEMU runs on"
     );
 
@@ -332,7 +332,7 @@ async fn a_node_end_to_end() {
 async fn assert_nothing_left(run: &std::path::Path) {
     eventually(Duration::from_secs(30), "every VM to be gone", || async {
         let left = std::fs::read_dir(run).unwrap().count();
-        let processes = support::processes_mentioning(&run.display().to_string());
+        let processes = sandbox_tests::processes_mentioning(&run.display().to_string());
         (left == 0 && processes.is_empty()).then_some(())
     })
     .await;
@@ -437,7 +437,7 @@ async fn a_node_outlives_kill_9() {
     let status = daemon.kill9().await;
     assert!(!status.success(), "{status:?}");
     assert!(
-        !support::processes_mentioning(&a_vm).is_empty(),
+        !sandbox_tests::processes_mentioning(&a_vm).is_empty(),
         "a's QEMU outlived the daemon"
     );
 
@@ -467,7 +467,7 @@ async fn a_node_outlives_kill_9() {
     drop(b_client);
     // The killed daemon's warm VM was stopped, not leaked.
     eventually(Duration::from_secs(60), "the old warm VM to go", || async {
-        (!run.join(&warm[0]).exists() && support::processes_mentioning(&warm[0]).is_empty())
+        (!run.join(&warm[0]).exists() && sandbox_tests::processes_mentioning(&warm[0]).is_empty())
             .then_some(())
     })
     .await;

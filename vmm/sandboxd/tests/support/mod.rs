@@ -288,4 +288,3 @@ pub fn test_dir(tag: &str) -> PathBuf {
     dir
 }
 
-pub use sandbox_tests::processes_mentioning;

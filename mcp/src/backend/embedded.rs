@@ -1,0 +1,143 @@
+//! The operations of [`super::Backend`] on the engine in this process: the engine's
+//! call, its typed error through [`crate::error`]'s hints, its result through the
+//! `from_engine` renderers.
+
+use std::sync::Arc;
+
+use sandbox_engine::error::LookupError;
+use sandbox_engine::node::Node;
+use sandbox_engine::registry::Lookup;
+use sandbox_engine::sandbox::Sandbox;
+
+use super::Ended;
+use crate::error::ToolError;
+use crate::fleet::render::{ListSandboxesResult, SandboxRow};
+use crate::params::CreateSandboxParams;
+use crate::render::{from_engine, CreateSandboxResult, NodeInfoResult, ReleaseResult};
+use crate::snapshot::render::{
+    from_engine as snapshots, BranchResult, CheckpointResult, DeleteCheckpointResult, ForkResult,
+    HibernateResult, ListCheckpointsResult, PromoteResult,
+};
+
+/// The live sandbox `id`, or why not: an id of an ended session says so.
+pub fn sandbox(node: &Node, ended: &Ended, id: &str) -> Result<Arc<Sandbox>, ToolError> {
+    node.sandbox(id).map_err(|error| lookup(ended, &error))
+}
+
+/// A failed lookup in this profile's words.
+pub fn lookup(ended: &Ended, error: &LookupError) -> ToolError {
+    if error.why == Lookup::Unknown && ended.contains(&error.id) {
+        ToolError::ended(&error.id, &error.live)
+    } else {
+        ToolError::unknown(error)
+    }
+}
+
+pub async fn create(
+    node: &Node,
+    params: CreateSandboxParams,
+) -> Result<CreateSandboxResult, ToolError> {
+    let claimed = node
+        .create(params.claim_request())
+        .await
+        .map_err(|error| ToolError::create(&error))?;
+    Ok(from_engine::created(&claimed))
+}
+
+pub async fn release(node: &Node, ended: &Ended, id: &str) -> Result<ReleaseResult, ToolError> {
+    let sandbox = node
+        .release(id)
+        .await
+        .map_err(|error| lookup(ended, &error))?;
+    Ok(from_engine::released(&sandbox))
+}
+
+pub fn node_info(node: &Node) -> NodeInfoResult {
+    from_engine::node_info(&node.status())
+}
+
+pub fn list_sandboxes(node: &Node) -> ListSandboxesResult {
+    ListSandboxesResult {
+        sandboxes: node
+            .registry()
+            .list()
+            .iter()
+            .map(|sandbox| SandboxRow::new(sandbox))
+            .collect(),
+        claimable: node.status().capacity.claimable,
+    }
+}
+
+pub async fn fork(
+    node: &Node,
+    ended: &Ended,
+    id: &str,
+    count: u64,
+) -> Result<ForkResult, ToolError> {
+    sandbox(node, ended, id)?;
+    let forked = node
+        .fork(id, count)
+        .await
+        .map_err(|error| ToolError::fork(id, &error))?;
+    Ok(snapshots::fork(&forked))
+}
+
+pub async fn checkpoint(
+    node: &Node,
+    ended: &Ended,
+    id: &str,
+    name: Option<String>,
+) -> Result<CheckpointResult, ToolError> {
+    sandbox(node, ended, id)?;
+    let taken = node
+        .checkpoint(id, name)
+        .await
+        .map_err(|error| ToolError::checkpoint(id, &error))?;
+    Ok(snapshots::checkpoint(&taken))
+}
+
+pub async fn branch(node: &Node, key: &str) -> Result<BranchResult, ToolError> {
+    let branched = node
+        .branch(key, 1)
+        .await
+        .map_err(|error| ToolError::branch("branch_checkpoint", &error))?;
+    snapshots::branch(&branched)
+        .ok_or_else(|| ToolError::new("branch_checkpoint made no sandbox; try again."))
+}
+
+pub fn list_checkpoints(node: &Node) -> Result<ListCheckpointsResult, ToolError> {
+    let entries = node
+        .list_checkpoints()
+        .map_err(|error| ToolError::list_checkpoints(&error))?;
+    Ok(snapshots::checkpoints(&entries))
+}
+
+pub fn delete_checkpoint(node: &Node, key: &str) -> Result<DeleteCheckpointResult, ToolError> {
+    let manifest = node
+        .delete_checkpoint(key)
+        .map_err(|error| ToolError::delete_checkpoint(&error))?;
+    Ok(snapshots::deleted(&manifest))
+}
+
+pub async fn hibernate(node: &Node, ended: &Ended, id: &str) -> Result<HibernateResult, ToolError> {
+    sandbox(node, ended, id)?;
+    let done = node
+        .hibernate(id)
+        .await
+        .map_err(|error| ToolError::hibernate(id, &error))?;
+    Ok(snapshots::hibernated(&done))
+}
+
+pub async fn promote(
+    node: &Node,
+    ended: &Ended,
+    id: &str,
+    template: &str,
+) -> Result<PromoteResult, ToolError> {
+    sandbox(node, ended, id)?;
+    let done = node
+        .promote(id, template)
+        .await
+        .map_err(|error| ToolError::promote(id, &error))?;
+    Ok(snapshots::promoted(&done))
+}

@@ -1,0 +1,191 @@
+"""sandbox-mcp as a thin front end over a real node daemon (sandboxd), driven by the
+official Python MCP SDK:
+
+1. two MCP sessions at once, started with seed 000's `.mcp.json` arguments as
+   written (`-addr 127.0.0.1:PORT -token T -template default`), share the node's
+   warm pool and capacity and see only their own sandboxes; one cannot use the
+   other's id;
+2. a session that disconnects has its claims released on the node (the daemon's
+   GET /v1/sandboxes shows them gone), and the other session, handed the ended
+   session's id, is told it belonged to an ended session;
+3. a wrong token is refused with a message that says which flag carries the
+   operator's token;
+4. SANDSTORM_URL and SANDSTORM_TOKEN alone (no --profile) give sandstorm's tools
+   over the same node: spawn_sandboxes, exec_command with the sandbox token,
+   kill_sandbox.
+
+Run by mcp/tests/python_node.rs, which passes:
+  SANDBOX_MCP_BIN   the server binary
+  SANDBOX_MCP_LOG   a file prefix for the servers' stderr
+  NODE_ADDR         the daemon's HOST:PORT
+  NODE_TOKEN        its operator token
+  SANDBOX_HOME      a home of the test's own (the ended-session record lives there)
+Prints `python-node: N checks passed` at the end; a failed check raises.
+"""
+
+import asyncio
+import json
+import os
+import urllib.request
+from contextlib import AsyncExitStack
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+CHECKS = 0
+ADDR = os.environ["NODE_ADDR"]
+TOKEN = os.environ["NODE_TOKEN"]
+
+
+def check(condition, what):
+    global CHECKS
+    if not condition:
+        raise AssertionError(what)
+    CHECKS += 1
+
+
+def field(obj, snake, camel):
+    return getattr(obj, snake) if hasattr(obj, snake) else getattr(obj, camel)
+
+
+def text_of(result):
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+async def call_ok(session, tool, args):
+    result = await session.call_tool(tool, args)
+    check(not field(result, "is_error", "isError"), f"{tool} failed: {text_of(result)}")
+    data = field(result, "structured_content", "structuredContent")
+    check(isinstance(data, dict), f"{tool} returned no structured content: {result}")
+    return data
+
+
+async def call_err(session, tool, args):
+    result = await session.call_tool(tool, args)
+    check(field(result, "is_error", "isError"), f"{tool} should fail: {text_of(result)}")
+    return text_of(result)
+
+
+def node_sandboxes():
+    """The daemon's own view (operator token): the ids of every live sandbox."""
+    request = urllib.request.Request(
+        f"http://{ADDR}/v1/sandboxes", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return {row["id"] for row in json.load(answer)["sandboxes"]}
+
+
+def env(extra):
+    """Only what the test gives: no SANDBOXD_* or SANDSTORM_* from the shell."""
+    base = {"SANDBOX_HOME": os.environ["SANDBOX_HOME"], "RUST_LOG": "info,rmcp=warn"}
+    base.update(extra)
+    return base
+
+
+async def open_session(stack, name, args, extra_env=None):
+    params = StdioServerParameters(
+        command=os.environ["SANDBOX_MCP_BIN"], args=args, env=env(extra_env or {})
+    )
+    errlog = stack.enter_context(open(f"{os.environ['SANDBOX_MCP_LOG']}.{name}", "w"))
+    read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+    session = await stack.enter_async_context(ClientSession(read, write))
+    await session.initialize()
+    return session
+
+
+SEED_000 = ["-addr", ADDR, "-token", TOKEN, "-template", "default"]
+
+
+async def two_sessions():
+    async with AsyncExitStack() as b_stack:
+        b = await open_session(b_stack, "b", SEED_000)
+        async with AsyncExitStack() as a_stack:
+            a = await open_session(a_stack, "a", SEED_000)
+            claim_a, claim_b = await asyncio.gather(
+                call_ok(a, "create_sandbox", {}), call_ok(b, "create_sandbox", {})
+            )
+            id_a, id_b = claim_a["sandbox_id"], claim_b["sandbox_id"]
+            check(id_a != id_b, f"two claims, one id: {id_a}")
+            warm = [claim_a["warm"], claim_b["warm"]]
+            check(True in warm, f"neither claim took the node's warm VM: {warm}")
+            print(f"claims: a={id_a} b={id_b} warm={warm}")
+            check({id_a, id_b} <= node_sandboxes(), "the node holds both")
+
+            listed_a = await call_ok(a, "list_sandboxes", {})
+            listed_b = await call_ok(b, "list_sandboxes", {})
+            check([row["sandbox_id"] for row in listed_a["sandboxes"]] == [id_a], f"a sees {listed_a}")
+            check([row["sandbox_id"] for row in listed_b["sandboxes"]] == [id_b], f"b sees {listed_b}")
+            info = await call_ok(a, "node_info", {})
+            check([c["sandbox_id"] for c in info["claims"]] == [id_a], f"a's node_info claims: {info}")
+            check(info["capacity"]["max_sandboxes"] == 3, f"the node's capacity: {info}")
+
+            ran = await call_ok(a, "exec", {"sandbox_id": id_a, "command": "echo hi from $(hostname)"})
+            check(ran["exit_code"] == 0 and "hi from" in ran["stdout"], f"exec: {ran}")
+            await call_ok(b, "write_file", {"sandbox_id": id_b, "path": "/tmp/x", "content": "node"})
+            read = await call_ok(b, "read_file", {"sandbox_id": id_b, "path": "/tmp/x"})
+            check(read["content"] == "node", f"read_file: {read}")
+            refused = await call_err(b, "exec", {"sandbox_id": id_a, "command": "true"})
+            check("Unknown sandbox_id" in refused, f"b used a's sandbox: {refused}")
+            print("each session sees and reaches only its own")
+        # a disconnected: its claim is released on the node.
+        for _ in range(100):
+            if id_a not in node_sandboxes():
+                break
+            await asyncio.sleep(0.1)
+        live = node_sandboxes()
+        check(id_a not in live and id_b in live, f"after a disconnected the node holds {live}")
+        ended = await call_err(b, "exec", {"sandbox_id": id_a, "command": "true"})
+        check("belonged to an MCP session that has ended" in ended, f"a's id in b: {ended}")
+        print("a's claim was released at its disconnect; b is told so")
+    for _ in range(100):
+        if id_b not in node_sandboxes():
+            break
+        await asyncio.sleep(0.1)
+    check(id_b not in node_sandboxes(), "b's claim was released at its disconnect")
+
+
+async def wrong_token():
+    async with AsyncExitStack() as stack:
+        session = await open_session(stack, "bad", ["-addr", ADDR, "-token", "not-the-token"])
+        refused = await call_err(session, "create_sandbox", {})
+        check("refused this server's token" in refused and "--token" in refused, refused)
+        print("a wrong token is refused: " + refused.split(".")[0])
+
+
+async def sandstorm():
+    async with AsyncExitStack() as stack:
+        session = await open_session(
+            stack, "sandstorm", [], {"SANDSTORM_URL": f"http://{ADDR}", "SANDSTORM_TOKEN": TOKEN}
+        )
+        tools = {tool.name for tool in (await session.list_tools()).tools}
+        check("spawn_sandboxes" in tools and "create_sandbox" not in tools, f"tools: {sorted(tools)}")
+        spawned = await call_ok(session, "spawn_sandboxes", {"snapshot_tag": "default", "n": 1})
+        box = spawned["result"][0]
+        check(box["id"] in node_sandboxes(), f"spawned on the node: {box}")
+        ran = await call_ok(
+            session,
+            "exec_command",
+            {"sandbox_id": box["id"], "args": ["echo", "storm"], "sandbox_token": box["token"]},
+        )
+        check(ran["stdout"].strip() == "storm", f"exec_command: {ran}")
+        wrong = await call_err(
+            session,
+            "exec_command",
+            {"sandbox_id": box["id"], "args": ["true"], "sandbox_token": "x" * len(box["token"])},
+        )
+        check("sandbox_token" in wrong, wrong)
+        killed = await call_ok(session, "kill_sandbox", {"sandbox_id": box["id"]})
+        check(killed["killed"], f"kill_sandbox: {killed}")
+        check(box["id"] not in node_sandboxes(), "kill_sandbox released it on the node")
+        print("the sandstorm profile through SANDSTORM_URL works on the node")
+
+
+async def main():
+    await two_sessions()
+    await wrong_token()
+    await sandstorm()
+    check(node_sandboxes() == set(), f"the node still holds {node_sandboxes()}")
+    print(f"python-node: {CHECKS} checks passed")
+
+
+asyncio.run(main())
