@@ -174,7 +174,12 @@ async def sandstorm():
             {"sandbox_id": box["id"], "args": ["true"], "sandbox_token": "x" * len(box["token"])},
         )
         check("sandbox_token" in wrong, wrong)
-        killed = await call_ok(session, "kill_sandbox", {"sandbox_id": box["id"]})
+        untokened = await call_err(session, "kill_sandbox", {"sandbox_id": box["id"]})
+        check("sandbox_token" in untokened, f"kill_sandbox without its token: {untokened}")
+        check(box["id"] in node_sandboxes(), "a refused kill_sandbox released nothing")
+        killed = await call_ok(
+            session, "kill_sandbox", {"sandbox_id": box["id"], "sandbox_token": box["token"]}
+        )
         check(killed["killed"], f"kill_sandbox: {killed}")
         check(box["id"] not in node_sandboxes(), "kill_sandbox released it on the node")
         print("the sandstorm profile through SANDSTORM_URL works on the node")
