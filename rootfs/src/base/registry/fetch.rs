@@ -192,7 +192,9 @@ impl<'a> Fetcher<'a> {
                 });
             }
         };
-        report(0);
+        if size > 0 {
+            report(0);
+        }
         while let Some(chunk) = stream.next().await {
             let chunk = match chunk {
                 Ok(chunk) => chunk,

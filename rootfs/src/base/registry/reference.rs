@@ -37,8 +37,15 @@ pub enum ReferenceError {
 }
 
 /// A parsed image reference.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ImageRef(Reference);
+
+impl fmt::Debug for ImageRef {
+    /// As written back (`oci://…`): the build log shows the base this way.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ImageRef").field(&self.to_string()).finish()
+    }
+}
 
 impl ImageRef {
     /// The client's reference.
