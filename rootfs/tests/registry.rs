@@ -311,7 +311,7 @@ fn base64_encode(data: &[u8]) -> String {
 }
 
 #[test]
-fn a_tampered_blob_is_refused_and_never_cached() {
+fn tampered_blobs_and_manifests_are_refused_and_never_cached() {
     let registry = Registry::start();
     let mut layout = OciLayout::new();
     let layer = gzip(&busybox_layer("x\n"));
@@ -358,6 +358,34 @@ fn a_tampered_blob_is_refused_and_never_cached() {
         "partial downloads left: {leftovers:?}"
     );
     assert_eq!(std::fs::read_dir(staging.path()).unwrap().count(), 0);
+
+    // A manifest changed on the registry's disk, asked for by tag (the registry's
+    // digest header no longer matches) and by digest.
+    let image = layout.image(&[busybox_layer("y\n")], json!({}), "amd64", true);
+    registry.push(layout.tag(image, "v2"), "v2", "test/tamper");
+    let served = registry.served_digest("test/tamper:v2");
+    let stored = registry.blob_file(&served);
+    let text = std::fs::read_to_string(&stored).unwrap();
+    let tampered = text.replacen("\"schemaVersion\":2", "\"schemaVersion\": 2", 1);
+    assert_ne!(text, tampered);
+    std::fs::write(&stored, tampered).unwrap();
+    for reference in ["test/tamper:v2".to_owned(), format!("test/tamper@{served}")] {
+        let error = pull(
+            &registry.image(&reference),
+            &registry.options(),
+            cache.path(),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&error, RegistryError::DigestMismatch { what, .. } if what == "the manifest"),
+            "{reference}: {error}"
+        );
+        assert!(!cache
+            .path()
+            .join("oci/blobs/sha256")
+            .join(&served[7..])
+            .exists());
+    }
 }
 
 #[test]

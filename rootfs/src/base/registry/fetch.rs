@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
 use oci_client::manifest::{
     IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE,
     OCI_IMAGE_MEDIA_TYPE,
@@ -118,7 +118,19 @@ impl<'a> Fetcher<'a> {
             .client
             .pull_manifest_raw(reference, &self.auth, ACCEPTED)
             .await
-            .map_err(|error| self.classify(error))?;
+            .map_err(|error| match error {
+                // The client compares the body with the digest asked for and with
+                // the registry's Docker-Content-Digest header.
+                OciDistributionError::DigestError(DigestError::VerificationError {
+                    expected,
+                    actual,
+                }) => RegistryError::DigestMismatch {
+                    what: "the manifest".into(),
+                    expected,
+                    actual,
+                },
+                error => self.classify(error),
+            })?;
         if body.len() as u64 > DOCUMENT_MAX_BYTES {
             return Err(RegistryError::TooLarge {
                 what: "the manifest".into(),
@@ -311,5 +323,5 @@ fn check_descriptor(blob: &Descriptor, what: &str) -> Result<u64, RegistryError>
 fn digest_error(error: &std::io::Error) -> bool {
     error
         .get_ref()
-        .is_some_and(|inner| inner.is::<oci_client::errors::DigestError>())
+        .is_some_and(|inner| inner.is::<DigestError>())
 }
