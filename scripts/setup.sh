@@ -5,14 +5,18 @@
 #   - apt: QEMU (TCG is enough) and qemu-img, kmod (depmod), lz4, cpio, file,
 #          busybox-static (default template base), e2fsprogs (mkfs.ext4 -d),
 #          mmdebstrap (Debian bases: the python template); and package lists that
-#          know Debian's cloud kernel, which templates are built from
+#          know Debian's cloud kernel, which templates are built from; for the
+#          builder's registry tests (rootfs/tests/registry.rs): docker-registry (the
+#          CNCF distribution server), skopeo (pushes the test images) and
+#          apache2-utils (htpasswd, the registry's bcrypt password file)
 #   - rustup: the x86_64-unknown-linux-musl target for the static agent
 #   - cargo: vhost-device-vsock, the vhost-user vsock backend QEMU talks to
 #   - PyPI: the official Python MCP SDK (`mcp`), in a venv at target/mcp-python, for
 #          mcp/tests/python_sdk.rs (python3-venv from apt when python3 cannot make one)
 set -euo pipefail
 
-APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file mmdebstrap)
+APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file mmdebstrap
+              docker-registry skopeo apache2-utils)
 
 # Two passes: installing one package can remove another that was there before (a
 # newer qemu-utils conflicts with this release's qemu-system-x86 and is removed with
@@ -27,7 +31,8 @@ for pass in 1 2; do
   [ "$pass" = 1 ] && apt-get update -q
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 done
-for program in qemu-system-x86_64 qemu-img depmod lz4 cpio busybox mkfs.ext4 file mmdebstrap; do
+for program in qemu-system-x86_64 qemu-img depmod lz4 cpio busybox mkfs.ext4 file mmdebstrap \
+               docker-registry skopeo htpasswd; do
   command -v "$program" >/dev/null 2>&1 || { echo "setup: $program is still missing" >&2; exit 1; }
 done
 

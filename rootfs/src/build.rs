@@ -13,6 +13,7 @@ use tracing::{info, warn};
 
 use crate::agent::{self, AgentError, AgentSearch};
 use crate::base::debian::DebianOptions;
+use crate::base::registry::RegistryOptions;
 use crate::base::{self, Base, BaseError, BaseTools};
 use crate::cpio::{CpioError, CpioWriter};
 use crate::disk::{self, DiskError};
@@ -70,7 +71,7 @@ pub struct BuildOptions {
     /// The template folder to create or replace.
     pub output: PathBuf,
     /// Kernel downloads live in `<cache>/kernel`, bootstrapped Debian bases in
-    /// `<cache>/debian`.
+    /// `<cache>/debian`, registry blobs and tag pins in `<cache>/oci`.
     pub cache_dir: PathBuf,
     /// The base userland.
     pub base: Base,
@@ -80,6 +81,8 @@ pub struct BuildOptions {
     pub packages: Vec<String>,
     /// Bootstrap a Debian base again even when a cached one matches.
     pub refresh_base: bool,
+    /// How a registry base is pulled (`oci/` in the cache).
+    pub registry: RegistryOptions,
     /// The kernel.
     pub kernel: KernelSource,
     /// The agent binary, or `None` to find or build it.
@@ -191,24 +194,22 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
     tree::make_dir(&staging, 0o755)?;
     tree::make_dir(&out, 0o755)?;
 
-    info!(step = "1/5", "kernel");
-    let kernel = match &opts.kernel {
-        KernelSource::DebianCloud => kernel::debian_cloud(&opts.cache_dir.join("kernel"))?,
-        KernelSource::Path { image, modules } => kernel::user_kernel(image, modules.as_deref())?,
-    };
-    info!(version = %kernel.version, image = %kernel.image.display(), "kernel ready");
-
-    info!(step = "2/5", "agent");
-    let agent = agent::locate(opts.agent.as_deref(), &opts.agent_search)?;
-    info!(agent = %agent.display(), "agent ready");
-
-    info!(step = "3/5", base = ?opts.base, "base");
-    let from_base = base::populate(&opts.base, &opts.base_tools, &debian, &staging)?;
+    // The base first: a registry's refusal (credentials, a missing tag, another
+    // platform) should not wait for a kernel download.
+    info!(step = "1/5", base = ?opts.base, "base");
+    let from_base = base::populate(
+        &opts.base,
+        &opts.base_tools,
+        &debian,
+        &opts.registry,
+        &opts.cache_dir,
+        &staging,
+    )?;
     guest::add_essentials(&staging)?;
     // An image's config names no sessions: the builder's are the only ones.
     let image_config = ImageConfig {
         sessions: opts.warm_sessions.clone(),
-        ..from_base
+        ..from_base.config
     };
     image_config::install(&staging, &image_config)?;
     let base_bytes = tree::tree_bytes(&staging)?;
@@ -228,6 +229,17 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         layout = if use_disk { "disk" } else { "initramfs" },
         "base assembled"
     );
+
+    info!(step = "2/5", "kernel");
+    let kernel = match &opts.kernel {
+        KernelSource::DebianCloud => kernel::debian_cloud(&opts.cache_dir.join("kernel"))?,
+        KernelSource::Path { image, modules } => kernel::user_kernel(image, modules.as_deref())?,
+    };
+    info!(version = %kernel.version, image = %kernel.image.display(), "kernel ready");
+
+    info!(step = "3/5", "agent");
+    let agent = agent::locate(opts.agent.as_deref(), &opts.agent_search)?;
+    info!(agent = %agent.display(), "agent ready");
 
     info!(step = "4/5", "initramfs");
     // The initramfs tree: the whole base, or a fresh minimal one for stage one.
@@ -292,6 +304,7 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         default_size: opts.default_size,
         created_at: now_rfc3339(),
         image_config,
+        image_source: from_base.source,
     };
     manifest.save(&out)?;
     replace_dir(&out, &opts.output, &work.0)?;

@@ -1,12 +1,16 @@
 //! `sandbox-rootfs`: command-line front end of the template builder.
 
+use std::io::{IsTerminal as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use sandbox_protocol::WarmSession;
 use sandbox_rootfs::agent::AgentSearch;
+use sandbox_rootfs::base::registry::auth::{AuthSource, BasicAuth};
+use sandbox_rootfs::base::registry::{Progress, ProgressSink, RegistryOptions};
 use sandbox_rootfs::base::{Base, BaseTools};
 use sandbox_rootfs::build::{DEFAULT_DISK_FREE_BYTES, DEFAULT_INITRAMFS_MAX_BYTES};
 use sandbox_rootfs::image_config::parse_warm_session;
@@ -54,9 +58,30 @@ struct BuildArgs {
     /// Template folder (default: $SANDBOX_HOME/templates/NAME).
     #[arg(long)]
     output: Option<PathBuf>,
-    /// Base: busybox, dir:PATH, image:PATH.tar (OCI or docker save), debian[:SUITE].
+    /// Base: busybox, dir:PATH, image:PATH.tar (OCI or docker save), debian[:SUITE],
+    /// or a registry image: oci://REGISTRY/REPO[:TAG|@sha256:DIGEST] or a short form
+    /// such as python:3.12-slim (Docker Hub, as docker reads it).
     #[arg(long, default_value = "busybox")]
     base: Base,
+    /// Credentials for the registry of an oci:// base (instead of docker's
+    /// config.json).
+    #[arg(
+        long,
+        value_name = "USER:PASSWORD",
+        env = "SANDBOX_REGISTRY_AUTH",
+        hide_env_values = true
+    )]
+    registry_auth: Option<BasicAuth>,
+    /// A registry spoken to over plain HTTP (repeatable); all others only over HTTPS.
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    insecure_registries: Vec<String>,
+    /// Ask the registry where the tag points now, instead of using the digest an
+    /// earlier pull pinned it to.
+    #[arg(long)]
+    refresh: bool,
+    /// Largest registry image (MiB), its layers both as downloaded and as unpacked.
+    #[arg(long, default_value_t = sandbox_rootfs::base::registry::DEFAULT_MAX_IMAGE_BYTES >> 20)]
+    max_image_mib: u64,
     /// Debian packages to install on the debian base, comma-separated or repeated
     /// (e.g. python3,python3-pip); the bootstrap is cached by suite and packages.
     #[arg(long, value_name = "PACKAGE,...", value_delimiter = ',')]
@@ -191,11 +216,28 @@ fn build_options(args: BuildArgs, home: &SandboxHome) -> anyhow::Result<BuildOpt
         Some(path) => absolute(path)?,
         None => home.template(&args.name),
     };
+    // Docker's own rule: $DOCKER_CONFIG/config.json, else ~/.docker/config.json.
+    let docker_config = std::env::var_os("DOCKER_CONFIG")
+        .map(|dir| PathBuf::from(dir).join("config.json"))
+        .or_else(|| {
+            std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".docker/config.json"))
+        });
+    let registry = RegistryOptions {
+        auth: AuthSource {
+            explicit: args.registry_auth,
+            docker_config,
+        },
+        insecure: args.insecure_registries,
+        refresh: args.refresh,
+        max_bytes: args.max_image_mib.saturating_mul(1 << 20),
+        progress: std::io::stderr().is_terminal().then(terminal_progress),
+    };
     Ok(BuildOptions {
         name: args.name,
         output,
         cache_dir: home.cache(),
         base: args.base,
+        registry,
         base_tools: BaseTools {
             busybox: args.busybox,
         },
@@ -219,4 +261,32 @@ fn build_options(args: BuildArgs, home: &SandboxHome) -> anyhow::Result<BuildOpt
         extra_cmdline: args.extra_cmdline,
         warm_sessions: args.warm_sessions,
     })
+}
+
+/// Download progress for a person at a terminal: one line per blob, redrawn at most
+/// every 1 MiB, ended when the blob is complete. Pipes and logs get none (the build
+/// logs each image's downloads and cache hits once).
+fn terminal_progress() -> ProgressSink {
+    let last = Mutex::new(0u64);
+    ProgressSink(Arc::new(move |p: &Progress<'_>| {
+        let Ok(mut last) = last.lock() else { return };
+        let complete = p.done == p.total;
+        if p.done != 0 && !complete && p.done < *last + (1 << 20) {
+            return;
+        }
+        *last = if complete { 0 } else { p.done };
+        let short = p.digest.get(..19).unwrap_or(p.digest);
+        let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+        let mut err = std::io::stderr().lock();
+        let _ = write!(
+            err,
+            "\r  {} {short}  {:.1} / {:.1} MiB",
+            p.what,
+            mib(p.done),
+            mib(p.total)
+        );
+        if complete {
+            let _ = writeln!(err);
+        }
+    }))
 }

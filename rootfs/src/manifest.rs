@@ -50,6 +50,24 @@ pub struct TemplateManifest {
     /// the manifests of templates that have none.
     #[serde(default, skip_serializing_if = "is_empty")]
     pub image_config: ImageConfig,
+    /// The registry image the template was built from (`--base oci://…`): the
+    /// reference as given and the manifest digest it resolved to, so that a rebuild
+    /// can be pinned to the same bytes. Left out for other bases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_source: Option<ImageSource>,
+}
+
+/// Where a template built from a registry image came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSource {
+    /// The reference, fully qualified (`oci://docker.io/library/python:3.12-slim`).
+    pub reference: String,
+    /// The digest of the `linux/amd64` image manifest the layers came from.
+    pub manifest_digest: String,
+    /// The digest of the index that named it, when the reference is multi-platform.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index_digest: Option<String>,
 }
 
 fn is_empty(config: &ImageConfig) -> bool {
@@ -140,6 +158,7 @@ mod tests {
             default_size: Size::SMALL,
             created_at: "2024-05-01T12:00:00Z".into(),
             image_config: ImageConfig::default(),
+            image_source: None,
         }
     }
 
@@ -207,6 +226,27 @@ mod tests {
         assert_eq!(json["image_config"]["cwd"], "/app");
         assert_eq!(json["image_config"]["env"][0][0], "PATH");
         assert_eq!(json["image_config"]["sessions"][0]["language"], "python");
+        assert_eq!(
+            serde_json::from_value::<TemplateManifest>(json).unwrap(),
+            manifest
+        );
+    }
+
+    #[test]
+    fn the_image_source_is_recorded_only_for_registry_images() {
+        let json = serde_json::to_value(sample()).unwrap();
+        assert!(json.get("image_source").is_none());
+        let mut manifest = sample();
+        manifest.image_source = Some(ImageSource {
+            reference: "oci://docker.io/library/python:3.12-slim".into(),
+            manifest_digest: format!("sha256:{}", "a".repeat(64)),
+            index_digest: None,
+        });
+        let json = serde_json::to_value(&manifest).unwrap();
+        assert_eq!(
+            json["image_source"]["reference"],
+            "oci://docker.io/library/python:3.12-slim"
+        );
         assert_eq!(
             serde_json::from_value::<TemplateManifest>(json).unwrap(),
             manifest

@@ -1,13 +1,17 @@
 //! Templates built by `sandbox-rootfs` from other bases, booted in real microVMs: one
 //! from a directory, one from a `docker save` image tarball whose second layer
 //! deletes (whiteout) and replaces files of the first, and one from an OCI layout
-//! whose config's `Env`, `WorkingDir` and `User` become every process's defaults.
+//! whose config's `Env`, `WorkingDir` and `User` become every process's defaults,
+//! and one pulled from a real registry on loopback (`--base oci://…`, the builder's
+//! registry harness), whose config does the same.
 //! Each of these builds its template into a folder of its own, boots it once, checks
 //! it through the agent, and removes the template. (The `python` template that
 //! `scripts/test.sh` builds is booted by a target of its own, `microvm_python`.)
 //!
 //! Needs what `sandbox_tests::vm` needs, plus the host's static busybox (Debian's
-//! `busybox-static`, which the default template uses too); `SANDBOX_SKIP_VM_TESTS=1`
+//! `busybox-static`, which the default template uses too), and for the registry test
+//! `docker-registry`, `skopeo` and `htpasswd` (`scripts/setup.sh` installs them);
+//! `SANDBOX_SKIP_VM_TESTS=1`
 //! marks them ignored (this target runs on `libtest-mimic`).
 
 // Helpers unwrap too: a failure there is a test failure.
@@ -23,6 +27,11 @@ use sandbox_tests::{exec_sh, sh, TempDir};
 use sandbox_vmm::client::Client;
 use sandbox_vmm::launcher::{Template, TemplateRef};
 use sha2::{Digest, Sha256};
+
+/// A registry on loopback and OCI layouts to push to it, shared with the builder's
+/// own registry tests.
+#[path = "../../rootfs/tests/support/registry.rs"]
+mod registry;
 
 /// The static busybox every test base is made of.
 const BUSYBOX: &str = "/bin/busybox";
@@ -86,6 +95,10 @@ fn main() -> std::process::ExitCode {
         VmTest {
             name: "an_oci_image_config_sets_every_processs_env_cwd_and_user",
             run: || block_on(an_oci_image_config_sets_every_processs_env_cwd_and_user()),
+        },
+        VmTest {
+            name: "a_template_pulled_from_a_registry_boots_with_its_env_cwd_and_user",
+            run: || block_on(a_template_pulled_from_a_registry_boots_with_its_env_cwd_and_user()),
         },
     ])
 }
@@ -485,6 +498,73 @@ async fn an_oci_image_config_sets_every_processs_env_cwd_and_user() {
         .unwrap();
     let output = String::from_utf8_lossy(&reply.stdout);
     for line in ["PATH=/bin", "GREETING=from the request", "cwd=/ id=0:0"] {
+        assert!(
+            output.lines().any(|l| l == line),
+            "{line:?} missing:\n{output}"
+        );
+    }
+    vm.shutdown().await;
+    remove_template(dir);
+}
+
+async fn a_template_pulled_from_a_registry_boots_with_its_env_cwd_and_user() {
+    let host = VmHost::get("microvm_templates::registry").expect("run only with the gate open");
+    let registry = registry::Registry::start();
+    let mut layer = registry::Layer::default().dir("bin/");
+    layer.entry(
+        tar::EntryType::Regular,
+        "bin/busybox",
+        "",
+        &busybox(),
+        0o755,
+    );
+    for applet in APPLETS {
+        layer = layer.symlink(&format!("bin/{applet}"), "busybox");
+    }
+    let mut layout = registry::OciLayout::new();
+    let image = layout.image(
+        &[layer.finish()],
+        serde_json::json!({
+            "Env": ["PATH=/bin", "GREETING=pulled from a registry"],
+            "WorkingDir": "/srv/registry",
+            "User": "1000:1001",
+        }),
+        "amd64",
+        true,
+    );
+    registry.push(layout.tag(image, "v1"), "v1", "test/vm");
+
+    let scratch = TempDir::new("tpl-registry");
+    let name = format!("e2e-registry-{}", std::process::id());
+    let base = format!("oci://{}/test/vm:v1", registry.host);
+    let auth = format!("{}:{}", registry::USER, registry::PASSWORD);
+    let built = build_template_with(
+        &name,
+        &base,
+        &scratch.path().join("template"),
+        &[
+            "--insecure-registry",
+            &registry.host,
+            "--registry-auth",
+            &auth,
+            "--refresh",
+        ],
+    );
+    let dir = built.dir;
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("template.json")).unwrap()).unwrap();
+    assert_eq!(manifest["image_source"]["reference"], base.as_str());
+    assert_eq!(
+        manifest["image_source"]["manifest_digest"],
+        registry.served_digest("test/vm:v1").as_str()
+    );
+    let vm = boot_and_check(&host, &dir, &name).await;
+    let output = sh(vm.client(), "env; echo \"cwd=$(pwd) id=$(id -u):$(id -g)\"").await;
+    for line in [
+        "PATH=/bin",
+        "GREETING=pulled from a registry",
+        "cwd=/srv/registry id=1000:1001",
+    ] {
         assert!(
             output.lines().any(|l| l == line),
             "{line:?} missing:\n{output}"

@@ -35,6 +35,51 @@ const WHITEOUT_PREFIX: &str = ".wh.";
 /// The opaque-folder marker.
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
 
+/// What to do with an entry that would act outside the root: a path with `..`, or
+/// one below a symlink (which could point anywhere, `/` included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryPolicy {
+    /// Skip it with a warning: a local tarball or the builder's own Debian base,
+    /// where the entry is a packaging oddity rather than an attack.
+    Skip,
+    /// Fail the layer with an [`EscapingEntry`]: an image from a registry, whose
+    /// author is not trusted.
+    Refuse,
+}
+
+/// The error payload (inside an [`io::Error`]) of an entry refused under
+/// [`EntryPolicy::Refuse`]; find it with [`escaping_entry`].
+#[derive(Debug, thiserror::Error)]
+#[error("{} {reason}", path.display())]
+pub struct EscapingEntry {
+    /// The entry's path as the layer names it.
+    pub path: PathBuf,
+    /// How it would escape.
+    pub reason: &'static str,
+}
+
+/// The [`EscapingEntry`] an unpacking error carries, if that is what it is.
+pub fn escaping_entry(error: &io::Error) -> Option<&EscapingEntry> {
+    error.get_ref().and_then(|inner| inner.downcast_ref())
+}
+
+/// Skips (returning `Ok(())` after a warning) or refuses an escaping entry.
+fn escape(policy: EntryPolicy, path: &Path, reason: &'static str) -> io::Result<()> {
+    match policy {
+        EntryPolicy::Skip => {
+            warn!(path = %path.display(), reason, "entry skipped");
+            Ok(())
+        }
+        EntryPolicy::Refuse => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            EscapingEntry {
+                path: path.to_owned(),
+                reason,
+            },
+        )),
+    }
+}
+
 /// Applying an image failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
@@ -138,10 +183,18 @@ pub fn apply(tarball: &Path, staging: &Path) -> Result<ImageConfig, ImageError> 
             member: member.clone(),
             error,
         };
-        let whiteouts =
-            apply_whiteouts(open_layer(tarball, span, member)?, staging).map_err(layer_error)?;
-        let skipped =
-            unpack_files(open_layer(tarball, span, member)?, staging).map_err(layer_error)?;
+        let whiteouts = apply_whiteouts(
+            open_layer(tarball, span, member)?,
+            staging,
+            EntryPolicy::Skip,
+        )
+        .map_err(layer_error)?;
+        let skipped = unpack_files_with(
+            open_layer(tarball, span, member)?,
+            staging,
+            EntryPolicy::Skip,
+        )
+        .map_err(layer_error)?;
         if whiteouts > 0 || skipped > 0 {
             info!(%member, whiteouts, skipped, "layer applied");
         }
@@ -378,7 +431,11 @@ fn join_no_symlinks(root: &Path, rel: &Path) -> Option<PathBuf> {
 }
 
 /// Pass one: removes what this layer's whiteouts hide. Returns how many it applied.
-fn apply_whiteouts(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
+pub(super) fn apply_whiteouts(
+    layer: Box<dyn Read + '_>,
+    staging: &Path,
+    policy: EntryPolicy,
+) -> io::Result<usize> {
     let mut applied = 0;
     let mut archive = tar::Archive::new(layer);
     for entry in archive.entries()? {
@@ -391,13 +448,13 @@ fn apply_whiteouts(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
             continue;
         }
         let Some(rel) = clean_path(&path) else {
-            warn!(path = %path.display(), "whiteout outside the root ignored");
+            escape(policy, &path, "is a whiteout outside the root")?;
             continue;
         };
         let parent = rel.parent().unwrap_or(Path::new(""));
         if name == OPAQUE_MARKER {
             let Some(dir) = join_no_symlinks(staging, parent) else {
-                warn!(path = %rel.display(), "opaque whiteout through a symlink ignored");
+                escape(policy, &rel, "is an opaque whiteout through a symlink")?;
                 continue;
             };
             if dir.is_dir() && !dir.symlink_metadata()?.file_type().is_symlink() {
@@ -408,7 +465,7 @@ fn apply_whiteouts(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
         } else {
             let hidden = parent.join(&name[WHITEOUT_PREFIX.len()..]);
             let Some(target) = join_no_symlinks(staging, &hidden) else {
-                warn!(path = %rel.display(), "whiteout through a symlink ignored");
+                escape(policy, &rel, "is a whiteout through a symlink")?;
                 continue;
             };
             remove_path(&target).map_err(|e| e.error)?;
@@ -422,6 +479,15 @@ fn apply_whiteouts(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
 /// paths. Returns how many entries were skipped. (Also how a cached Debian base,
 /// one plain tarball, is unpacked: see [`super::debian`].)
 pub(super) fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<usize> {
+    unpack_files_with(layer, staging, EntryPolicy::Skip)
+}
+
+/// [`unpack_files`] with a policy for entries that would leave the root.
+pub(super) fn unpack_files_with(
+    layer: Box<dyn Read + '_>,
+    staging: &Path,
+    policy: EntryPolicy,
+) -> io::Result<usize> {
     let mut skipped = 0;
     let mut archive = tar::Archive::new(layer);
     archive.set_preserve_permissions(true);
@@ -450,15 +516,29 @@ pub(super) fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<u
             continue;
         }
         let Some(rel) = clean_path(&path) else {
-            warn!(path = %path.display(), "entry outside the root skipped");
+            escape(policy, &path, "is outside the root")?;
             skipped += 1;
             continue;
         };
         let Some(target) = join_no_symlinks(staging, &rel) else {
-            warn!(path = %rel.display(), "entry below a symlink skipped");
+            escape(policy, &rel, "lies below a symlink")?;
             skipped += 1;
             continue;
         };
+        // A hard link names another entry of the image; one that leaves the root
+        // (or passes a symlink) would link a host file into the template.
+        if kind == tar::EntryType::Link {
+            let linked = entry.link_name()?.map(|name| name.into_owned());
+            let inside = linked
+                .as_deref()
+                .and_then(clean_path)
+                .and_then(|rel| join_no_symlinks(staging, &rel));
+            if inside.is_none() {
+                escape(policy, &rel, "is a hard link to outside the root")?;
+                skipped += 1;
+                continue;
+            }
+        }
         // A layer replaces a lower layer's entry; only folders merge.
         if let Ok(existing) = fs::symlink_metadata(&target) {
             if !(existing.is_dir() && kind.is_dir()) {
@@ -468,7 +548,7 @@ pub(super) fn unpack_files(layer: Box<dyn Read>, staging: &Path) -> io::Result<u
         match entry.unpack_in(staging) {
             Ok(true) => {}
             Ok(false) => {
-                warn!(path = %rel.display(), "entry refused by the unpacker");
+                escape(policy, &rel, "was refused by the unpacker")?;
                 skipped += 1;
             }
             // A half-applied entry (data written, mode or owner not) would make a
@@ -694,7 +774,21 @@ mod tests {
             ("link/.wh.precious", Some(b"")),
             ("link/.wh..wh..opq", Some(b"")),
         ]);
-        apply_whiteouts(Box::new(io::Cursor::new(evil)), staging.path()).unwrap();
+        apply_whiteouts(
+            Box::new(io::Cursor::new(evil.clone())),
+            staging.path(),
+            EntryPolicy::Skip,
+        )
+        .unwrap();
+        assert!(outside.path().join("precious").exists());
+        let error = apply_whiteouts(
+            Box::new(io::Cursor::new(evil)),
+            staging.path(),
+            EntryPolicy::Refuse,
+        )
+        .unwrap_err();
+        let escaping = escaping_entry(&error).expect("not an escaping entry");
+        assert_eq!(escaping.path, Path::new("link/.wh.precious"));
         assert!(outside.path().join("precious").exists());
     }
 }

@@ -303,6 +303,8 @@ impl Launcher {
             snapshot: Some(PathBuf::from(PROMOTED_SNAPSHOT_DIR)),
             // The VM's agent and disk still hold its template's defaults.
             image_config: source.map(|t| t.image_config.clone()).unwrap_or_default(),
+            // A promoted VM has drifted from any registry image it began as.
+            image_source: None,
         };
         manifest.save(staging).map_err(|error| {
             write_error(&staging.join(TEMPLATE_FILE), std::io::Error::other(error))
