@@ -18,7 +18,7 @@ official Python MCP SDK:
    egress_log refused with the reason;
 5. SANDSTORM_URL and SANDSTORM_TOKEN alone (no --profile) give sandstorm's tools
    over the same node: spawn_sandboxes, exec_command with the sandbox token,
-   kill_sandbox.
+   kill_sandbox (refused without the token, done with it).
 
 Run by mcp/tests/python_node.rs, which passes:
   SANDBOX_MCP_BIN   the server binary
@@ -290,7 +290,12 @@ async def sandstorm():
             {"sandbox_id": box["id"], "args": ["true"], "sandbox_token": "x" * len(box["token"])},
         )
         check("sandbox_token" in wrong, wrong)
-        killed = await call_ok(session, "kill_sandbox", {"sandbox_id": box["id"]})
+        unkilled = await call_err(session, "kill_sandbox", {"sandbox_id": box["id"]})
+        check("sandbox_token is required" in unkilled, f"kill_sandbox without a token: {unkilled}")
+        check(box["id"] in node_sandboxes(), "kill_sandbox without a token killed it")
+        killed = await call_ok(
+            session, "kill_sandbox", {"sandbox_id": box["id"], "sandbox_token": box["token"]}
+        )
         check(killed["killed"], f"kill_sandbox: {killed}")
         check(box["id"] not in node_sandboxes(), "kill_sandbox released it on the node")
         print("the sandstorm profile through SANDSTORM_URL works on the node")
