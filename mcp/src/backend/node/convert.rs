@@ -206,3 +206,30 @@ pub fn template_row(row: &WireTemplate) -> TemplateRow {
         error: row.error.clone().filter(|error| !error.is_empty()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_template_row_reads_its_size_and_drops_empty_fields() {
+        let row = template_row(&WireTemplate {
+            name: "py".to_owned(),
+            default: false,
+            size: Some("2x1024".to_owned()),
+            promoted: true,
+            error: Some(String::new()),
+        });
+        assert_eq!(row.default_size.as_deref(), Some("2x1024"));
+        assert_eq!((row.vcpus, row.memory_mib), (Some(2), Some(1024)));
+        assert!(row.promoted && row.error.is_none() && row.warm_sessions.is_empty());
+        let odd = template_row(&WireTemplate {
+            name: "x".to_owned(),
+            size: Some("not-a-size".to_owned()),
+            error: Some("no rootfs".to_owned()),
+            ..WireTemplate::default()
+        });
+        assert_eq!((odd.vcpus, odd.memory_mib), (None, None));
+        assert_eq!(odd.error.as_deref(), Some("no rootfs"));
+    }
+}
