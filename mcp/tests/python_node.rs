@@ -1,9 +1,11 @@
 //! `sandbox-mcp` as a thin front end over a real node daemon: a `sandboxd` on a
-//! loopback port (pool 1, at most 3 sandboxes, a run folder of its own) and the
+//! loopback port (pool 1, at most 4 VMs, a run folder of its own) and the
 //! official Python MCP SDK driving `tests/python/node_client.py`: two MCP sessions
 //! at once with seed 000's `.mcp.json` arguments as written, their isolation, the
 //! release of a disconnected session's claims (checked in the daemon's own
-//! `GET /v1/sandboxes`), an ended session's id, a wrong token, and the sandstorm
+//! `GET /v1/sandboxes`), an ended session's id, the fleet and snapshot tools through
+//! the node (create_sandboxes, ping_sandbox, list_templates, fork, checkpoint,
+//! branch_checkpoint, hibernate, promote), a wrong token, and the sandstorm
 //! profile through `SANDSTORM_URL`. Afterwards the daemon is stopped and nothing
 //! may be left running.
 //!
@@ -23,8 +25,9 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use sandbox_tests::vm::{block_on, gate, Gate, SKIP_NOTE};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-/// How long the whole script may take: four VM boots under TCG on a busy host.
-const SCRIPT_WITHIN: Duration = Duration::from_secs(900);
+/// How long the whole script may take: several VM boots, forks, checkpoints and a
+/// promote under TCG on a busy host.
+const SCRIPT_WITHIN: Duration = Duration::from_secs(1800);
 
 /// The operator token the daemon is started with.
 const OPERATOR_TOKEN: &str = "operator-token-for-the-mcp-node-test";
@@ -82,7 +85,7 @@ async fn two_mcp_sessions_share_a_node_daemon() {
             "--pool",
             "1",
             "--max-sandboxes",
-            "3",
+            "4",
         ])
         .arg("--token-file")
         .arg(&token_file)
@@ -143,7 +146,7 @@ async fn two_mcp_sessions_share_a_node_daemon() {
             "sandboxd:\n{}",
             std::fs::read_to_string(&log).unwrap_or_default()
         );
-        for name in ["a", "b", "bad", "sandstorm"] {
+        for name in ["a", "b", "c", "bad", "sandstorm"] {
             let path = PathBuf::from(format!("{}.{name}", mcp_log.display()));
             text.push_str(&format!(
                 "\nsandbox-mcp {name}:\n{}",

@@ -4,14 +4,19 @@
 
 use std::sync::Arc;
 
-use sandbox_engine::error::LookupError;
+use sandbox_engine::error::{BatchError, LookupError};
 use sandbox_engine::node::Node;
+use sandbox_engine::pool::ClaimError;
 use sandbox_engine::registry::Lookup;
 use sandbox_engine::sandbox::Sandbox;
 
 use super::Ended;
-use crate::error::ToolError;
-use crate::fleet::render::{ListSandboxesResult, SandboxRow};
+use crate::error::{Op, ToolError};
+use crate::fleet::params::CreateSandboxesParams;
+use crate::fleet::render::{
+    CreateSandboxesResult, ListSandboxesResult, ListTemplatesResult, PingResult, SandboxRow,
+    TemplateRow,
+};
 use crate::params::CreateSandboxParams;
 use crate::render::{from_engine, CreateSandboxResult, NodeInfoResult, ReleaseResult};
 use crate::snapshot::render::{
@@ -42,6 +47,64 @@ pub async fn create(
         .await
         .map_err(|error| ToolError::create(&error))?;
     Ok(from_engine::created(&claimed))
+}
+
+pub async fn create_many(
+    node: &Node,
+    params: &CreateSandboxesParams,
+    size: Option<sandbox_vmm::launcher::Size>,
+    ttl_secs: u64,
+) -> Result<CreateSandboxesResult, ToolError> {
+    let template = params.template.as_deref();
+    let batch = node
+        .claim_batch(
+            template,
+            size,
+            std::time::Duration::from_secs(ttl_secs),
+            params.count,
+        )
+        .await
+        .map_err(|error| batch_error(&error, template, params.count))?;
+    Ok(CreateSandboxesResult::new(&batch, ttl_secs))
+}
+
+/// A failed batch in this profile's words.
+fn batch_error(error: &BatchError, template: Option<&str>, count: u64) -> ToolError {
+    match error {
+        BatchError::Attached => ToolError::needs_launch_mode("create_sandboxes"),
+        BatchError::Count { count, max } => ToolError::new(format!(
+            "count must be between 1 and {max} (this server's sandbox limit); got {count}. \
+             node_info shows how many more can be claimed now."
+        )),
+        BatchError::Spec(error) => ToolError::spec(error),
+        BatchError::Insert(error) => ToolError::insert(error),
+        BatchError::Draining => ToolError::create(&sandbox_engine::error::CreateError::Draining),
+        BatchError::Claim(claim @ ClaimError::Short { .. }) => ToolError::no_room(
+            "create_sandboxes",
+            usize::try_from(count).unwrap_or(usize::MAX),
+            claim,
+        ),
+        BatchError::Claim(claim) => ToolError::claim(template.unwrap_or("(default)"), claim),
+    }
+}
+
+pub async fn ping(node: &Node, ended: &Ended, id: &str) -> Result<PingResult, ToolError> {
+    let sandbox = sandbox(node, ended, id)?;
+    let ping = node
+        .ping(&sandbox)
+        .await
+        .map_err(|error| ToolError::unreachable(Op::Other, id, &error))?;
+    Ok(PingResult::new(sandbox.id.as_str(), &ping))
+}
+
+pub fn list_templates(node: &Node) -> ListTemplatesResult {
+    ListTemplatesResult {
+        templates: node
+            .template_entries()
+            .iter()
+            .map(TemplateRow::from)
+            .collect(),
+    }
 }
 
 pub async fn release(node: &Node, ended: &Ended, id: &str) -> Result<ReleaseResult, ToolError> {

@@ -32,7 +32,10 @@ use sandbox_engine::node::Node;
 use sandbox_engine::sandbox::Sandbox;
 
 use crate::error::{Op, ToolError};
-use crate::fleet::render::{ListSandboxesResult, SandboxRow};
+use crate::fleet::params::CreateSandboxesParams;
+use crate::fleet::render::{
+    CreateSandboxesResult, ListSandboxesResult, ListTemplatesResult, PingResult, SandboxRow,
+};
 use crate::params::CreateSandboxParams;
 use crate::render::{CreateSandboxResult, NodeInfoResult, ReleaseResult};
 use crate::snapshot::render::{
@@ -165,6 +168,43 @@ impl Backend {
         match &self.kind {
             Kind::Embedded(node) => embedded::create(node, params).await,
             Kind::Node(session) => session.create(params).await,
+        }
+    }
+
+    /// `create_sandboxes`: `params.count` sandboxes of `size` living `ttl_secs`, all
+    /// or none (the caller has checked both).
+    pub async fn create_many(
+        &self,
+        params: &CreateSandboxesParams,
+        size: Option<sandbox_vmm::launcher::Size>,
+        ttl_secs: u64,
+    ) -> Result<CreateSandboxesResult, ToolError> {
+        match &self.kind {
+            Kind::Embedded(node) => embedded::create_many(node, params, size, ttl_secs).await,
+            Kind::Node(session) => {
+                let spec = node::fleet::BatchSpec {
+                    template: params.template.clone(),
+                    size: size.map(|size| size.to_string()),
+                    ttl_secs,
+                };
+                session.create_many(spec, params.count).await
+            }
+        }
+    }
+
+    /// `ping_sandbox`
+    pub async fn ping(&self, id: &str) -> Result<PingResult, ToolError> {
+        match &self.kind {
+            Kind::Embedded(node) => embedded::ping(node, &self.ended, id).await,
+            Kind::Node(session) => session.ping(id).await,
+        }
+    }
+
+    /// `list_templates`
+    pub async fn list_templates(&self) -> Result<ListTemplatesResult, ToolError> {
+        match &self.kind {
+            Kind::Embedded(node) => Ok(embedded::list_templates(node)),
+            Kind::Node(session) => session.list_templates().await,
         }
     }
 

@@ -2,8 +2,6 @@
 //! [`SandboxServer`], combined with the others in [`SandboxServer::new`]. Each tool
 //! checks and forwards its arguments; the work is in [`super::ops`].
 
-use std::time::Duration;
-
 use rmcp::handler::server::tool::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::CallToolResult;
@@ -13,15 +11,13 @@ use sandbox_vmm::launcher::Size;
 use super::params::{CreateSandboxesParams, EgressLogParams};
 use super::render::{
     CreateSandboxesResult, EgressLogResult, EgressRow, ListSandboxesResult, ListTemplatesResult,
-    PingResult, SandboxRow, TemplateRow,
+    PingResult, SandboxRow,
 };
-use crate::error::{Op, ToolError};
+use crate::error::ToolError;
 use crate::params::SandboxParams;
 use crate::render::success;
 use crate::tools::SandboxServer;
-use sandbox_engine::error::BatchError;
 use sandbox_engine::node::claim_ttl_secs;
-use sandbox_engine::pool::ClaimError;
 
 /// Tools of this router that need a server that launches microVMs.
 pub(crate) const LAUNCH_ONLY: [&str; 3] = ["create_sandboxes", "egress_log", "list_templates"];
@@ -68,14 +64,9 @@ impl SandboxServer {
             })?),
             None => None,
         };
-        let template = params.template.as_deref();
-        let batch = self
-            .backend
-            .engine("create_sandboxes")?
-            .claim_batch(template, size, Duration::from_secs(ttl_secs), params.count)
-            .await
-            .map_err(|error| batch_error(&error, template, params.count))?;
-        Ok(success(&CreateSandboxesResult::new(&batch, ttl_secs)))
+        Ok(success(
+            &self.backend.create_many(&params, size, ttl_secs).await?,
+        ))
     }
 
     #[tool(
@@ -96,6 +87,17 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<EgressLogParams>,
     ) -> Result<CallToolResult, ToolError> {
+        if let Some(session) = self.backend.node_session() {
+            // The node keeps each sandbox's egress log on its disk but serves it on
+            // no endpoint yet; a guess from elsewhere would be wrong.
+            return Err(ToolError::new(format!(
+                "egress_log is not available through a node daemon ({}): the node has no \
+                 egress-log endpoint yet, so its records cannot be read from here. On the \
+                 node's machine, sandbox-mcp without --addr (or the node's own files) shows \
+                 them.",
+                session.base()
+            )));
+        }
         let node = self.backend.engine("egress_log")?;
         let sandbox =
             crate::backend::embedded::sandbox(node, self.backend.ended(), &params.sandbox_id)?;
@@ -179,14 +181,7 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<SandboxParams>,
     ) -> Result<CallToolResult, ToolError> {
-        let node = self.backend.engine("ping_sandbox")?;
-        let sandbox =
-            crate::backend::embedded::sandbox(node, self.backend.ended(), &params.sandbox_id)?;
-        let ping = node
-            .ping(&sandbox)
-            .await
-            .map_err(|error| ToolError::unreachable(Op::Other, &params.sandbox_id, &error))?;
-        Ok(success(&PingResult::new(sandbox.id.as_str(), &ping)))
+        Ok(success(&self.backend.ping(&params.sandbox_id).await?))
     }
 
     #[tool(
@@ -204,34 +199,7 @@ impl SandboxServer {
         )
     )]
     async fn list_templates(&self) -> Result<CallToolResult, ToolError> {
-        let templates = self
-            .backend
-            .engine("list_templates")?
-            .template_entries()
-            .iter()
-            .map(TemplateRow::from)
-            .collect();
-        Ok(success(&ListTemplatesResult { templates }))
-    }
-}
-
-/// A failed batch in this profile's words.
-fn batch_error(error: &BatchError, template: Option<&str>, count: u64) -> ToolError {
-    match error {
-        BatchError::Attached => ToolError::needs_launch_mode("create_sandboxes"),
-        BatchError::Count { count, max } => ToolError::new(format!(
-            "count must be between 1 and {max} (this server's sandbox limit); got {count}. \
-             node_info shows how many more can be claimed now."
-        )),
-        BatchError::Spec(error) => ToolError::spec(error),
-        BatchError::Insert(error) => ToolError::insert(error),
-        BatchError::Draining => ToolError::create(&sandbox_engine::error::CreateError::Draining),
-        BatchError::Claim(claim @ ClaimError::Short { .. }) => ToolError::no_room(
-            "create_sandboxes",
-            usize::try_from(count).unwrap_or(usize::MAX),
-            claim,
-        ),
-        BatchError::Claim(claim) => ToolError::claim(template.unwrap_or("(default)"), claim),
+        Ok(success(&self.backend.list_templates().await?))
     }
 }
 

@@ -10,9 +10,15 @@ official Python MCP SDK:
    session's id, is told it belonged to an ended session;
 3. a wrong token is refused with a message that says which flag carries the
    operator's token;
-4. SANDSTORM_URL and SANDSTORM_TOKEN alone (no --profile) give sandstorm's tools
+4. the fleet and snapshot tools through the node, in one session: list_templates,
+   create_sandboxes (2, and a count the node cannot hold refused with nothing
+   claimed), ping_sandbox, fork, checkpoint, branch_checkpoint (the
+   state carried into each), hibernate (ping does not wake it, exec does), promote
+   (list_templates shows it; the operator deletes it), delete_checkpoint, and
+   egress_log refused with the reason;
+5. SANDSTORM_URL and SANDSTORM_TOKEN alone (no --profile) give sandstorm's tools
    over the same node: spawn_sandboxes, exec_command with the sandbox token,
-   kill_sandbox.
+   kill_sandbox (refused without the token, done with it).
 
 Run by mcp/tests/python_node.rs, which passes:
   SANDBOX_MCP_BIN   the server binary
@@ -75,6 +81,17 @@ def node_sandboxes():
         return {row["id"] for row in json.load(answer)["sandboxes"]}
 
 
+def delete_template(name):
+    """The operator removes a promoted template (no MCP tool does)."""
+    request = urllib.request.Request(
+        f"http://{ADDR}/v1/templates?template={name}",
+        method="DELETE",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.load(answer)
+
+
 def env(extra):
     """Only what the test gives: no SANDBOXD_* or SANDSTORM_* from the shell."""
     base = {"SANDBOX_HOME": os.environ["SANDBOX_HOME"], "RUST_LOG": "info,rmcp=warn"}
@@ -117,7 +134,7 @@ async def two_sessions():
             check([row["sandbox_id"] for row in listed_b["sandboxes"]] == [id_b], f"b sees {listed_b}")
             info = await call_ok(a, "node_info", {})
             check([c["sandbox_id"] for c in info["claims"]] == [id_a], f"a's node_info claims: {info}")
-            check(info["capacity"]["max_sandboxes"] == 3, f"the node's capacity: {info}")
+            check(info["capacity"]["max_sandboxes"] == 4, f"the node's capacity: {info}")
 
             ran = await call_ok(a, "exec", {"sandbox_id": id_a, "command": "echo hi from $(hostname)"})
             check(ran["exit_code"] == 0 and "hi from" in ran["stdout"], f"exec: {ran}")
@@ -142,6 +159,105 @@ async def two_sessions():
             break
         await asyncio.sleep(0.1)
     check(id_b not in node_sandboxes(), "b's claim was released at its disconnect")
+
+
+async def release_all(session, ids):
+    for sandbox_id in ids:
+        done = await call_ok(session, "release", {"sandbox_id": sandbox_id})
+        check(done["sandbox_id"] == sandbox_id, f"release: {done}")
+    live = node_sandboxes()
+    check(not set(ids) & live, f"released, yet the node holds {set(ids) & live}")
+
+
+async def cat_state(session, sandbox_id, want, what):
+    ran = await call_ok(session, "exec", {"sandbox_id": sandbox_id, "command": "cat /tmp/state"})
+    check(ran["exit_code"] == 0 and ran["stdout"].strip() == want, f"{what}: {ran}")
+
+
+async def fleet_and_snapshots():
+    """At most four VMs at once: the warm one (refilled) and three claims."""
+    async with AsyncExitStack() as stack:
+        c = await open_session(stack, "c", SEED_000)
+        templates = (await call_ok(c, "list_templates", {}))["templates"]
+        names = [row["name"] for row in templates]
+        check("default" in names, f"list_templates: {names}")
+        default = next(row for row in templates if row["name"] == "default")
+        check(default["default"] and not default["promoted"] and default["error"] is None, f"default: {default}")
+        check([row["name"] for row in templates if row["default"]] == ["default"], f"defaults: {templates}")
+
+        before = node_sandboxes()
+        too_many = await call_err(c, "create_sandboxes", {"count": 9})
+        check("between 1 and 4" in too_many, f"count 9: {too_many}")
+        check(node_sandboxes() == before, "a refused batch claimed nothing")
+        batch = await call_ok(c, "create_sandboxes", {"count": 2, "ttl_seconds": 900})
+        ids = [row["sandbox_id"] for row in batch["sandboxes"]]
+        check(len(set(ids)) == 2 and set(ids) <= node_sandboxes(), f"create_sandboxes: {batch}")
+        check(all(row["template"] == "default" and row["ttl_seconds"] == 900 for row in batch["sandboxes"]), f"rows: {batch}")
+        check(batch["warm"] == sum(row["warm"] for row in batch["sandboxes"]), f"warm count: {batch}")
+        listed = {row["sandbox_id"] for row in (await call_ok(c, "list_sandboxes", {}))["sandboxes"]}
+        check(listed == set(ids), f"list_sandboxes after the batch: {listed}")
+        first, second = ids
+        print(f"create_sandboxes made {ids} ({batch['warm']} warm) in {batch['batch_ms']} ms")
+
+        ping = await call_ok(c, "ping_sandbox", {"sandbox_id": first})
+        check(ping["state"] == "running" and ping["round_trip_ms"] is not None, f"ping: {ping}")
+        check(bool(ping["agent_version"]) and ping["mem_total_bytes"] > 0, f"ping's report: {ping}")
+        egress = await call_err(c, "egress_log", {"sandbox_id": first})
+        check("no egress-log endpoint" in egress, f"egress_log: {egress}")
+        await release_all(c, [second])
+
+        await call_ok(c, "exec", {"sandbox_id": first, "command": "echo parent-state > /tmp/state"})
+        forked = await call_ok(c, "fork", {"sandbox_id": first, "count": 1})
+        children = [row["sandbox_id"] for row in forked["children"]]
+        check(len(children) == 1 and forked["sandbox_id"] == first, f"fork: {forked}")
+        await cat_state(c, children[0], "parent-state", "the fork's child")
+        row = await call_ok(c, "get_sandbox", {"sandbox_id": children[0]})
+        check(row["forked_from"] == first, f"the child's row: {row}")
+        await release_all(c, children)
+        print(f"fork: {children[0]} carries {first}'s files")
+
+        taken = await call_ok(c, "checkpoint", {"sandbox_id": first, "name": "node-ckpt"})
+        check(taken["sandbox_id"] == first and taken["name"] == "node-ckpt", f"checkpoint: {taken}")
+        listed = (await call_ok(c, "list_checkpoints", {}))["checkpoints"]
+        check(any(row["checkpoint_id"] == taken["checkpoint_id"] for row in listed), f"list_checkpoints: {listed}")
+        await call_ok(c, "exec", {"sandbox_id": first, "command": "echo after > /tmp/state"})
+        branched = await call_ok(c, "branch_checkpoint", {"checkpoint_id": "node-ckpt"})
+        branch = branched["sandbox_id"]
+        check(branched["checkpoint_id"] == taken["checkpoint_id"], f"branch_checkpoint: {branched}")
+        await cat_state(c, branch, "parent-state", "the branch (the checkpoint's state, not later)")
+        await release_all(c, [first])
+        print(f"checkpoint {taken['checkpoint_id']} branched into {branch}")
+
+        slept = await call_ok(c, "hibernate", {"sandbox_id": branch})
+        check(slept["sandbox_id"] == branch and slept["hibernated_now"], f"hibernate: {slept}")
+        ping = await call_ok(c, "ping_sandbox", {"sandbox_id": branch})
+        check(ping["state"] == "hibernated" and ping["round_trip_ms"] is None, f"ping asleep: {ping}")
+        row = await call_ok(c, "get_sandbox", {"sandbox_id": branch})
+        check(row["state"] == "hibernated", f"the ping woke it: {row}")
+        await cat_state(c, branch, "parent-state", "exec on a hibernated sandbox")
+        row = await call_ok(c, "get_sandbox", {"sandbox_id": branch})
+        check(row["state"] == "running", f"exec did not wake it: {row}")
+        print(f"hibernate: {branch} slept through a ping and woke for exec")
+
+        name = f"mcp-node-promoted-{os.getpid()}"
+        promoted = await call_ok(c, "promote", {"sandbox_id": branch, "template": name})
+        check(promoted["template"] == name and promoted["sandbox_id"] == branch, f"promote: {promoted}")
+        try:
+            templates = (await call_ok(c, "list_templates", {}))["templates"]
+            row = next((row for row in templates if row["name"] == name), None)
+            check(row is not None and row["promoted"] and not row["default"], f"promoted row: {templates}")
+        finally:
+            deleted = delete_template(name)
+        check(deleted["template"] == name, f"template delete: {deleted}")
+        names = [row["name"] for row in (await call_ok(c, "list_templates", {}))["templates"]]
+        check(name not in names, f"deleted, yet listed: {names}")
+        print(f"promote: {name} listed as promoted, then deleted by the operator")
+
+        await release_all(c, [branch])
+        gone = await call_ok(c, "delete_checkpoint", {"checkpoint_id": "node-ckpt"})
+        check(gone["checkpoint_id"] == taken["checkpoint_id"] and gone["freed_bytes"] > 0, f"delete_checkpoint: {gone}")
+        listed = (await call_ok(c, "list_checkpoints", {}))["checkpoints"]
+        check(not listed, f"checkpoints left: {listed}")
 
 
 async def wrong_token():
@@ -174,9 +290,9 @@ async def sandstorm():
             {"sandbox_id": box["id"], "args": ["true"], "sandbox_token": "x" * len(box["token"])},
         )
         check("sandbox_token" in wrong, wrong)
-        untokened = await call_err(session, "kill_sandbox", {"sandbox_id": box["id"]})
-        check("sandbox_token" in untokened, f"kill_sandbox without its token: {untokened}")
-        check(box["id"] in node_sandboxes(), "a refused kill_sandbox released nothing")
+        unkilled = await call_err(session, "kill_sandbox", {"sandbox_id": box["id"]})
+        check("sandbox_token is required" in unkilled, f"kill_sandbox without a token: {unkilled}")
+        check(box["id"] in node_sandboxes(), "kill_sandbox without a token killed it")
         killed = await call_ok(
             session, "kill_sandbox", {"sandbox_id": box["id"], "sandbox_token": box["token"]}
         )
@@ -187,6 +303,7 @@ async def sandstorm():
 
 async def main():
     await two_sessions()
+    await fleet_and_snapshots()
     await wrong_token()
     await sandstorm()
     check(node_sandboxes() == set(), f"the node still holds {node_sandboxes()}")

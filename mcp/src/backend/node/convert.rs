@@ -7,11 +7,11 @@ use sandbox_engine::util::millis;
 use sandbox_vmm::launcher::Size;
 use sandbox_vmm::node_api::wire::{
     CheckpointReply, CheckpointRow as WireCheckpoint, ClaimReply, ForkReply, HibernateReply,
-    InfoReply, SandboxRow as WireSandbox,
+    InfoReply, SandboxRow as WireSandbox, TemplateRow as WireTemplate,
 };
 
 use super::Held;
-use crate::fleet::render::SandboxRow;
+use crate::fleet::render::{SandboxRow, TemplateRow};
 use crate::render::{
     rfc3339, CapacityInfo, ClaimInfo, CreateSandboxResult, NodeInfoResult, PoolInfo, TemplateInfo,
 };
@@ -187,5 +187,49 @@ pub fn hibernated(reply: &HibernateReply, took: Duration) -> HibernateResult {
         took_ms: millis(took),
         bytes_on_disk: reply.bytes_on_disk,
         deadline: non_empty(&reply.deadline),
+    }
+}
+
+/// A row of `list_templates`. The node's info names no warm sessions and no build
+/// time, so those stay empty; a template without a size of its own has none shown.
+pub fn template_row(row: &WireTemplate) -> TemplateRow {
+    let size = row.size.as_deref().and_then(size_of);
+    TemplateRow {
+        name: row.name.clone(),
+        default: row.default,
+        default_size: row.size.clone().filter(|size| !size.is_empty()),
+        vcpus: size.map(|size| size.vcpus),
+        memory_mib: size.map(|size| size.memory_mib),
+        promoted: row.promoted,
+        warm_sessions: Vec::new(),
+        modified_at: None,
+        error: row.error.clone().filter(|error| !error.is_empty()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_template_row_reads_its_size_and_drops_empty_fields() {
+        let row = template_row(&WireTemplate {
+            name: "py".to_owned(),
+            default: false,
+            size: Some("2x1024".to_owned()),
+            promoted: true,
+            error: Some(String::new()),
+        });
+        assert_eq!(row.default_size.as_deref(), Some("2x1024"));
+        assert_eq!((row.vcpus, row.memory_mib), (Some(2), Some(1024)));
+        assert!(row.promoted && row.error.is_none() && row.warm_sessions.is_empty());
+        let odd = template_row(&WireTemplate {
+            name: "x".to_owned(),
+            size: Some("not-a-size".to_owned()),
+            error: Some("no rootfs".to_owned()),
+            ..WireTemplate::default()
+        });
+        assert_eq!((odd.vcpus, odd.memory_mib), (None, None));
+        assert_eq!(odd.error.as_deref(), Some("no rootfs"));
     }
 }

@@ -7,10 +7,11 @@
 //! client's ids are not this session's), and releases them all when the client
 //! disconnects ([`Session::shutdown`]). The daemon's listings are filtered to them.
 //! Results come back in the tools' own types ([`convert`]), failures through
-//! [`errors`].
+//! [`errors`]; the fleet tools' operations are in [`fleet`].
 
 pub mod convert;
 pub mod errors;
+pub mod fleet;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
