@@ -60,8 +60,7 @@ fn python() -> PathBuf {
 }
 
 async fn two_mcp_sessions_share_a_node_daemon() {
-    sandbox_tests::binaries();
-    let sandboxd = sandbox_tests::bins::sandboxd_binary();
+    let sandboxd = &sandbox_tests::binaries().sandboxd;
     let run = support::run_dir("node");
     let home = run.join("mcp-home");
     std::fs::create_dir_all(&home).unwrap();
@@ -101,6 +100,12 @@ async fn two_mcp_sessions_share_a_node_daemon() {
         }
     }
     let mut daemon = daemon.spawn().expect("cannot start sandboxd");
+    // Dropped before `daemon` (declared after it): whatever way the test ends, the
+    // node's sandboxes, which outlive a killed daemon by design, are stopped.
+    let _stop_all = StopAll {
+        sandboxd: sandboxd.to_owned(),
+        run: run.clone(),
+    };
     let mut lines = BufReader::new(daemon.stdout.take().unwrap()).lines();
     let addr = tokio::time::timeout(Duration::from_secs(60), async {
         while let Ok(Some(line)) = lines.next_line().await {
@@ -182,4 +187,31 @@ async fn two_mcp_sessions_share_a_node_daemon() {
     )
     .await;
     let _ = std::fs::remove_dir_all(&run);
+}
+
+/// Runs `sandboxd stop-all` on the test's run folders when dropped: a failed test
+/// must not leave the daemon's detached VMs running.
+struct StopAll {
+    sandboxd: PathBuf,
+    run: PathBuf,
+}
+
+impl Drop for StopAll {
+    fn drop(&mut self) {
+        let mut command = std::process::Command::new(&self.sandboxd);
+        command
+            .arg("stop-all")
+            .env("SANDBOX_RUN_DIR", self.run.join("vms"))
+            .env("SANDBOX_CHECKPOINT_DIR", self.run.join("checkpoints"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        for name in support::SERVER_ENV {
+            if *name != "SANDBOX_HOME" {
+                command.env_remove(name);
+            }
+        }
+        if let Err(error) = command.status() {
+            eprintln!("sandboxd stop-all could not run: {error}");
+        }
+    }
 }

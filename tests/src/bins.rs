@@ -10,9 +10,6 @@ use std::sync::OnceLock;
 /// node daemon (the suite's `upgrade` transport). The one place that names them.
 pub const BINARY_PACKAGES: &[&str] = &["sandbox-agent", "sandboxctl", "sandbox-vmm", "sandboxd"];
 
-/// The node daemon, built only by the tests that drive one.
-pub const SANDBOXD_PACKAGE: &str = "sandboxd";
-
 /// The image builder, built only by the tests that make templates.
 pub const ROOTFS_PACKAGE: &str = "sandbox-rootfs";
 
@@ -49,13 +46,6 @@ pub fn binaries() -> &'static Binaries {
 pub fn rootfs_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| existing(build(&[ROOTFS_PACKAGE]).join("sandbox-rootfs")))
-}
-
-/// The node daemon `sandboxd`, built once per test process (for the front ends'
-/// tests that drive one; its own tests use cargo's `CARGO_BIN_EXE_sandboxd`).
-pub fn sandboxd_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| existing(build(&[SANDBOXD_PACKAGE]).join("sandboxd")))
 }
 
 /// A scratch directory under the tests' target directory (cargo's

@@ -287,4 +287,3 @@ pub fn test_dir(tag: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
-
