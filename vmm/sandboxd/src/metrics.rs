@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sandbox_engine::error::CreateError;
 use sandbox_engine::node::{Claimed, NodeStatus};
+use sandbox_engine::pool::boot_times::{BootSnapshot, BOOT_BUCKETS_SECS};
 
 /// Histogram bucket bounds, in seconds.
 const BUCKETS_SECS: [f64; 10] = [0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
@@ -79,6 +80,30 @@ impl EgressTotals {
     }
 }
 
+/// `sandboxd_boot_seconds` (a histogram of VM boots, pool refills and cold claims
+/// alike) and `sandboxd_boots_failed_total`.
+fn render_boots(out: &mut String, boots: &BootSnapshot) {
+    let name = "sandboxd_boot_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} MicroVM boots (cold or from a ready snapshot), start to agent ready.\n# TYPE {name} histogram"
+    );
+    for (count, bound) in boots.buckets.iter().zip(BOOT_BUCKETS_SECS) {
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {count}");
+    }
+    let sum = boots.sum_micros as f64 / 1e6;
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}",
+        count = boots.count
+    );
+    let _ = writeln!(
+        out,
+        "# HELP sandboxd_boots_failed_total MicroVM boots that failed.\n# TYPE sandboxd_boots_failed_total counter\nsandboxd_boots_failed_total {}",
+        boots.failed
+    );
+}
+
 /// The labels of [`EgressTotals::by_verdict`].
 const VERDICTS: [&str; 4] = ["allowed", "denied", "failed", "refused"];
 
@@ -134,7 +159,12 @@ impl Metrics {
 
     /// Everything, with the node's gauges from `status` and the live sandboxes'
     /// `egress`.
-    pub fn render(&self, status: &NodeStatus, egress: &EgressTotals) -> String {
+    pub fn render(
+        &self,
+        status: &NodeStatus,
+        egress: &EgressTotals,
+        boots: Option<&BootSnapshot>,
+    ) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, value: &AtomicU64| {
             let _ = writeln!(
@@ -189,6 +219,9 @@ impl Metrics {
             "sandboxd_checkpoint_claim_seconds",
             "Claims from a checkpoint, call to answer.",
         );
+        if let Some(boots) = boots {
+            render_boots(&mut out, boots);
+        }
         let gauge = |out: &mut String, name: &str, help: &str, value: usize| {
             let _ = writeln!(
                 out,
@@ -296,13 +329,22 @@ mod tests {
             },
             draining: false,
         };
-        let text = Metrics::default().render(&status, &totals);
+        let boots = BootSnapshot {
+            buckets: [0, 1, 1, 1, 1, 1, 1, 1, 1],
+            count: 1,
+            failed: 2,
+            sum_micros: 400_000,
+        };
+        let text = Metrics::default().render(&status, &totals, Some(&boots));
         for line in [
             "sandboxd_egress_connections{verdict=\"allowed\"} 2",
             "sandboxd_egress_connections{verdict=\"denied\"} 1",
             "sandboxd_egress_connections{verdict=\"refused\"} 0",
             "sandboxd_egress_bytes{direction=\"out\"} 11",
             "sandboxd_egress_bytes{direction=\"in\"} 102",
+            "sandboxd_boot_seconds_bucket{le=\"0.5\"} 1",
+            "sandboxd_boot_seconds_count 1",
+            "sandboxd_boots_failed_total 2",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

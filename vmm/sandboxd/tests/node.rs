@@ -288,6 +288,21 @@ async fn a_node_end_to_end() {
         "{}",
         metrics.text
     );
+    // The pool's boots (at least the first warm VM and its refills) are timed.
+    let boots: u64 = metrics
+        .text
+        .lines()
+        .find_map(|line| line.strip_prefix("sandboxd_boot_seconds_count "))
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_else(|| panic!("no boot count in\n{}", metrics.text));
+    assert!(boots >= 1, "{}", metrics.text);
+    assert!(
+        metrics
+            .text
+            .contains("sandboxd_egress_connections{verdict=\"denied\"}"),
+        "{}",
+        metrics.text
+    );
 
     // SIGTERM: the warm VM stops; the claimed sandbox `a` keeps running.
     let run = dir.join("run");

@@ -9,6 +9,7 @@ use sandbox_vmm::client::{AgentUrl, Client, ClientError, ConnectOptions};
 use sandbox_vmm::launcher::{BootSpec, LaunchError, Launcher, Vm};
 use tokio::time::Instant;
 
+use super::boot_times::{BootSnapshot, BootTimes};
 use super::{Machine, VmFactory, VmSpec};
 use crate::record::{Owner, OwnerKind, SandboxRecord};
 
@@ -40,12 +41,23 @@ pub struct LauncherFactory {
     /// Who holds the VMs: a node daemon's are detached (they outlive it), an
     /// embedded engine's die with its process.
     owner: OwnerKind,
+    /// Every boot's duration, shared by the factory's clones.
+    boots: Arc<BootTimes>,
 }
 
 impl LauncherFactory {
     /// A factory over `launcher` whose VMs are held by an `owner`.
     pub fn new(launcher: Arc<Launcher>, owner: OwnerKind) -> Self {
-        Self { launcher, owner }
+        Self {
+            launcher,
+            owner,
+            boots: Arc::default(),
+        }
+    }
+
+    /// How long its boots took.
+    pub fn boot_times(&self) -> BootSnapshot {
+        self.boots.snapshot()
     }
 
     /// Whether its VMs outlive this process.
@@ -74,7 +86,10 @@ impl VmFactory for LauncherFactory {
         boot.net = spec.net.clone();
         boot.ready_timeout = timeout;
         boot.detached = self.detached();
-        let vm = self.launcher.boot(boot).await?;
+        let started = Instant::now();
+        let booted = self.launcher.boot(boot).await;
+        self.boots.observe(started.elapsed(), booted.is_ok());
+        let vm = booted?;
         // Recorded as this node's before anyone can claim it: a node killed now
         // finds it at its next start and stops it, rather than leaking it.
         let record = SandboxRecord::unclaimed(Owner::this(self.owner));

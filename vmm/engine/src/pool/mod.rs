@@ -31,6 +31,7 @@
 //! - [`launcher`]: the real factory.
 
 mod batch;
+pub mod boot_times;
 pub mod launcher;
 mod refill;
 mod warm;

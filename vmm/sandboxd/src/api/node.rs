@@ -109,7 +109,8 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     })
     .await
     .unwrap_or_default();
-    let text = state.metrics.render(&status, &egress);
+    let boots = state.node.pool().map(|pool| pool.factory().boot_times());
+    let text = state.metrics.render(&status, &egress, boots.as_ref());
     (
         [(
             header::CONTENT_TYPE,
