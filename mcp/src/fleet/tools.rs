@@ -87,21 +87,18 @@ impl SandboxServer {
         &self,
         Parameters(params): Parameters<EgressLogParams>,
     ) -> Result<CallToolResult, ToolError> {
+        let tail = usize::try_from(params.tail.unwrap_or(100).min(1000)).unwrap_or(1000);
         if let Some(session) = self.backend.node_session() {
-            // The node keeps each sandbox's egress log on its disk but serves it on
-            // no endpoint yet; a guess from elsewhere would be wrong.
-            return Err(ToolError::new(format!(
-                "egress_log is not available through a node daemon ({}): the node has no \
-                 egress-log endpoint yet, so its records cannot be read from here. On the \
-                 node's machine, sandbox-mcp without --addr (or the node's own files) shows \
-                 them.",
-                session.base()
-            )));
+            let reply = session.egress_log(&params.sandbox_id, tail).await?;
+            return Ok(success(&EgressLogResult {
+                sandbox_id: reply.id,
+                server_allowlist: reply.allowlist,
+                records: reply.records.iter().map(EgressRow::new).collect(),
+            }));
         }
         let node = self.backend.engine("egress_log")?;
         let sandbox =
             crate::backend::embedded::sandbox(node, self.backend.ended(), &params.sandbox_id)?;
-        let tail = usize::try_from(params.tail.unwrap_or(100).min(1000)).unwrap_or(1000);
         let records = match node.egress_log(&sandbox, tail) {
             None => {
                 return Err(ToolError::new(

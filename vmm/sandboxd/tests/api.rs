@@ -240,6 +240,14 @@ async fn the_typed_client_reads_every_node_endpoint() {
 
     let unknown = api.sandbox("sbx-000000000000").await.unwrap_err();
     assert_eq!(unknown.code(), Some("not_found"), "{unknown}");
+    let no_log = api.egress_log("sbx-000000000000", 10).await.unwrap_err();
+    assert_eq!(no_log.code(), Some("not_found"), "{no_log}");
+    let probe = api
+        .with_token("not-the-token")
+        .egress_log("sbx-000000000000", 10)
+        .await
+        .unwrap_err();
+    assert_eq!(probe.code(), Some("unauthorized"), "{probe}");
     let template = api.delete_template("no-such-template").await.unwrap_err();
     assert_eq!(template.code(), Some("not_found"), "{template}");
     let default = api.delete_template("default").await.unwrap_err();

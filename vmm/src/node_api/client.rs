@@ -212,6 +212,13 @@ impl NodeApi {
             .await
     }
 
+    /// `GET /v1/sandboxes/{id}/egress-log?tail=N`
+    pub async fn egress_log(&self, id: &str, tail: usize) -> Result<EgressLogReply, NodeApiError> {
+        let path = format!("{}?tail={tail}", sandbox_path(id, "/egress-log"));
+        self.call(Method::GET, path, None::<&()>, "egress log")
+            .await
+    }
+
     /// `POST /v1/sandboxes/{id}/release`
     pub async fn release(&self, id: &str) -> Result<Released, NodeApiError> {
         self.call(

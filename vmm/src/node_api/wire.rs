@@ -128,6 +128,29 @@ pub struct OwnerReply {
     pub owner_addr: String,
 }
 
+/// `GET /v1/sandboxes/{id}/egress-log?tail=N`: the sandbox's egress connections,
+/// oldest first, and the operator's allowlist they were checked against.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressLogReply {
+    /// The sandbox.
+    pub id: String,
+    /// The node's allowlist (the most any sandbox may reach).
+    #[serde(default)]
+    pub allowlist: Vec<String>,
+    /// The last records of its log.
+    #[serde(default)]
+    pub records: Vec<crate::egress::EgressRecord>,
+}
+
+/// The query of `GET /v1/sandboxes/{id}/egress-log`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressLogQuery {
+    /// How many of the last records (default 100, at most 10000).
+    #[serde(default)]
+    pub tail: Option<usize>,
+}
+
 /// `POST /v1/sandboxes/{id}/release`
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Released {

@@ -373,6 +373,20 @@ impl Session {
         }
     }
 
+    /// `egress_log`: the last `tail` records of sandbox `id`'s egress, and the node's
+    /// allowlist.
+    pub async fn egress_log(
+        &self,
+        id: &str,
+        tail: usize,
+    ) -> Result<sandbox_vmm::node_api::wire::EgressLogReply, ToolError> {
+        self.sandbox(id)?;
+        match self.api.egress_log(id, tail).await {
+            Ok(reply) => Ok(reply),
+            Err(error) => Err(self.fail(Call::Sandbox("egress_log", id), &error).await),
+        }
+    }
+
     /// `promote`
     pub async fn promote(&self, id: &str, template: &str) -> Result<PromoteResult, ToolError> {
         self.sandbox(id)?;

@@ -12,6 +12,7 @@
 //! | `POST /v1/sandboxes/{id}/checkpoint` | operator or its token | `{name}` → `{checkpoint: {id, name, sandbox_id, created_at}}` |
 //! | `POST /v1/sandboxes/{id}/hibernate` | operator or its token | snapshot and stop; the next agent connection wakes it |
 //! | `POST /v1/sandboxes/{id}/promote` | operator or its token | `{template}` → `{key: {template}}` |
+//! | `GET /v1/sandboxes/{id}/egress-log?tail=N` | operator or its token | `{id, allowlist, records}`: its egress connections |
 //! | `GET /v1/sandboxes/{id}/owner` | operator or its token | `{id, owner_addr}`: which node holds it |
 //! | `GET /v1/sandboxes/{id}/agent` | operator or its token | `Upgrade: sandbox-agent`: the agent protocol |
 //! | `GET /v1/checkpoints` | operator | the checkpoints |
@@ -88,6 +89,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/hibernate", post(sandboxes::hibernate))
         .route("/v1/sandboxes/{id}/promote", post(sandboxes::promote))
         .route("/v1/sandboxes/{id}/owner", get(sandboxes::owner))
+        .route("/v1/sandboxes/{id}/egress-log", get(sandboxes::egress_log))
         .route("/v1/sandboxes/{id}/agent", get(agent::upgrade))
         .route("/v1/checkpoints", get(checkpoints::list))
         .route("/v1/checkpoints/{id}", delete(checkpoints::delete))

@@ -4,16 +4,17 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use sandbox_engine::node::{ClaimRequest, NetRequest};
 use sandbox_engine::sandbox::{Lineage, Sandbox};
 use sandbox_vmm::node_api::wire::{
-    CheckpointBody, CheckpointReply, ClaimBody, ClaimReply, ForkBody, ForkReply, HibernateReply,
-    OwnerReply, PromoteBody, PromoteReply, Released, RenewBody, Renewed, SandboxList, SandboxRow,
-    TemplateKey, TokenBody,
+    CheckpointBody, CheckpointReply, ClaimBody, ClaimReply, EgressLogQuery, EgressLogReply,
+    ForkBody, ForkReply, HibernateReply, OwnerReply, PromoteBody, PromoteReply, Released,
+    RenewBody, Renewed, SandboxList, SandboxRow, TemplateKey, TokenBody,
 };
 
 use super::{ApiError, AppState, Body};
@@ -173,6 +174,67 @@ pub async fn owner(
     Ok(Json(OwnerReply {
         id: sandbox.id.to_string(),
         owner_addr: state.advertise.clone(),
+    }))
+}
+
+/// Most records one egress-log request returns.
+const MAX_EGRESS_TAIL: usize = 10_000;
+
+/// `GET /v1/sandboxes/{id}/egress-log?tail=N`
+pub async fn egress_log(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<Query<EgressLogQuery>, QueryRejection>,
+) -> Result<Json<EgressLogReply>, ApiError> {
+    let sandbox = authorized(&state, &headers, None, &id)?;
+    let Query(query) = query.map_err(|rejection| {
+        ApiError::bad_request(format!(
+            "Bad query: {} (expected ?tail=N)",
+            rejection.body_text()
+        ))
+    })?;
+    let tail = query.tail.unwrap_or(100).min(MAX_EGRESS_TAIL);
+    // The log is a file: read it off the async threads.
+    let node = state.node.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let records = node.egress_log(&sandbox, tail);
+        (sandbox, records)
+    })
+    .await
+    .map_err(|error| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("The egress log read failed: {error}"),
+        )
+    })?;
+    let (sandbox, records) = read;
+    let records = match records {
+        None => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "conflict",
+                "This node is attached to one agent outside any VM: it has no egress log",
+            ))
+        }
+        Some(Err(error)) => {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!(
+                    "Cannot read the egress log of {}: {}",
+                    sandbox.id,
+                    sandbox_vmm::error_chain(&error)
+                ),
+            ))
+        }
+        Some(Ok(records)) => records,
+    };
+    Ok(Json(EgressLogReply {
+        id: sandbox.id.to_string(),
+        allowlist: state.node.egress_allow(),
+        records,
     }))
 }
 
