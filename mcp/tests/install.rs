@@ -12,7 +12,9 @@
 //! The install is a debug build (`--debug`): the same `cargo install --path
 //! --locked --root` as the default release build, reusing this workspace's debug
 //! artifacts instead of a release build of every crate, which would take minutes of
-//! CI. Examples of attach mode (`--agent`), which need the user's own agent, are
+//! CI. Examples of attach mode (`--agent`), which need the user's own agent, and of
+//! a node daemon (`-addr`, `SANDBOXD_*`, `SANDSTORM_*`), which name the user's own
+//! address (`python_node.rs` drives those spellings against a real daemon), are
 //! listed as not started.
 //!
 //! Needs what `sandbox_tests::vm::gate` checks, and the python template for the
@@ -58,6 +60,20 @@ impl Registration {
             Some(at) => self.args.get(at + 1).map_or("", String::as_str),
             None => "default",
         }
+    }
+
+    /// Whether it drives a node daemon (`--addr`, seed 000's `-addr`, or the
+    /// variables of either seed): an address of the user's own network.
+    fn drives_a_node(&self) -> bool {
+        let flags = ["-addr", "--addr", "-token", "--token"];
+        self.args.iter().any(|arg| {
+            flags
+                .iter()
+                .any(|flag| arg == flag || arg.starts_with(&format!("{flag}=")))
+        }) || self
+            .env
+            .iter()
+            .any(|(name, _)| name.starts_with("SANDBOXD_") || name.starts_with("SANDSTORM_"))
     }
 
     fn flag(&self, name: &str) -> Option<&str> {
@@ -213,6 +229,14 @@ async fn install_and_register() {
         if registration.flag("--agent").is_some() {
             eprintln!(
                 "not started (attach mode needs the user's agent): {}",
+                registration.origin
+            );
+            continue;
+        }
+        if registration.drives_a_node() {
+            // Its spellings are driven against a real daemon by python_node.rs.
+            eprintln!(
+                "not started (it names the user's node daemon): {}",
                 registration.origin
             );
             continue;
