@@ -189,14 +189,7 @@ impl<V: Machine> Registry<V> {
 
     /// Destroys every sandbox and refuses new ones.
     pub async fn shutdown(&self) {
-        let sandboxes: Vec<Arc<Sandbox<V>>> = {
-            let mut state = lock(&self.state);
-            state.closed = true;
-            for (_, timer) in state.timers.drain() {
-                timer.abort();
-            }
-            std::mem::take(&mut state.live).into_values().collect()
-        };
+        let sandboxes = self.close();
         let count = sandboxes.len();
         join_all(sandboxes.into_iter().map(|sandbox| async move {
             sandbox.destroy().await;
@@ -208,20 +201,24 @@ impl<V: Machine> Registry<V> {
     /// Lets every sandbox's VM outlive this process ([`Sandbox::leave`]) and
     /// refuses new ones: a node daemon's graceful stop.
     pub async fn leave(&self) {
-        let sandboxes: Vec<Arc<Sandbox<V>>> = {
-            let mut state = lock(&self.state);
-            state.closed = true;
-            for (_, timer) in state.timers.drain() {
-                timer.abort();
-            }
-            std::mem::take(&mut state.live).into_values().collect()
-        };
+        let sandboxes = self.close();
         let count = sandboxes.len();
         join_all(sandboxes.into_iter().map(|sandbox| async move {
             sandbox.leave().await;
         }))
         .await;
         tracing::info!(count, "every sandbox left for the next start");
+    }
+
+    /// Refuses new sandboxes, stops every deadline timer, and hands over the live
+    /// sandboxes (the end of the registry, whatever becomes of its VMs).
+    fn close(&self) -> Vec<Arc<Sandbox<V>>> {
+        let mut state = lock(&self.state);
+        state.closed = true;
+        for (_, timer) in state.timers.drain() {
+            timer.abort();
+        }
+        std::mem::take(&mut state.live).into_values().collect()
     }
 
     fn remove(&self, id: &SandboxId, why: Gone) -> Result<Arc<Sandbox<V>>, Lookup> {
