@@ -698,6 +698,25 @@ mod tests {
         }
     }
 
+    /// Stand-in for the QEMU of VM `id`: a process whose arguments carry its qemu
+    /// name. A shell blocked in its `read` builtin, so killing it leaves no
+    /// grandchild behind.
+    fn fake_qemu(id: &VmId) -> std::process::Child {
+        let fake = std::process::Command::new("sh")
+            .args(["-c", "read x", &qemu_name(id)])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Regression: `spawn` can return before the kernel has set up the new argv
+        // (the vfork parent resumes mid-exec), so wait until it shows.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !process_mentions(fake.id(), &qemu_name(id)) {
+            assert!(std::time::Instant::now() < deadline, "argv never showed");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        fake
+    }
+
     #[test]
     fn start_ticks_tell_a_live_process_from_a_recycled_pid() {
         let own = process_start_ticks(std::process::id()).expect("own start time");
@@ -706,16 +725,7 @@ mod tests {
         // A record naming a live process with the VM's name but another start time
         // (a pid taken over) is not that VM's QEMU.
         let id = VmId::generate();
-        let mut fake = std::process::Command::new("sh")
-            .args(["-c", "read x", &qemu_name(&id)])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !process_mentions(fake.id(), &qemu_name(&id)) {
-            assert!(std::time::Instant::now() < deadline, "argv never showed");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let mut fake = fake_qemu(&id);
         let mut rec = record(&id, Some(fake.id()));
         rec.qemu_started_ticks = process_start_ticks(fake.id());
         assert!(is_vm_qemu(&rec));
@@ -776,20 +786,7 @@ mod tests {
         let root = scratch("detached");
         let dir = RunDir::create(&root).unwrap();
         let id = dir.id().clone();
-        // Stand-in for QEMU: a process whose arguments carry the VM's qemu name. A shell
-        // blocked in its `read` builtin, so killing it leaves no grandchild behind.
-        let mut fake = std::process::Command::new("sh")
-            .args(["-c", "read x", &qemu_name(&id)])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Regression: `spawn` can return before the kernel has set up the new argv
-        // (the vfork parent resumes mid-exec), so wait until it shows.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !process_mentions(fake.id(), &qemu_name(&id)) {
-            assert!(std::time::Instant::now() < deadline, "argv never showed");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let mut fake = fake_qemu(&id);
         dir.write_record(&record(&id, Some(fake.id()))).unwrap();
         let path = dir.keep();
         assert_eq!(list(&root).unwrap()[0].status, VmStatus::Running);
