@@ -250,6 +250,8 @@ async fn the_typed_client_reads_every_node_endpoint() {
     assert_eq!(probe.code(), Some("unauthorized"), "{probe}");
     let template = api.delete_template("no-such-template").await.unwrap_err();
     assert_eq!(template.code(), Some("not_found"), "{template}");
+    let escaping = api.delete_template("../../etc").await.unwrap_err();
+    assert_eq!(escaping.code(), Some("not_found"), "{escaping}");
     let default = api.delete_template("default").await.unwrap_err();
     assert_eq!(default.code(), Some("conflict"), "{default}");
     let missing = daemon

@@ -369,8 +369,8 @@ pub struct TemplateQuery {
     /// The promoted template's name.
     #[serde(default)]
     pub template: String,
-    /// Seed 000's key parts: accepted when empty or matching, since a template
-    /// here is one name whatever the claim's net and size.
+    /// Seed 000's key parts: accepted and ignored, since a template here is one
+    /// name whatever the claim's net and size.
     #[serde(default)]
     pub net: String,
     /// See `net`.
