@@ -158,16 +158,24 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// `filter` is a list of `target=level` directives (`info`, `sandbox_agent=debug`):
+/// `tracing_subscriber`'s `Targets`, which needs no regular-expression engine in PID 1
+/// (`EnvFilter`'s span and field filters would add one, a fifth of the binary).
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter: tracing_subscriber::filter::Targets = filter.parse().unwrap_or_else(|_| {
+        tracing_subscriber::filter::Targets::new().with_default(tracing::Level::INFO)
+    });
     // Colours only for a person at a terminal (and never with NO_COLOR), not on a
     // serial console or in a log file.
     let ansi = anstream::AutoStream::choice(&std::io::stderr()) != anstream::ColorChoice::Never
         && !init::is_pid1();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let format = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_ansi(ansi)
+        .with_ansi(ansi);
+    let _ = tracing_subscriber::registry()
+        .with(format)
+        .with(filter)
         .try_init();
 }

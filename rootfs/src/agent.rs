@@ -1,7 +1,8 @@
 //! The static agent binary that becomes `/init`.
 //!
 //! Given with `--agent`, or found at
-//! `<target dir>/x86_64-unknown-linux-musl/release/sandbox-agent` of the Cargo
+//! `<target dir>/x86_64-unknown-linux-musl/agent/sandbox-agent` (the workspace's `agent`
+//! profile: release, stripped, whole-program optimised) of the Cargo
 //! workspace around the current folder (or around this builder's own executable),
 //! after `cargo build` brought it up to date. It must be statically linked:
 //! the initramfs has no dynamic loader, and a dynamic `/init` fails with a kernel panic.
@@ -20,6 +21,9 @@ pub const AGENT_TARGET: &str = "x86_64-unknown-linux-musl";
 
 /// The agent's package and binary name.
 pub const AGENT_PACKAGE: &str = "sandbox-agent";
+
+/// The Cargo profile templates get the agent from (see the workspace's `Cargo.toml`).
+pub const AGENT_PROFILE: &str = "agent";
 
 /// Finding or building the agent failed.
 #[derive(Debug, thiserror::Error)]
@@ -58,8 +62,8 @@ pub struct AgentSearch {
     pub target_dir: Option<PathBuf>,
 }
 
-/// The agent to bake in: `explicit`, or the workspace's release build (built if
-/// missing). Checked to be a static x86-64 executable.
+/// The agent to bake in: `explicit`, or the workspace's [`AGENT_PROFILE`] build
+/// (brought up to date first). Checked to be a static x86-64 executable.
 pub fn locate(explicit: Option<&Path>, search: &AgentSearch) -> Result<PathBuf, AgentError> {
     let path = match explicit {
         Some(path) => path.to_owned(),
@@ -75,15 +79,15 @@ pub fn locate(explicit: Option<&Path>, search: &AgentSearch) -> Result<PathBuf, 
                 .unwrap_or_else(|| workspace.join("target"));
             let binary = target_dir
                 .join(AGENT_TARGET)
-                .join("release")
+                .join(AGENT_PROFILE)
                 .join(AGENT_PACKAGE);
             // Always ask cargo: it is a no-op when the build is fresh, and it keeps a
             // stale agent from being baked into a new template.
             info!(workspace = %workspace.display(), "building the static agent");
             let built = cmd::run_visible(
                 Command::new("cargo")
-                    .args(["build", "--release", "-p", AGENT_PACKAGE, "--target"])
-                    .arg(AGENT_TARGET)
+                    .args(["build", "--profile", AGENT_PROFILE, "-p", AGENT_PACKAGE])
+                    .args(["--target", AGENT_TARGET])
                     .current_dir(&workspace),
             );
             match built {

@@ -96,7 +96,7 @@ struct BuildArgs {
     /// The kernel's /lib/modules/VERSION folder (with --kernel).
     #[arg(long, requires = "kernel")]
     modules: Option<PathBuf>,
-    /// Static agent binary (default: the workspace's musl release build, brought up to date with cargo).
+    /// Static agent binary (default: the workspace's musl build in the `agent` profile, brought up to date with cargo).
     #[arg(long)]
     agent: Option<PathBuf>,
     /// Agent version recorded in template.json.

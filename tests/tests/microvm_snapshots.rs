@@ -20,7 +20,9 @@ use sandbox_tests::vm::{block_on, vm_main, VmTest};
 use sandbox_tests::vm::{build_template_with, default_template, READY_TIMEOUT_SECS};
 use sandbox_tests::{binaries, sh, TempDir};
 use sandbox_vmm::client::{Client, ConnectOptions};
-use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointSpec, SnapshotError};
+use sandbox_vmm::launcher::snapshot::{
+    BranchSpec, CaptureMethod, CheckpointSpec, RamImage, SnapshotError,
+};
 use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm, VmId};
 
 /// The largest distance allowed between a restored guest's wall clock and the host's.
@@ -59,6 +61,10 @@ fn main() -> std::process::ExitCode {
         VmTest {
             name: "boots_restore_the_templates_ready_snapshot_and_promote_makes_a_template",
             run: || block_on(ready_snapshots_and_promote()),
+        },
+        VmTest {
+            name: "a_live_checkpoint_of_a_guest_writing_all_along_is_consistent",
+            run: || block_on(a_live_checkpoint_of_a_busy_guest_is_consistent()),
         },
         VmTest {
             name: "a_vm_on_an_ext4_root_disk_checkpoints_and_branches",
@@ -312,6 +318,7 @@ async fn a_checkpoint_is_branched_by_another_process() {
             CheckpointSpec {
                 name: Some("e2e-base".into()),
                 ephemeral: false,
+                ..CheckpointSpec::default()
             },
         )
         .await
@@ -331,6 +338,7 @@ async fn a_checkpoint_is_branched_by_another_process() {
             CheckpointSpec {
                 name: Some("e2e-base".into()),
                 ephemeral: false,
+                ..CheckpointSpec::default()
             },
         )
         .await;
@@ -420,6 +428,7 @@ async fn bad_states() {
     let bad_name = CheckpointSpec {
         name: Some("../escape".into()),
         ephemeral: false,
+        ..CheckpointSpec::default()
     };
     let error = host
         .launcher
@@ -747,6 +756,110 @@ async fn ready_snapshots_and_promote() {
     host.assert_empty();
 }
 
+/// A live capture copies RAM while the guest runs: a guest that writes all along
+/// (4 MiB of random bytes, then their checksum, round after round) must come back in
+/// a child exactly as it was at one instant: every checksum the child finds matches
+/// its data, and the writer goes on in both.
+async fn a_live_checkpoint_of_a_busy_guest_is_consistent() {
+    let Some(host) = Host::new("live") else {
+        return;
+    };
+    let vm = host.boot(default_template()).await;
+    let c = client(&vm).await;
+    let writer = ProcessSpec::new(Command::Shell(
+        "mkdir -p /tmp/w; i=0; while true; do i=$((i+1)); \
+         head -c 4194304 /dev/urandom > /tmp/w/$i; \
+         sha256sum /tmp/w/$i | cut -d' ' -f1 > /tmp/w/$i.sum; \
+         rm -f /tmp/w/$((i-16)) /tmp/w/$((i-16)).sum; done"
+            .into(),
+    ));
+    let writer = c.spawn(writer).await.unwrap();
+    // Some rounds done before the capture.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while sh(&c, "ls /tmp/w | grep -c sum || true")
+        .await
+        .trim()
+        .parse::<u32>()
+        .unwrap_or(0)
+        < 4
+    {
+        assert!(Instant::now() < deadline, "the writer made no progress");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let spec = CheckpointSpec {
+        method: CaptureMethod::Live,
+        ..CheckpointSpec::default()
+    };
+    let checkpoint = host
+        .launcher
+        .checkpoint(vm.id(), spec)
+        .await
+        .unwrap_or_else(|e| panic!("live checkpoint failed: {}", sandbox_vmm::error_chain(&e)));
+    eprintln!(
+        "live checkpoint of a writing guest: pause {:?}, total {:?}, RAM {} B on disk",
+        checkpoint.pause, checkpoint.total, checkpoint.manifest.ram_bytes
+    );
+    assert_eq!(checkpoint.manifest.ram, RamImage::File);
+    // No file of the capture QEMU is left in the run folder.
+    let scratch: Vec<_> = std::fs::read_dir(vm.run_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("live-"))
+        .collect();
+    assert!(scratch.is_empty(), "capture files left: {scratch:?}");
+    let check = "n=0; for s in /tmp/w/*.sum; do d=${s%.sum}; [ -f \"$d\" ] || continue; \
+                 [ \"$(sha256sum $d | cut -d' ' -f1)\" = \"$(cat $s)\" ] || { echo BAD $d; exit 1; }; \
+                 n=$((n+1)); done; echo $n";
+    let children = host
+        .launcher
+        .branch(&checkpoint.manifest.id, 1, branch_spec())
+        .await
+        .unwrap_or_else(|e| panic!("branch failed: {}", sandbox_vmm::error_chain(&e)));
+    let child = client(&children[0]).await;
+    let verified: u32 = sh(&child, check).await.trim().parse().unwrap();
+    assert!(
+        verified >= 3,
+        "only {verified} rounds to check in the child"
+    );
+    for (what, client) in [("source", &c), ("child", &child)] {
+        let ps = client.ps().await.unwrap();
+        let state = ps.iter().find(|p| p.pid == writer).map(|p| p.state);
+        assert_eq!(
+            state,
+            Some(ProcessState::Running),
+            "{what}: the writer is not running: {ps:?}"
+        );
+    }
+    // A second live capture of the same VM works too (capabilities were reset), and
+    // a paused one after it.
+    let again = host
+        .launcher
+        .checkpoint(
+            vm.id(),
+            CheckpointSpec {
+                method: CaptureMethod::Paused,
+                ..CheckpointSpec::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "paused checkpoint after a live one failed: {}",
+                sandbox_vmm::error_chain(&e)
+            )
+        });
+    drop(child);
+    for vm in children {
+        vm.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+    vm.shutdown(Duration::from_secs(5)).await.unwrap();
+    for id in [&again.manifest.id, &checkpoint.manifest.id] {
+        host.launcher.delete_checkpoint(id).unwrap();
+    }
+    host.assert_empty();
+}
+
 async fn a_disk_vm_checkpoints_and_branches() {
     let Some(host) = Host::new("disk") else {
         return;
@@ -783,12 +896,37 @@ async fn a_disk_vm_checkpoints_and_branches() {
     assert_eq!(sh(&c, "cat /root-marker").await, "on-disk\n");
     sh(&c, "echo child > /root-marker && sync").await;
     assert_eq!(sh(&parent_client, "cat /root-marker").await, "after\n");
-    // A second checkpoint of the source chains onto the first one's disk.
+    // A second checkpoint of the source chains onto the first one's disk; taken
+    // live, its disk switches at the switchover.
     let second = host
         .launcher
-        .checkpoint(parent.id(), CheckpointSpec::default())
+        .checkpoint(
+            parent.id(),
+            CheckpointSpec {
+                method: CaptureMethod::Live,
+                ..CheckpointSpec::default()
+            },
+        )
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("live checkpoint failed: {}", sandbox_vmm::error_chain(&e)));
+    sh(&parent_client, "echo after-second > /root-marker && sync").await;
+    let of_second = host
+        .launcher
+        .branch(&second.manifest.id, 1, branch_spec())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "branch of the live checkpoint failed: {}",
+                sandbox_vmm::error_chain(&e)
+            )
+        });
+    assert_eq!(
+        sh(&client(&of_second[0]).await, "cat /root-marker").await,
+        "after\n"
+    );
+    for vm in of_second {
+        vm.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
     let in_use = host.launcher.delete_checkpoint(&checkpoint.manifest.id);
     assert!(
         matches!(in_use, Err(SnapshotError::InUse { .. })),
@@ -810,7 +948,7 @@ async fn a_disk_vm_checkpoints_and_branches() {
             .unwrap_or_else(|e| panic!("wake failed: {}", sandbox_vmm::error_chain(&e)));
         let c = client(&parent).await;
         let expected = if cycle == 1 {
-            "after\n".to_owned()
+            "after-second\n".to_owned()
         } else {
             format!("cycle{}\n", cycle - 1)
         };

@@ -6,6 +6,9 @@
 //! - cold boot (`Launcher::boot` to a connected client), median of [`COLD_BOOTS`];
 //! - the checkpoint pause of an idle VM (`stop` to `cont`), median of [`CHECKPOINTS`],
 //!   and the whole call;
+//! - the pause and call of a paused capture next to a live one (RAM copied while the
+//!   guest runs) of one VM after its guest dirtied 0, 64 and 256 MiB, and the size and
+//!   time of a checkpoint after 16 MiB more;
 //! - start from a checkpoint (`branch -n 1` to a connected client) and a plain
 //!   `Launcher::boot` that restores the template's ready snapshot, next to the cold
 //!   boot;
@@ -24,7 +27,7 @@ use std::time::{Duration, Instant};
 use sandbox_protocol::{Command, ExecRequest, ProcessSpec};
 use sandbox_vmm::client::{Client, ConnectOptions};
 use sandbox_vmm::error_chain;
-use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointSpec};
+use sandbox_vmm::launcher::snapshot::{BranchSpec, CaptureMethod, CheckpointSpec};
 use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
 
 const TEMPLATE: &str = "default";
@@ -78,6 +81,83 @@ fn pss_mib(pid: u32) -> f64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0.0);
     kib / 1024.0
+}
+
+/// Pause and call of each capture method on one VM as its guest dirties more RAM
+/// (random bytes into a tmpfs, so they are neither zero nor freed).
+async fn dirtied_checkpoints(launcher: &Launcher) {
+    const ROUNDS: usize = 2;
+    let vm = boot(launcher, false).await;
+    let c = client(&vm).await;
+    sh(
+        &c,
+        "mkdir -p /mnt/dirty && mount -t tmpfs -o size=400m tmpfs /mnt/dirty",
+    )
+    .await;
+    let mut dirtied = 0u64;
+    let take = |method| {
+        let id = vm.id().clone();
+        async move {
+            let spec = CheckpointSpec {
+                method,
+                ..CheckpointSpec::default()
+            };
+            let checkpoint = launcher
+                .checkpoint(&id, spec)
+                .await
+                .unwrap_or_else(|e| panic!("{method:?} checkpoint failed: {}", error_chain(&e)));
+            launcher.delete_checkpoint(&checkpoint.manifest.id).unwrap();
+            checkpoint
+        }
+    };
+    for target in [0u64, 64, 256] {
+        if target > dirtied {
+            let bytes = (target - dirtied) << 20;
+            sh(
+                &c,
+                &format!("head -c {bytes} /dev/urandom > /mnt/dirty/{target}"),
+            )
+            .await;
+            dirtied = target;
+        }
+        let (mut paused, mut live) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            paused.push(take(CaptureMethod::Paused).await);
+            live.push(take(CaptureMethod::Live).await);
+        }
+        let pause = |v: &[sandbox_vmm::launcher::snapshot::Checkpoint]| {
+            median(v.iter().map(|c| c.pause).collect())
+        };
+        let call = |v: &[sandbox_vmm::launcher::snapshot::Checkpoint]| {
+            median(v.iter().map(|c| c.total).collect())
+        };
+        println!(
+            "| checkpoint after the guest dirtied {target} MiB: pause paused / live (median of {ROUNDS}) | {:.0} / {:.0} ms | live {:.2}x of paused |",
+            ms(pause(&paused)),
+            ms(pause(&live)),
+            pause(&live).as_secs_f64() / pause(&paused).as_secs_f64()
+        );
+        println!(
+            "| the same, whole call paused / live | {:.0} / {:.0} ms | live {:.2}x of paused |",
+            ms(call(&paused)),
+            ms(call(&live)),
+            call(&live).as_secs_f64() / call(&paused).as_secs_f64()
+        );
+    }
+    // A second checkpoint after 16 MiB more costs a whole image again (no
+    // incremental checkpoints yet): its size and time next to the first.
+    let first = take(CaptureMethod::Auto).await;
+    sh(&c, "head -c 16777216 /dev/urandom > /mnt/dirty/more").await;
+    let second = take(CaptureMethod::Auto).await;
+    println!(
+        "| checkpoint after 16 MiB more: RAM image / call | {:.1} MiB / {:.0} ms | first {:.1} MiB / {:.0} ms |",
+        second.manifest.ram_bytes as f64 / 1048576.0,
+        ms(second.total),
+        first.manifest.ram_bytes as f64 / 1048576.0,
+        ms(first.total)
+    );
+    drop(c);
+    vm.shutdown(GRACE).await.unwrap();
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -197,6 +277,8 @@ fn main() {
             ms(ready),
             cold.as_secs_f64() / ready.as_secs_f64()
         );
+
+        dirtied_checkpoints(&launcher).await;
 
         for &n in FORKS {
             let started = Instant::now();

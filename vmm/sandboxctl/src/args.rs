@@ -205,9 +205,25 @@ pub struct VmCheckpointArgs {
     /// A unique name to branch it by later.
     #[arg(long)]
     pub name: Option<String>,
+    /// How RAM is captured: `live` copies it while the guest runs (a short pause
+    /// whatever the memory in use), `paused` while it is stopped (the shortest call
+    /// for a small guest), `auto` picks by the RAM in use.
+    #[arg(long, value_enum, default_value_t = CaptureMethodArg::Auto)]
+    pub method: CaptureMethodArg,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `vm checkpoint --method`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CaptureMethodArg {
+    /// Live above a size, paused below.
+    Auto,
+    /// Stop the VM, then copy its RAM.
+    Paused,
+    /// Copy RAM while the VM runs, stop it for the rest.
+    Live,
 }
 
 /// `vm branch`

@@ -4,12 +4,12 @@
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use sandbox_vmm::launcher::snapshot::{BranchSpec, CheckpointInfo, CheckpointSpec};
+use sandbox_vmm::launcher::snapshot::{BranchSpec, CaptureMethod, CheckpointInfo, CheckpointSpec};
 use sandbox_vmm::launcher::{Launcher, Vm};
 
 use crate::args::{
-    ChildrenArgs, VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmIdArgs, VmLsArgs, VmPromoteArgs,
-    VmRmCheckpointArgs,
+    CaptureMethodArg, ChildrenArgs, VmBranchArgs, VmCheckpointArgs, VmForkArgs, VmIdArgs, VmLsArgs,
+    VmPromoteArgs, VmRmCheckpointArgs,
 };
 use crate::output::{self, print_json_line};
 use crate::run::seconds;
@@ -20,6 +20,11 @@ pub(crate) async fn checkpoint(launcher: &Launcher, args: &VmCheckpointArgs) -> 
     let spec = CheckpointSpec {
         name: args.name.clone(),
         ephemeral: false,
+        method: match args.method {
+            CaptureMethodArg::Auto => CaptureMethod::Auto,
+            CaptureMethodArg::Paused => CaptureMethod::Paused,
+            CaptureMethodArg::Live => CaptureMethod::Live,
+        },
     };
     let checkpoint = launcher
         .checkpoint(&id, spec)

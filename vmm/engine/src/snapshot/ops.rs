@@ -166,6 +166,7 @@ impl Node {
         let spec = CheckpointSpec {
             name,
             ephemeral: false,
+            ..CheckpointSpec::default()
         };
         let taken = capture(&sandbox, |vm_id| async move {
             host.launcher().checkpoint(&vm_id, spec).await

@@ -36,14 +36,16 @@
 
 pub mod capture;
 pub mod hibernate;
+mod live;
 pub mod manifest;
 pub mod ready;
 pub mod restore;
+mod stale_pages;
 pub mod users;
 
 use std::path::PathBuf;
 
-pub use capture::{Checkpoint, CheckpointSpec};
+pub use capture::{CaptureMethod, Checkpoint, CheckpointSpec};
 pub use hibernate::{Hibernation, NotHibernated, Wake};
 pub use manifest::{CheckpointInfo, Manifest, RamImage};
 pub use ready::Promotion;

@@ -123,6 +123,7 @@ impl Launcher {
                 CheckpointSpec {
                     name: None,
                     ephemeral: true,
+                    method: super::CaptureMethod::Auto,
                 },
             )
             .await?;
