@@ -272,6 +272,34 @@ async fn round_trips(vm: &Vm) -> Trips {
     }
 }
 
+/// The agent's size on disk (`/init`) and what it holds resident as an idle PID 1,
+/// read in the guest before any request but this one has run.
+async fn agent_footprint(vm: &Vm) {
+    let client = vm.client(&ConnectOptions::default()).await.unwrap();
+    let script = "stat -c %s /init; grep -E '^(VmRSS|RssAnon|RssShmem):' /proc/1/status";
+    let request = sandbox_protocol::ExecRequest {
+        spec: sandbox_protocol::ProcessSpec::new(sandbox_protocol::Command::Shell(script.into())),
+        stdin: Vec::new(),
+        timeout_ms: None,
+        stream: false,
+    };
+    let reply = client.exec(request).await.unwrap();
+    let text = String::from_utf8_lossy(&reply.stdout);
+    let mut lines = text.lines();
+    let bytes: f64 = lines
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0.0);
+    let rest: Vec<String> = lines
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    println!(
+        "agent as PID 1: {:.2} MiB on disk ({bytes:.0} B; aim 3 MiB); idle {}",
+        bytes / 1048576.0,
+        rest.join(", ")
+    );
+}
+
 fn main() {
     let config = require_microvms();
     let run_root = config.run_root.clone();
@@ -293,6 +321,7 @@ fn main() {
             vm.size().vcpus,
             vm.size().memory_mib
         );
+        agent_footprint(&vm).await;
         let vsock = round_trips(&vm).await;
         stop(vm).await;
         let vm = boot(&launcher, Some(AgentTransport::Serial)).await;
