@@ -62,9 +62,11 @@ pub struct CheckpointSpec {
 /// How a checkpoint captures the guest's RAM.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CaptureMethod {
-    /// [`CaptureMethod::Live`] when the guest holds more than [`LIVE_ABOVE_BYTES`]
-    /// of RAM or its RAM is not in a file (a child's: it would go into the stream
-    /// while paused), else [`CaptureMethod::Paused`]. A capture that leaves the VM
+    /// [`CaptureMethod::Live`] under KVM when the guest holds more than
+    /// [`LIVE_ABOVE_BYTES`] of RAM in its RAM file, else [`CaptureMethod::Paused`].
+    /// Under TCG a live capture must compare the image with the source at the end
+    /// (see `stale_pages`), which halves the pause but makes the call several times
+    /// longer: there it is only taken when asked for. A capture that leaves the VM
     /// stopped (hibernation) is always paused.
     #[default]
     Auto,
@@ -181,9 +183,12 @@ impl Launcher {
         let live = match (spec.method, after) {
             (_, AfterCapture::StayPaused) | (CaptureMethod::Paused, _) => false,
             (CaptureMethod::Live, _) => true,
-            (CaptureMethod::Auto, _) => shared_ram
-                .as_deref()
-                .is_some_and(|ram| allocated_bytes(ram) > LIVE_ABOVE_BYTES),
+            (CaptureMethod::Auto, _) => {
+                machine.accel == crate::launcher::Accel::Kvm
+                    && shared_ram
+                        .as_deref()
+                        .is_some_and(|ram| allocated_bytes(ram) > LIVE_ABOVE_BYTES)
+            }
         };
         // Under TCG the image is checked against the stopped source's RAM file at
         // the end (see `stale_pages`).
