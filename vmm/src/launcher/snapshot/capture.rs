@@ -62,12 +62,12 @@ pub struct CheckpointSpec {
 /// How a checkpoint captures the guest's RAM.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CaptureMethod {
-    /// [`CaptureMethod::Live`] under KVM when the guest holds more than
-    /// [`LIVE_ABOVE_BYTES`] of RAM in its RAM file, else [`CaptureMethod::Paused`].
-    /// Under TCG a live capture must compare the image with the source at the end
-    /// (see `stale_pages`), which halves the pause but makes the call several times
-    /// longer: there it is only taken when asked for. A capture that leaves the VM
-    /// stopped (hibernation) is always paused.
+    /// [`CaptureMethod::Paused`] for now. A live capture is only taken when asked
+    /// for: under TCG the check against the source (see `stale_pages`) keeps its
+    /// pause near the paused one's, its call is several times longer, and QEMU's
+    /// pre-copy reads every page of the source's RAM file, which on a tmpfs
+    /// allocates the holes: the source then holds its whole RAM size. A capture that
+    /// leaves the VM stopped (hibernation) is always paused.
     #[default]
     Auto,
     /// Stop the VM, save its device state and copy its RAM file: the shortest call
@@ -80,10 +80,7 @@ pub enum CaptureMethod {
     Live,
 }
 
-/// Above this much RAM in use, [`CaptureMethod::Auto`] captures live: below it a
-/// paused copy stops the guest for about as long as a live capture's last pass does,
-/// and the call is shorter.
-pub const LIVE_ABOVE_BYTES: u64 = 96 << 20;
+
 
 /// A checkpoint just taken.
 #[derive(Debug, Clone)]
@@ -183,12 +180,7 @@ impl Launcher {
         let live = match (spec.method, after) {
             (_, AfterCapture::StayPaused) | (CaptureMethod::Paused, _) => false,
             (CaptureMethod::Live, _) => true,
-            (CaptureMethod::Auto, _) => {
-                machine.accel == crate::launcher::Accel::Kvm
-                    && shared_ram
-                        .as_deref()
-                        .is_some_and(|ram| allocated_bytes(ram) > LIVE_ABOVE_BYTES)
-            }
+            (CaptureMethod::Auto, _) => false,
         };
         // Under TCG the image is checked against the stopped source's RAM file at
         // the end (see `stale_pages`).

@@ -21,7 +21,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use memmap2::{Mmap, MmapOptions};
+use memmap2::Mmap;
 use nix::unistd::{lseek, Whence};
 
 /// What the pass found.
@@ -51,14 +51,16 @@ pub(crate) fn patch(source: &Path, image: &Path) -> io::Result<Patched> {
     if length == 0 {
         return Ok(Patched::default());
     }
-    // Populated: one pass of the kernel over each file instead of a fault per page.
+    // Not populated: that would fault in the holes too, and a read fault on a tmpfs
+    // hole allocates a page: the source's RAM would grow to its full size. Only the
+    // data extents are touched.
     // SAFETY: the source is the RAM file of a stopped VM: nothing writes to it while
     // the map lives.
-    let source_map = unsafe { MmapOptions::new().populate().map(&source)? };
+    let source_map = unsafe { Mmap::map(&source)? };
     // SAFETY: the image is the RAM of a stopped capture QEMU; the only writes while
     // the map lives are this function's own `write_at`s, each after the comparison
     // of the page it replaces, and no slice of the map outlives its comparison.
-    let image_map = unsafe { MmapOptions::new().populate().map(&image)? };
+    let image_map = unsafe { Mmap::map(&image)? };
     let extents = data_extents(&source, length)?;
     let compared_bytes = extents.iter().map(|(start, end)| end - start).sum();
     // Two halves on two threads: the comparison is bound by memory bandwidth, which
