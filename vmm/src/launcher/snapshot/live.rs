@@ -22,10 +22,12 @@
 //!   (`CONFIG_MEM_SOFT_DIRTY`), and miss writes made by other processes.
 //! - A reflink copy of the RAM file needs a filesystem with reflinks; tmpfs has none.
 //!
-//! What it costs: a second QEMU for the length of the call, and the call itself
-//! takes longer than a paused capture of a small guest (the sink must start, and
-//! every used page crosses a socket once). [`super::capture::CaptureMethod::Auto`]
-//! therefore captures small guests paused.
+//! What it costs: a second QEMU for the length of the call; a call several times
+//! longer than a paused capture's (the sink must start, and every page crosses a
+//! socket once); and QEMU's first pass reads every page of the source's RAM file,
+//! which on a tmpfs allocates its holes, so the source then holds its whole RAM
+//! size. Under TCG the check of `stale_pages` keeps the pause near a paused
+//! capture's. So it is opt-in ([`super::capture::CaptureMethod::Live`]).
 
 use std::fs;
 use std::path::{Path, PathBuf};
