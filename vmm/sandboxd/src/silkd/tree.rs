@@ -3,9 +3,9 @@
 //! busybox has it), so ownership, modes and links are the guest's to interpret.
 //!
 //! `fs_push` first streams the archive into a temp file beside the destination
-//! (the agent's atomic `put`), lists it (`tar -t`, which fails on a truncated or
-//! corrupt archive) and only then extracts: a push cut short, or one that is not a
-//! whole tar, leaves the destination untouched.
+//! (the agent's atomic `put`), extracts it into a staging directory there, and
+//! only when that succeeded moves the result into place: a push cut short, or one
+//! that is not a whole tar, leaves the destination untouched.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,11 +18,15 @@ use super::files::{guest_path, upload};
 use super::frames::Response;
 use super::{AgentSource, ErrorKind, OpError, DATA_CHUNK_BYTES};
 
-/// Validates, extracts and removes the uploaded archive: `$1` archive, `$2` dest.
-const EXTRACT_SCRIPT: &str = r#"t="$1"; d="$2"
-trap 'rm -f "$t"' EXIT
-tar -tf "$t" >/dev/null || { echo "not a complete tar stream" >&2; exit 65; }
-mkdir -p "$d" && tar -xf "$t" -C "$d""#;
+/// Extracts the uploaded archive `$1` into a staging directory beside it and only
+/// then moves it to `$2` (renamed whole when `$2` is new, merged with `cp -a` when
+/// it exists); the archive and the staging directory go in every case. Status 65:
+/// the archive is not a whole tar stream (busybox `tar -t` does not read members to
+/// their end, so only a full extraction proves a stream complete).
+const EXTRACT_SCRIPT: &str = r#"t="$1"; d="$2"; s="$1.d"
+trap 'rm -rf "$t" "$s"' EXIT
+mkdir "$s" && tar -xf "$t" -C "$s" || { echo "not a complete tar stream" >&2; exit 65; }
+if [ -e "$d" ]; then cp -a "$s"/. "$d"/; else mv "$s" "$d"; fi"#;
 
 /// Writes `$2` (a name inside the directory `$1`) as a tar stream on stdout.
 const ARCHIVE_SCRIPT: &str = r#"cd "$1" && exec tar -cf - "$2""#;
