@@ -102,7 +102,7 @@ impl OpError {
     pub fn agent(what: &str, error: &ClientError) -> Self {
         use sandbox_protocol::ErrorKind as Wire;
         let kind = match error.wire_kind() {
-            Some(Wire::NotFound) => ErrorKind::NotFound,
+            Some(Wire::NotFound | Wire::NotListening) => ErrorKind::NotFound,
             Some(Wire::Unsupported) => ErrorKind::Unimplemented,
             Some(
                 Wire::BadRequest

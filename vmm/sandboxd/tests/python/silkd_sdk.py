@@ -251,10 +251,43 @@ def main() -> int:
     def unsupported():
         raises(lambda: sb.git_status("/tmp"), "unimplemented")
         raises(lambda: sb.start_lsp("python"), "unimplemented")
-        raises(lambda: sb.dial_port(8080), "unimplemented")
         expect(sb.exec("true") == "", "the connection serves on after an unimplemented op")
 
     check("unsupported_ops_are_typed_unimplemented", unsupported)
+
+    def ports():
+        sb.mkdir("/tmp/www", parents=True)
+        sb.write_file("/tmp/www/index.html", b"hello from the guest\n")
+        server = sb.spawn("busybox", "httpd", "-f", "-p", "127.0.0.1:8080", "-h", "/tmp/www")
+
+        def fetch_over(port_conn):
+            port_conn.send(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
+            body = bytearray()
+            while chunk := port_conn.recv():
+                body.extend(chunk)
+            port_conn.close()
+            return bytes(body)
+
+        def served():
+            try:
+                return b"hello from the guest" in fetch_over(sb.dial_port(8080))
+            except SilkdError:
+                return False
+
+        eventually(served, "the guest server through dial_port")
+        listener = sb.proxy_port("127.0.0.1:0", 8080)
+        local = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", local), timeout=30) as sock:
+            sock.sendall(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
+            got = bytearray()
+            while chunk := sock.recv(65536):
+                got.extend(chunk)
+        listener.close()
+        expect(b"200 OK" in got and b"hello from the guest" in got, f"proxy_port {bytes(got)[:200]!r}")
+        raises(lambda: sb.dial_port(8099), "not_found")
+        sb.kill(server)
+
+    check("dial_port_and_proxy_port", ports)
 
     def checkpoint():
         sb.write_file("/root/state.txt", b"before checkpoint")
