@@ -222,3 +222,74 @@ where
         Err(error)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::silkd::MAX_FRAME_BYTES;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A sandbox whose agent cannot be reached: every op that needs it fails.
+    struct Unreachable;
+
+    impl AgentSource for Unreachable {
+        async fn client(&self) -> Result<Client, OpError> {
+            Err(OpError::reply(ErrorKind::Internal, "no agent here"))
+        }
+    }
+
+    /// Serves `input` and returns everything answered.
+    async fn answers(input: Vec<u8>) -> (Result<(), OpError>, String) {
+        let (mut peer, ours) = tokio::io::duplex(1 << 16);
+        let server = tokio::spawn(async move { serve(&Unreachable, ours).await });
+        let writer = tokio::spawn(async move {
+            let _ = peer.write_all(&input).await;
+            let _ = peer.shutdown().await;
+            let mut out = Vec::new();
+            let _ = peer.read_to_end(&mut out).await;
+            out
+        });
+        let result = server.await.unwrap();
+        let out = writer.await.unwrap();
+        (result, String::from_utf8(out).unwrap())
+    }
+
+    #[tokio::test]
+    async fn bad_frames_are_answered_one_error_each_and_the_connection_serves_on() {
+        let input = b"{nope\n{\"v\":1,\"op\":\"lsp_start\"}\n{\"v\":1,\"op\":\"stdin_close\"}\n{\"v\":1,\"op\":\"ps\"}\n".to_vec();
+        let (result, out) = answers(input).await;
+        assert!(result.is_ok(), "{result:?}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(lines[0].contains("\"kind\":\"bad_request\""), "{out}");
+        assert!(lines[1].contains("\"kind\":\"unimplemented\""), "{out}");
+        assert!(
+            lines[2].contains("\"kind\":\"internal\"") && lines[2].contains("no agent here"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_is_answered_then_ends_the_connection() {
+        let mut input = b"{\"v\":1,\"op\":\"fs_write\",\"path\":\"".to_vec();
+        input.resize(MAX_FRAME_BYTES + 1024, b'x');
+        let (result, out) = answers(input).await;
+        assert!(
+            matches!(result, Err(OpError::Framing(frames::ReadError::TooLarge))),
+            "{result:?}"
+        );
+        assert_eq!(out.lines().count(), 1, "{out}");
+        assert!(out.contains("\"kind\":\"bad_request\""), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_cut_line_ends_the_connection_with_an_error() {
+        let (result, out) = answers(b"{\"v\":1,\"op\":\"p".to_vec()).await;
+        assert!(
+            matches!(result, Err(OpError::Framing(frames::ReadError::Truncated))),
+            "{result:?}"
+        );
+        assert!(out.contains("bad_request"), "{out}");
+    }
+}
