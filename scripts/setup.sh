@@ -13,6 +13,8 @@
 #   - cargo: vhost-device-vsock, the vhost-user vsock backend QEMU talks to
 #   - PyPI: the official Python MCP SDK (`mcp`), in a venv at target/mcp-python, for
 #          mcp/tests/python_sdk.rs (python3-venv from apt when python3 cannot make one)
+#   - PyPI: seed 000's Python SDK (`cocoonstack-sandbox`), in a venv at
+#          target/silkd-python, for vmm/sandboxd/tests/silkd.rs and the silkd bench
 set -euo pipefail
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file mmdebstrap
@@ -69,5 +71,15 @@ if ! "$MCP_VENV/bin/python" -c 'import mcp.client.stdio' >/dev/null 2>&1; then
   echo "setup: installing the Python MCP SDK ($MCP_SDK) into $MCP_VENV"
   "$MCP_VENV/bin/python" -m pip install -q --disable-pip-version-check "$MCP_SDK"
   "$MCP_VENV/bin/python" -c 'import mcp.client.stdio'
+fi
+
+# Seed 000's own SDK, the reference client of the silkd upgrade (`Upgrade: silkd`).
+SILKD_VENV="$(cd "$(dirname "$0")/.." && pwd)/target/silkd-python"
+SILKD_SDK='cocoonstack-sandbox==0.1.19'
+if ! "$SILKD_VENV/bin/python" -c 'import cocoonsandbox' >/dev/null 2>&1; then
+  python3 -m venv --clear "$SILKD_VENV"
+  echo "setup: installing seed 000's Python SDK ($SILKD_SDK) into $SILKD_VENV"
+  "$SILKD_VENV/bin/python" -m pip install -q --disable-pip-version-check "$SILKD_SDK"
+  "$SILKD_VENV/bin/python" -c 'import cocoonsandbox'
 fi
 echo "setup: done"

@@ -22,6 +22,7 @@ pub const CAPABILITIES: &[&str] = &[
     "pty",
     sandbox_protocol::limits::STREAM_WINDOW_CAPABILITY,
     "eval",
+    sandbox_protocol::port::PORT_FORWARD_CAPABILITY,
 ];
 
 /// Announced when every process runs in its own cgroup: timeouts and kills reach
@@ -48,6 +49,8 @@ pub struct Agent {
     pub sessions: Arc<Sessions>,
     /// The egress proxy's route to the host (see [`crate::egress`]).
     pub egress: Arc<crate::egress::Egress>,
+    /// The port pipes' slots (see [`crate::port`]).
+    pub ports: crate::port::Ports,
     /// The token clients must present in their `Hello`, if any; `reidentify`
     /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
     token: RwLock<Option<String>>,
@@ -73,6 +76,7 @@ impl Agent {
             image: sandbox_protocol::ImageConfig::default(),
             sessions: Arc::new(Sessions::new()),
             egress: Arc::new(crate::egress::Egress::new()),
+            ports: crate::port::Ports::default(),
             token: RwLock::new(token),
             started: Instant::now(),
             generation: AtomicU64::new(0),

@@ -26,6 +26,8 @@
 //! - [`machine`]: requests about the whole machine: `resumed` (clock, entropy,
 //!   identity after a restore or fork), `reidentify` (a fork child's own hostname
 //!   and token) and `shutdown`.
+//! - [`port`]: port pipes, a host connection turned into a byte stream to a TCP port
+//!   on the guest's loopback (the mirror of egress).
 //! - [`egress`]: `net: egress`: an HTTP proxy on the guest's loopback whose every
 //!   connection is dialled by the host (which holds the allowlist) over the link.
 //! - [`agent`]: state shared by all connections, and `info`.
@@ -61,6 +63,7 @@ pub mod files;
 pub mod image;
 pub mod init;
 pub mod machine;
+pub mod port;
 pub mod process;
 pub mod ready;
 pub mod ring;

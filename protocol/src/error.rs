@@ -37,6 +37,8 @@ pub enum ErrorKind {
     /// The object changed underneath the operation (a file rewritten while it was
     /// read); trying again may succeed.
     Conflict,
+    /// Nothing listens on the guest port a `PortForward` named.
+    NotListening,
 }
 
 impl ErrorKind {
@@ -57,6 +59,7 @@ impl ErrorKind {
             Self::WrongType => "wrong_type",
             Self::Busy => "busy",
             Self::Conflict => "conflict",
+            Self::NotListening => "not_listening",
         }
     }
 }

@@ -12,6 +12,7 @@
 //! - [`process`], [`output`]: exec, spawn, pty, ps, kill and logs.
 //! - [`files`]: whole-file and streamed file transfer, directories.
 //! - [`eval`]: interpreter sessions whose state persists between calls.
+//! - [`port`]: a host-to-guest TCP connection to a guest port (the mirror of egress).
 //! - [`wait`]: waiting until a file or a process's output contains a string.
 //! - [`image`]: the defaults a template bakes in for the agent.
 //! - [`machine`]: requests about the whole guest: `info`, `resumed`, `reidentify`,
@@ -52,6 +53,7 @@ pub mod link;
 pub mod machine;
 pub mod message;
 pub mod output;
+pub mod port;
 pub mod process;
 pub mod ready;
 #[cfg(feature = "tokio")]
@@ -74,6 +76,7 @@ pub use machine::{
 };
 pub use message::{AgentFrame, AgentMsg, ClientFrame, ClientMsg, Event, Reply, Request, RequestId};
 pub use output::{LogsBatch, LogsReply, LogsRequest, OutputChunk, Stream};
+pub use port::PortForwardRequest;
 pub use process::{
     Command, ExecReply, ExecRequest, ExitStatus, KillRequest, OomKill, Pid, ProcessDetail,
     ProcessInfo, ProcessKind, ProcessSpec, ProcessState, PtyInputRequest, PtyOpenRequest,
@@ -206,6 +209,21 @@ mod wire_tests {
         };
         // The frame's body, without its 4-byte length prefix.
         assert!(bytes(&hello).len() - 4 <= HELLO_FRAME_BYTES);
+    }
+
+    #[test]
+    fn port_forward_bytes_are_pinned() {
+        // Appended for ports: request 26 (a varint port), and error kind 14.
+        let open = ClientFrame {
+            id: RequestId(1),
+            msg: ClientMsg::Request(Request::PortForward(PortForwardRequest { port: 8000 })),
+        };
+        assert_eq!(bytes(&open), [5, 0, 0, 0, 1, 1, 26, 0xc0, 0x3e]);
+        let refused = AgentFrame {
+            id: RequestId(1),
+            msg: AgentMsg::Error(WireError::new(ErrorKind::NotListening, "n")),
+        };
+        assert_eq!(bytes(&refused), [6, 0, 0, 0, 1, 3, 14, 1, b'n', 0]);
     }
 
     #[test]

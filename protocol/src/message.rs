@@ -16,6 +16,7 @@ use crate::files::{
 use crate::hello::{Hello, HelloReply};
 use crate::machine::{AgentInfo, Confinement, ReidentifyRequest, ResumedRequest, ShutdownRequest};
 use crate::output::{LogsBatch, LogsReply, LogsRequest, OutputChunk};
+use crate::port::PortForwardRequest;
 use crate::process::{
     ExecReply, ExecRequest, KillRequest, Pid, ProcessDetail, ProcessInfo, PtyInputRequest,
     PtyOpenRequest, PtyResizeRequest, SpawnRequest,
@@ -150,6 +151,10 @@ pub enum Request {
     /// Wait until a file or a process's output contains a string (see
     /// [`crate::wait`]); reply [`Reply::TextFound`].
     WaitForText(WaitForTextRequest),
+    /// Turn this connection into a byte pipe to a guest TCP port (see
+    /// [`crate::port`]): the first and only request of its connection; reply
+    /// [`Reply::Done`], after which no more frames flow.
+    PortForward(PortForwardRequest),
 }
 
 impl Request {
@@ -182,6 +187,7 @@ impl Request {
             Self::Eval(_) => "eval",
             Self::CloseSession(_) => "close_session",
             Self::WaitForText(_) => "wait_for_text",
+            Self::PortForward(_) => "port_forward",
         }
     }
 }

@@ -117,6 +117,14 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 }
 
+impl<R> FrameReader<R> {
+    /// The stream and the bytes read from it past the last frame returned: for a
+    /// connection that stops carrying frames (a port pipe, see [`crate::port`]).
+    pub fn into_parts(self) -> (R, Vec<u8>) {
+        (self.inner, self.buf)
+    }
+}
+
 /// Writes frames to a byte stream, reusing one encode buffer.
 #[derive(Debug)]
 pub struct FrameWriter<W> {
@@ -172,6 +180,12 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// The stream, for shutting it down.
     pub fn get_mut(&mut self) -> &mut W {
         &mut self.inner
+    }
+
+    /// The stream, for a connection that stops carrying frames; bytes queued and not
+    /// flushed are dropped.
+    pub fn into_inner(self) -> W {
+        self.inner
     }
 }
 

@@ -108,36 +108,67 @@ pub async fn serve<S>(stream: S, agent: Arc<Agent>, admissions: Admissions)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (read_half, write_half) = tokio::io::split(stream);
+    // Boxed and pinned: a port pipe needs the stream back whole and `Unpin`.
+    let (read_half, write_half) = tokio::io::split(Box::pin(stream));
     let mut reader = FrameReader::new(read_half, HELLO_FRAME_BYTES);
     let (tx, rx) = mpsc::channel(WRITE_QUEUE_FRAMES);
     let mut writer = tokio::spawn(write_loop(
         FrameWriter::new(write_half, MAX_FRAME_BYTES),
         rx,
     ));
-    serve_connection(&mut reader, &tx, &agent, &admissions).await;
+    let port = serve_connection(&mut reader, &tx, &agent, &admissions).await;
     drop(tx);
     // The writer ends once every request task has sent its last frame; a peer that
     // does not read gets a short grace, then the socket is dropped with the writer.
-    match tokio::time::timeout(WRITER_DRAIN, &mut writer).await {
-        Ok(Ok(())) => {}
-        Ok(Err(error)) => tracing::error!(%error, "connection writer failed"),
-        Err(_elapsed) => writer.abort(),
+    let writer = match tokio::time::timeout(WRITER_DRAIN, &mut writer).await {
+        Ok(Ok(writer)) => writer,
+        Ok(Err(error)) => {
+            tracing::error!(%error, "connection writer failed");
+            None
+        }
+        Err(_elapsed) => {
+            writer.abort();
+            None
+        }
+    };
+    let Some(writer) = writer else {
+        return;
+    };
+    match port {
+        Some(PortAsk { id, port }) => {
+            // Nothing is in flight and the writer has flushed the hello: from here
+            // the connection is the pipe's (see `crate::port`).
+            let (read_half, early) = reader.into_parts();
+            let stream = read_half.unsplit(writer.into_inner());
+            agent.ports.serve(stream, early, id, port).await;
+        }
+        None => {
+            let mut write_half = writer.into_inner();
+            let _ = tokio::time::timeout(WRITER_DRAIN, write_half.shutdown()).await;
+        }
     }
 }
 
+/// A connection whose first request asked to become a port pipe.
+#[derive(Debug, Clone, Copy)]
+struct PortAsk {
+    id: RequestId,
+    port: u16,
+}
+
 /// The connection's life from the first byte: handshake while pending, then
-/// requests while served. Returns when it must close.
+/// requests while served. Returns when it must close, or with the port its first
+/// request asked to become a pipe to.
 async fn serve_connection<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     tx: &mpsc::Sender<Outgoing>,
     agent: &Arc<Agent>,
     admissions: &Admissions,
-) {
+) -> Option<PortAsk> {
     // An unauthenticated connection holds no request slot: always "idle".
     let pending = admissions.pending.admit(Arc::new(Semaphore::new(1)), 1);
     let Ok(pending) = pending else {
-        return;
+        return None;
     };
     let accepted = tokio::select! {
         accepted = handshake(reader, tx, agent) => accepted,
@@ -149,7 +180,7 @@ async fn serve_connection<R: AsyncRead + Unpin>(
     };
     drop(pending);
     if !accepted {
-        return;
+        return None;
     }
     reader.set_max(MAX_FRAME_BYTES);
     let slots = Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT));
@@ -170,7 +201,7 @@ async fn serve_connection<R: AsyncRead + Unpin>(
                     ),
                 ),
             );
-            return;
+            return None;
         }
     };
     let in_flight: InFlight = Arc::default();
@@ -181,7 +212,7 @@ async fn serve_connection<R: AsyncRead + Unpin>(
         windowed: Arc::default(),
     };
     tokio::select! {
-        () = read_loop(reader, tx, agent, &in_flight, &conn) => {}
+        port = read_loop(reader, tx, agent, &in_flight, &conn) => port,
         () = ticket.evicted() => {
             tracing::info!("closing an idle connection to make room for a new one");
             notify(
@@ -192,9 +223,10 @@ async fn serve_connection<R: AsyncRead + Unpin>(
                      connection limit was reached)",
                 ),
             );
+            None
         }
         // The writer gave up (the peer stopped reading, or the socket failed).
-        () = tx.closed() => {}
+        () = tx.closed() => None,
     }
 }
 
@@ -303,20 +335,22 @@ async fn read_loop<R: AsyncRead + Unpin>(
     agent: &Arc<Agent>,
     in_flight: &InFlight,
     conn: &ConnState,
-) {
+) -> Option<PortAsk> {
+    let mut first = true;
     loop {
         if tx.is_closed() {
             // The writer failed: nothing more can be answered.
-            return;
+            return None;
         }
         let (decoded, charge) = match read_admitted(reader, &agent.budget).await {
             Ok(Some(read)) => read,
-            Ok(None) => return,
+            Ok(None) => return None,
             Err(error) => {
                 tracing::debug!(%error, "connection closed");
-                return;
+                return None;
             }
         };
+        let was_first = std::mem::replace(&mut first, false);
         let reject = match decoded {
             // A frame that does not decode breaks the request it was meant for.
             Decoded::Rejected { id, error } => Some((
@@ -324,6 +358,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 frame_error(&error),
                 Breaks::Request,
             )),
+            Decoded::Frame(ClientFrame {
+                id,
+                msg: ClientMsg::Request(Request::PortForward(ask)),
+            }) if was_first && id != RequestId::CONNECTION => {
+                return Some(PortAsk { id, port: ask.port });
+            }
             Decoded::Frame(ClientFrame {
                 id,
                 msg: ClientMsg::Request(request),
@@ -402,7 +442,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 .await
                 .is_err()
             {
-                return;
+                return None;
             }
         }
     }
@@ -658,10 +698,13 @@ fn reply_payload_bytes(reply: &sandbox_protocol::Reply) -> usize {
 
 /// Writes queued frames, batching them; a frame too large to encode becomes an error.
 /// Each frame's charge is given back once its bytes are written.
+/// Writes queued frames until the queue closes, then gives the writer back (its
+/// caller shuts the stream down, or hands it to a port pipe); `None` after a failed
+/// write.
 async fn write_loop<W: AsyncWrite + Send>(
     mut writer: FrameWriter<WriteHalf<W>>,
     mut rx: mpsc::Receiver<Outgoing>,
-) {
+) -> Option<FrameWriter<WriteHalf<W>>> {
     let mut written: Vec<Charge> = Vec::with_capacity(WRITE_QUEUE_FRAMES);
     // Each frame is dropped once encoded: while a slow client is written to, only
     // the encoded bytes (which its charge covers) are held, not the frame as well.
@@ -699,10 +742,10 @@ async fn write_loop<W: AsyncWrite + Send>(
             // Dropping the queue makes every later send fail at once: handlers stop
             // instead of blocking, and the reader stops taking requests that could
             // never be answered (the socket may still hold many).
-            return;
+            return None;
         }
     }
-    let _ = writer.get_mut().shutdown().await;
+    Some(writer)
 }
 
 fn queue<W: AsyncWrite + Unpin>(writer: &mut FrameWriter<W>, frame: &AgentFrame) {

@@ -10,6 +10,11 @@ use crate::machine;
 use crate::process::{exec, kill, logs, pty};
 use crate::session;
 
+/// Why a `PortForward` was refused: it turns its connection into a byte pipe, so it
+/// must be the connection's first request.
+pub const PORT_FORWARD_FIRST: &str =
+    "port_forward must be the first and only request of its connection";
+
 /// Runs `request` to its final reply, sending progress through `events`. `input`
 /// carries the data of a `put`.
 pub async fn handle(
@@ -118,6 +123,11 @@ pub async fn handle(
         Request::CloseSession(request) => session::requests::close(agent, request)
             .await
             .map(|()| Reply::Done),
+        // Taken by `connection` before dispatch when it opens its connection.
+        Request::PortForward(_) => Err(WireError::new(
+            sandbox_protocol::ErrorKind::BadRequest,
+            PORT_FORWARD_FIRST,
+        )),
     }
 }
 

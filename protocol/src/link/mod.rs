@@ -64,10 +64,12 @@ pub const CHANNEL_WINDOW_BYTES: u32 = 256 * 1024;
 pub const CREDIT_BATCH_BYTES: u32 = CHANNEL_WINDOW_BYTES / 4;
 
 /// Channels open at once in one session: the agent's served and pending connection
-/// limits together, plus the egress connections the agent opens. The host refuses
-/// clients past it; the agent closes extra opens.
-pub const MAX_CHANNELS: usize =
-    crate::limits::MAX_CONNECTIONS + 16 + egress::MAX_EGRESS_CONNECTIONS;
+/// limits together, plus its port pipes and the egress connections it opens. The
+/// host refuses clients past it; the agent closes extra opens.
+pub const MAX_CHANNELS: usize = crate::limits::MAX_CONNECTIONS
+    + 16
+    + crate::port::MAX_PORT_CONNECTIONS
+    + egress::MAX_EGRESS_CONNECTIONS;
 
 /// Zeros the host sends before a repeated `Attach`: they complete any half frame the
 /// agent holds (its remaining body is at most [`LINK_FRAME_BYTES`]); at a frame

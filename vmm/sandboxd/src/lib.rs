@@ -29,6 +29,7 @@
 //! - [`tls`]: HTTPS from a certificate and key.
 //! - [`node_lock`]: one daemon per run root.
 //! - [`stop_all`]: `sandboxd stop-all`.
+//! - [`silkd`]: seed 000's agent relay protocol (`Upgrade: silkd`), translated to our agent's.
 
 pub mod api;
 pub mod auth;
@@ -36,6 +37,7 @@ pub mod config;
 pub mod metrics;
 pub mod node_lock;
 pub mod server;
+pub mod silkd;
 pub mod stop_all;
 pub mod tls;
 

@@ -115,6 +115,10 @@ pub enum ClientError {
     /// The agent refused the handshake for another reason.
     #[error("Agent refused the handshake")]
     HelloRefused(#[source] WireError),
+    /// A port connection needs a new connection to the agent, and this client was
+    /// made over a stream it cannot open again ([`super::Client::over_stream`]).
+    #[error("This client cannot open another connection to its agent (it was made over a stream)")]
+    CannotRedial,
     /// The agent answered the request with an error.
     #[error(transparent)]
     Agent(#[from] WireError),

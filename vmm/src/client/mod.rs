@@ -13,6 +13,8 @@
 //! - `eval`: interpreter sessions (`eval`, `close_session`).
 //! - `machine`: requests about the whole guest (`info`, `resumed`, `shutdown`).
 //! - `confinement`: how the agent confines processes, `ps_detail`, OOM kills.
+//! - [`port`]: [`Client::dial_port`], a byte stream to a guest TCP port on a
+//!   connection of its own.
 //! - `wait`: `wait_for_text`, until a guest file or a process's output holds a string.
 //! - [`error`]: [`ClientError`], which carries the agent's `WireError` as a variant.
 //!
@@ -31,6 +33,7 @@ mod machine;
 mod mux;
 #[cfg(feature = "node")]
 pub mod node;
+pub mod port;
 pub mod stream;
 mod wait;
 
@@ -49,6 +52,7 @@ use tokio::time::Instant;
 pub use connect::{AgentStream, AgentUrl, NodeEndpoint, NodeUrl, UrlError, NODE_UPGRADE_TOKEN};
 pub use error::ClientError;
 pub use hvsock::HvsockError;
+pub use port::PortStream;
 pub use stream::{ExecEvent, ExecStream, LogsEvent, LogsStream, RequestStream, Step};
 
 use mux::Connection;
@@ -87,6 +91,9 @@ impl Default for ConnectOptions {
 #[derive(Debug, Clone)]
 pub struct Client {
     conn: Arc<Connection>,
+    /// How to open another connection (for [`Client::dial_port`]); `None` for a
+    /// client made over a stream.
+    redial: Option<Arc<port::Redial>>,
 }
 
 impl Client {
@@ -99,7 +106,14 @@ impl Client {
                 AgentUrl::Node(_) => None,
                 _ => opts.token.clone(),
             };
-            Self::over_stream(stream, hello_token).await
+            let client = Self::over_stream(stream, hello_token).await?;
+            Ok(Self {
+                redial: Some(Arc::new(port::Redial {
+                    url: url.clone(),
+                    opts: opts.clone(),
+                })),
+                ..client
+            })
         };
         match tokio::time::timeout(opts.connect_timeout, attempt).await {
             Ok(result) => result,
@@ -178,6 +192,7 @@ impl Client {
         let hello = hello::exchange(&mut reader, &mut writer, token).await?;
         Ok(Self {
             conn: Connection::start(hello, reader, writer),
+            redial: None,
         })
     }
 

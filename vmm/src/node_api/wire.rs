@@ -360,6 +360,10 @@ pub struct PromoteReply {
     /// How long the whole promotion took.
     #[serde(default)]
     pub took_ms: u64,
+    /// `sha256:` over the template's files, as seed 000's clients read it (empty
+    /// from a node that does not compute one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub content_digest: String,
 }
 
 /// `DELETE /v1/templates?template=NAME`: the query.

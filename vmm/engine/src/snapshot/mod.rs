@@ -21,7 +21,9 @@
 //!   [`Hibernator`] implementation.
 //! - [`ops`]: the operations, as methods of [`crate::node::Node`], and their results.
 //! - [`templates`]: deleting a promoted template.
+//! - [`digest`]: a promoted template's content digest.
 
+pub mod digest;
 pub mod ops;
 pub mod templates;
 

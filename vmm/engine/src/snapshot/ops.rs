@@ -97,6 +97,9 @@ pub struct Promoted {
     pub pause: Duration,
     /// The whole promotion.
     pub took: Duration,
+    /// `sha256:` over the template's files ([`super::digest`]); empty when they
+    /// could not be read back (logged).
+    pub content_digest: String,
 }
 
 impl Node {
@@ -324,6 +327,19 @@ impl Node {
         })
         .await
         .map_err(PromoteError::Capture)?;
+        let dir = promoted.dir.clone();
+        let content_digest =
+            match tokio::task::spawn_blocking(move || super::digest::content_digest(&dir)).await {
+                Ok(Ok(digest)) => digest,
+                Ok(Err(error)) => {
+                    tracing::warn!(template = name, %error, "cannot digest the promoted template");
+                    String::new()
+                }
+                Err(error) => {
+                    tracing::warn!(template = name, %error, "the digest task failed");
+                    String::new()
+                }
+            };
         tracing::info!(sandbox = %sandbox.id, template = name, replaced = promoted.replaced, "promoted");
         Ok(Promoted {
             sandbox,
@@ -331,6 +347,7 @@ impl Node {
             replaced: promoted.replaced,
             pause: promoted.checkpoint.pause,
             took: started.elapsed(),
+            content_digest,
         })
     }
 

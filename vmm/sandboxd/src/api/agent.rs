@@ -23,6 +23,7 @@ use sandbox_vmm::splice::{self, SpliceError};
 
 use super::sandboxes::authorized;
 use super::{ApiError, AppState};
+use crate::silkd::SILKD_UPGRADE;
 
 /// The `Upgrade` token of this project's agent protocol (the client's, in one place).
 pub const AGENT_UPGRADE: &str = NODE_UPGRADE_TOKEN;
@@ -45,13 +46,16 @@ pub async fn upgrade(
         .get(header::UPGRADE)
         .and_then(|value| value.to_str().ok())
         .unwrap_or("");
+    if wanted.eq_ignore_ascii_case(SILKD_UPGRADE) {
+        return silkd_upgrade(&state, sandbox, request).await;
+    }
     if !wanted.eq_ignore_ascii_case(AGENT_UPGRADE) {
         return Err(ApiError::new(
             StatusCode::UPGRADE_REQUIRED,
             "upgrade_required",
             format!(
                 "This endpoint speaks the agent protocol: send Connection: Upgrade and \
-                 Upgrade: {AGENT_UPGRADE}"
+                 Upgrade: {AGENT_UPGRADE} (or {SILKD_UPGRADE}, seed 000's frames)"
             ),
         ));
     }
@@ -97,6 +101,43 @@ pub async fn upgrade(
     let response_headers = response.headers_mut();
     response_headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     response_headers.insert(header::UPGRADE, HeaderValue::from_static(AGENT_UPGRADE));
+    Ok(response)
+}
+
+/// `Upgrade: silkd`: wakes the sandbox (so a failure is still an HTTP error),
+/// answers `101` and serves seed 000's frames on the connection (`crate::silkd`).
+async fn silkd_upgrade(
+    state: &AppState,
+    sandbox: std::sync::Arc<sandbox_engine::sandbox::Sandbox>,
+    request: Request,
+) -> Result<Response, ApiError> {
+    sandbox.client().await.map_err(|error| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "unreachable",
+            format!(
+                "The sandbox's agent cannot be reached: {}",
+                sandbox_vmm::error_chain(&error)
+            ),
+        )
+    })?;
+    let on_upgrade = hyper::upgrade::on(request);
+    state.metrics.upgraded();
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let client = hyper_util::rt::TokioIo::new(upgraded);
+                if let Err(error) = crate::silkd::serve(&*sandbox, client).await {
+                    tracing::debug!(sandbox = %sandbox.id, %error, "silkd connection ended");
+                }
+            }
+            Err(error) => tracing::debug!(sandbox = %sandbox.id, %error, "upgrade failed"),
+        }
+    });
+    let mut response = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    let response_headers = response.headers_mut();
+    response_headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    response_headers.insert(header::UPGRADE, HeaderValue::from_static(SILKD_UPGRADE));
     Ok(response)
 }
 

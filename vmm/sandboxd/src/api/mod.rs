@@ -11,10 +11,10 @@
 //! | `POST /v1/sandboxes/{id}/fork` | operator or its token | `{count, ttl_seconds}` → `{children: [claim...]}` |
 //! | `POST /v1/sandboxes/{id}/checkpoint` | operator or its token | `{name}` → `{checkpoint: {id, name, sandbox_id, created_at}}` |
 //! | `POST /v1/sandboxes/{id}/hibernate` | operator or its token | snapshot and stop; the next agent connection wakes it |
-//! | `POST /v1/sandboxes/{id}/promote` | operator or its token | `{template}` → `{key: {template}}` |
+//! | `POST /v1/sandboxes/{id}/promote` | operator or its token | `{template}` → `{key: {template}, content_digest}` |
 //! | `GET /v1/sandboxes/{id}/egress-log?tail=N` | operator or its token | `{id, allowlist, records}`: its egress connections |
 //! | `GET /v1/sandboxes/{id}/owner` | operator or its token | `{id, owner_addr}`: which node holds it |
-//! | `GET /v1/sandboxes/{id}/agent` | operator or its token | `Upgrade: sandbox-agent`: the agent protocol |
+//! | `GET /v1/sandboxes/{id}/agent` | operator or its token | `Upgrade: sandbox-agent`: the agent protocol; `Upgrade: silkd`: seed 000's frames (`crate::silkd`) |
 //! | `GET /v1/checkpoints` | operator | the checkpoints |
 //! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds}` → claim |
 //! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used) |

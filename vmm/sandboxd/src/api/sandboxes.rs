@@ -345,5 +345,6 @@ pub async fn promote(
         replaced: done.replaced,
         pause_ms: sandbox_engine::util::millis(done.pause),
         took_ms: sandbox_engine::util::millis(done.took),
+        content_digest: done.content_digest,
     }))
 }
