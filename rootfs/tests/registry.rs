@@ -549,3 +549,111 @@ fn the_builder_records_the_source_and_leaves_nothing_when_refused() {
     assert_eq!(shown["image_config"]["cwd"], "/srv/app");
     assert_eq!(shown["image_config"]["user"], "1000:1000");
 }
+
+#[test]
+fn a_manifest_announced_over_the_limit_is_refused_before_it_is_read() {
+    let registry = Registry::start();
+    let mut layout = OciLayout::new();
+    let image = layout.image(&[busybox_layer("big\n")], json!({}), "amd64", true);
+    registry.push(layout.tag(image, "v1"), "v1", "test/bigmanifest");
+    // The stored manifest grown past the 4 MiB limit on the registry's disk: the
+    // registry announces its length on HEAD.
+    let served = registry.served_digest("test/bigmanifest:v1");
+    let stored = registry.blob_file(&served);
+    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&stored).unwrap()).unwrap();
+    manifest["annotations"] = json!({ "padding": "x".repeat(5 << 20) });
+    std::fs::write(&stored, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let error = pull(
+        &registry.image("test/bigmanifest:v1"),
+        &registry.options(),
+        cache.path(),
+    )
+    .unwrap_err();
+    match &error {
+        RegistryError::TooLarge { what, bytes, max } => {
+            assert_eq!(what, registry::fetch::MANIFEST_ANNOUNCED, "{error}");
+            assert!(*bytes > 5 << 20, "{error}");
+            assert_eq!(*max, registry::fetch::DOCUMENT_MAX_BYTES);
+        }
+        other => panic!("not refused by its announced size: {other}"),
+    }
+}
+
+#[test]
+fn building_again_from_the_same_digest_and_options_rewrites_nothing() {
+    let registry = Registry::start();
+    let mut layout = OciLayout::new();
+    let image = layout.image(&[busybox_layer("cached\n")], run_config(), "amd64", true);
+    registry.push(layout.tag(image.clone(), "v1"), "v1", "test/rebuild");
+    let home = tempfile::tempdir().unwrap();
+    let output = home.path().join("templates/rebuilt");
+    let base = format!("oci://{}/test/rebuild:v1", registry.host);
+    let auth = format!("{USER}:{PASSWORD}");
+    let args = [
+        "build",
+        "--name",
+        "rebuilt",
+        "--base",
+        &base,
+        "--output",
+        output.to_str().unwrap(),
+        "--insecure-registry",
+        &registry.host,
+        "--registry-auth",
+        &auth,
+    ];
+    let first = rootfs(&args);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let manifest = output.join("template.json");
+    let written = std::fs::metadata(&manifest).unwrap().modified().unwrap();
+    let initramfs = std::fs::metadata(output.join("initramfs.cpio"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    let again = rootfs(&args);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(stderr.contains("up to date"), "{stderr}");
+    assert!(
+        stderr.contains(image["digest"].as_str().unwrap()),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::metadata(&manifest).unwrap().modified().unwrap(),
+        written
+    );
+    assert_eq!(
+        std::fs::metadata(output.join("initramfs.cpio"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        initramfs
+    );
+
+    // Other options (a larger default size) are a rebuild from the same digest.
+    let resized = rootfs(&[args.as_slice(), &["--size", "medium"]].concat());
+    let stderr = String::from_utf8_lossy(&resized.stderr);
+    assert!(resized.status.success(), "{stderr}");
+    assert!(!stderr.contains("up to date"), "{stderr}");
+    let shown: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(shown["default_size"], "medium");
+    assert_eq!(shown["image_source"]["manifest_digest"], image["digest"]);
+
+    // The tag moved: --refresh finds the new digest and rebuilds.
+    let moved = layout.image(&[busybox_layer("moved\n")], run_config(), "amd64", true);
+    registry.push(layout.tag(moved.clone(), "v1"), "v1", "test/rebuild");
+    let pinned = rootfs(&[args.as_slice(), &["--size", "medium"]].concat());
+    assert!(String::from_utf8_lossy(&pinned.stderr).contains("up to date"));
+    let refreshed = rootfs(&[args.as_slice(), &["--size", "medium", "--refresh"]].concat());
+    let stderr = String::from_utf8_lossy(&refreshed.stderr);
+    assert!(refreshed.status.success(), "{stderr}");
+    assert!(!stderr.contains("up to date"), "{stderr}");
+    let shown: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(shown["image_source"]["manifest_digest"], moved["digest"]);
+}
