@@ -550,34 +550,95 @@ fn the_builder_records_the_source_and_leaves_nothing_when_refused() {
     assert_eq!(shown["image_config"]["user"], "1000:1000");
 }
 
+/// A hostile registry: answers `/v2/` anonymously, announces every manifest as
+/// `length` bytes on HEAD, and on a GET streams bytes until the client hangs up.
+/// (docker-registry itself refuses manifests over 4 MiB on push, "request body too
+/// large", so only a hostile server sends one.) Returns its `HOST:PORT` and the
+/// GET requests it saw.
+fn announcing_registry(length: u64) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let gets = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = gets.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                loop {
+                    let mut request = String::new();
+                    if reader.read_line(&mut request).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        let mut header = String::new();
+                        if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                            break;
+                        }
+                    }
+                    let manifest = request.contains("/manifests/");
+                    let answer = if request.starts_with("HEAD ") && manifest {
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
+                             Content-Length: {length}\r\nDocker-Content-Digest: sha256:{}\r\n\r\n",
+                            "0".repeat(64)
+                        )
+                    } else if manifest {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
+                             Content-Length: {length}\r\n\r\n"
+                        );
+                        if stream.write_all(head.as_bytes()).is_err() {
+                            return;
+                        }
+                        let chunk = vec![b' '; 1 << 16];
+                        while stream.write_all(&chunk).is_ok() {}
+                        return;
+                    } else {
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+                            .to_owned()
+                    };
+                    if stream.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (host, gets)
+}
+
 #[test]
 fn a_manifest_announced_over_the_limit_is_refused_before_it_is_read() {
-    let registry = Registry::start();
-    let mut layout = OciLayout::new();
-    let image = layout.image(&[busybox_layer("big\n")], json!({}), "amd64", true);
-    registry.push(layout.tag(image, "v1"), "v1", "test/bigmanifest");
-    // The stored manifest grown past the 4 MiB limit on the registry's disk: the
-    // registry announces its length on HEAD.
-    let served = registry.served_digest("test/bigmanifest:v1");
-    let stored = registry.blob_file(&served);
-    let mut manifest: Value = serde_json::from_slice(&std::fs::read(&stored).unwrap()).unwrap();
-    manifest["annotations"] = json!({ "padding": "x".repeat(5 << 20) });
-    std::fs::write(&stored, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let announced = 1u64 << 30;
+    let (host, gets) = announcing_registry(announced);
+    let image: ImageRef = format!("oci://{host}/test/huge:v1").parse().unwrap();
+    let options = RegistryOptions {
+        insecure: vec![host.clone()],
+        ..RegistryOptions::default()
+    };
     let cache = tempfile::tempdir().unwrap();
-    let error = pull(
-        &registry.image("test/bigmanifest:v1"),
-        &registry.options(),
-        cache.path(),
-    )
-    .unwrap_err();
+    let error = pull(&image, &options, cache.path()).unwrap_err();
     match &error {
         RegistryError::TooLarge { what, bytes, max } => {
             assert_eq!(what, registry::fetch::MANIFEST_ANNOUNCED, "{error}");
-            assert!(*bytes > 5 << 20, "{error}");
+            assert_eq!(*bytes, announced);
             assert_eq!(*max, registry::fetch::DOCUMENT_MAX_BYTES);
         }
-        other => panic!("not refused by its announced size: {other}"),
+        other => panic!(
+            "not refused by its announced size: {}",
+            sandbox_rootfs_chain(other)
+        ),
     }
+    assert_eq!(
+        gets.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the manifest was downloaded"
+    );
 }
 
 #[test]
@@ -656,4 +717,14 @@ fn building_again_from_the_same_digest_and_options_rewrites_nothing() {
     assert!(!stderr.contains("up to date"), "{stderr}");
     let shown: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
     assert_eq!(shown["image_source"]["manifest_digest"], moved["digest"]);
+}
+
+fn sandbox_rootfs_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
 }
