@@ -728,3 +728,176 @@ fn sandbox_rootfs_chain(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// The service and issuer the registry expects in a token.
+const TOKEN_SERVICE: &str = "test-registry";
+const TOKEN_ISSUER: &str = "test-token-issuer";
+
+/// A token server as docker's distribution trusts one (`auth: token:`): `GET
+/// /token?service=…&scope=repository:NAME:ACTIONS` with Basic credentials answers a
+/// JWT (ES256, its signing certificate in `x5c`, the certificate in the registry's
+/// `rootcertbundle`) granting the scopes asked; wrong or no credentials get 401.
+/// Returns its realm URL and the PEM certificate to trust.
+fn token_server() -> (String, String) {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["token-issuer".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let cert_pem = cert.pem();
+    let cert_der = cert.der().to_vec();
+    let rng = ring::rand::SystemRandom::new();
+    let signer = ring::signature::EcdsaKeyPair::from_pkcs8(
+        &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        &key.serialize_der(),
+        &rng,
+    )
+    .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let realm = format!("http://{}/token", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let mut authorized = false;
+            loop {
+                let mut header = String::new();
+                if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                    break;
+                }
+                if let Some(value) = header
+                    .split_once(':')
+                    .filter(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+                    .map(|(_, value)| value.trim())
+                {
+                    authorized = value
+                        == format!(
+                            "Basic {}",
+                            base64_encode(format!("{USER}:{PASSWORD}").as_bytes())
+                        );
+                }
+            }
+            let answer = if authorized {
+                let target = request.split_whitespace().nth(1).unwrap_or("");
+                let query = target.split_once('?').map_or("", |(_, q)| q);
+                let access: Vec<Value> = query
+                    .split('&')
+                    .filter_map(|pair| pair.strip_prefix("scope="))
+                    .map(|scope| scope.replace("%3A", ":").replace("%2C", ",").replace("%2F", "/"))
+                    .filter_map(|scope| {
+                        let mut parts = scope.splitn(3, ':');
+                        let (kind, name, actions) = (parts.next()?, parts.next()?, parts.next()?);
+                        Some(json!({"type": kind, "name": name, "actions": actions.split(',').collect::<Vec<_>>()}))
+                    })
+                    .collect();
+                let token = jwt(&signer, &rng, &cert_der, access);
+                let body =
+                    json!({"token": token, "access_token": token, "expires_in": 300}).to_string();
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_owned()
+            };
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    (realm, cert_pem)
+}
+
+/// A JWT granting `access`, signed ES256 with `signer`, whose certificate is `cert_der`.
+fn jwt(
+    signer: &ring::signature::EcdsaKeyPair,
+    rng: &ring::rand::SystemRandom,
+    cert_der: &[u8],
+    access: Vec<Value>,
+) -> String {
+    use base64::Engine as _;
+    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let header = json!({"alg": "ES256", "typ": "JWT", "x5c": [base64_encode(cert_der)]});
+    let claims = json!({
+        "iss": TOKEN_ISSUER, "sub": USER, "aud": TOKEN_SERVICE,
+        "exp": now + 300, "nbf": now - 10, "iat": now - 10,
+        "jti": format!("{now}-{}", std::process::id()), "access": access,
+    });
+    let signing_input = format!(
+        "{}.{}",
+        url.encode(header.to_string()),
+        url.encode(claims.to_string())
+    );
+    let signature = signer.sign(rng, signing_input.as_bytes()).unwrap();
+    format!("{signing_input}.{}", url.encode(signature.as_ref()))
+}
+
+#[test]
+fn a_registry_behind_a_bearer_token_server_is_pulled_with_its_token() {
+    let (realm, cert) = token_server();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("token-issuer.pem");
+    std::fs::write(&bundle, cert).unwrap();
+    let auth = format!(
+        "{{ token: {{ realm: \"{realm}\", service: {TOKEN_SERVICE}, issuer: {TOKEN_ISSUER}, \
+         rootcertbundle: {} }} }}",
+        bundle.display()
+    );
+    let registry = Registry::start_with(dir, &auth);
+    let mut layout = OciLayout::new();
+    let image = layout.image(
+        &[busybox_layer("behind a token\n")],
+        run_config(),
+        "amd64",
+        true,
+    );
+    // skopeo pushes through the token server too (Basic to the realm, then Bearer).
+    registry.push(layout.tag(image.clone(), "v1"), "v1", "test/token");
+
+    let cache = tempfile::tempdir().unwrap();
+    let staging = tempfile::tempdir().unwrap();
+    let pulled = registry::pull(
+        &registry.image("test/token:v1"),
+        &registry.options(),
+        cache.path(),
+        staging.path(),
+    )
+    .unwrap_or_else(|error| panic!("{}", sandbox_rootfs_chain(&error)));
+    assert_eq!(pulled.source.manifest_digest, image["digest"]);
+    assert_eq!(
+        std::fs::read_to_string(staging.path().join("etc/marker")).unwrap(),
+        "behind a token\n"
+    );
+
+    // The token server refuses wrong credentials: the pull says so.
+    let mut wrong = registry.options();
+    wrong.auth.explicit = Some(BasicAuth {
+        user: USER.into(),
+        password: "wrong".into(),
+    });
+    let error = pull(
+        &registry.image("test/token:v1"),
+        &wrong,
+        tempfile::tempdir().unwrap().path(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            RegistryError::Unauthorized {
+                anonymous: false,
+                ..
+            }
+        ),
+        "{}",
+        sandbox_rootfs_chain(&error)
+    );
+}
