@@ -39,10 +39,21 @@ struct Download {
     total: u64,
 }
 
+/// Longest claim template read as a reference (the distribution spec caps a
+/// repository name at 255 characters; a tag at 128, a digest at 71 plus the host).
+pub const REFERENCE_MAX_CHARS: usize = 512;
+
 /// Asks the builder what `text` is.
 pub async fn describe(program: &Path, text: &str) -> Result<Described, ImageBuildError> {
+    if text.len() > REFERENCE_MAX_CHARS {
+        return Err(ImageBuildError::Reference {
+            text: text.chars().take(64).collect::<String>() + "…",
+            reason: format!("longer than {REFERENCE_MAX_CHARS} characters"),
+        });
+    }
     let output = Command::new(program)
-        .args(["reference", text])
+        // `--`: a claim's text is never read as one of the builder's flags.
+        .args(["reference", "--", text])
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -181,6 +192,18 @@ fn log_message(line: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_overlong_reference_is_refused_without_running_the_builder() {
+        let text = format!("oci://h/{}:v", "a".repeat(REFERENCE_MAX_CHARS));
+        let error = describe(Path::new("/nonexistent/sandbox-rootfs"), &text)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, ImageBuildError::Reference { .. }),
+            "{error}"
+        );
+    }
 
     #[test]
     fn log_lines_lose_their_timestamp_and_level() {
