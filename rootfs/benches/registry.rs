@@ -93,6 +93,10 @@ fn main() {
             String::from_utf8_lossy(&copied.stderr)
         );
         skopeo.push(began.elapsed());
+        eprintln!(
+            "run {run}: skopeo copy {:.2} s",
+            began.elapsed().as_secs_f64()
+        );
 
         // A home of its own (empty layer cache) sharing the kernel download.
         let bench_home = tempfile::tempdir().unwrap();
@@ -120,12 +124,15 @@ fn main() {
         };
         let (took, _) = build(&[]);
         fresh.push(took);
+        eprintln!("run {run}: pull + build {:.2} s", took.as_secs_f64());
         let (took, stderr) = build(&[]);
         assert!(stderr.contains("up to date"), "{stderr}");
         hit.push(took);
+        eprintln!("run {run}: cache hit {:.2} s", took.as_secs_f64());
         let (took, stderr) = build(&["--size", "medium"]);
         assert!(!stderr.contains("up to date"), "{stderr}");
         cached.push(took);
+        eprintln!("run {run}: from cached layers {:.2} s", took.as_secs_f64());
     }
     let base = median(&mut skopeo);
     println!("| measure (median of {RUNS}) | time | vs skopeo copy |");
