@@ -11,6 +11,7 @@ use crate::render::rfc3339;
 use crate::upload::UploadError;
 use sandbox_engine::config::ATTACHED_ID;
 use sandbox_engine::error::{CreateError, InsertError, LookupError, NetError, SpecError, TtlError};
+use sandbox_engine::image_build::ImageBuildError;
 use sandbox_engine::pool::ClaimError;
 use sandbox_engine::registry::{Gone, Lookup};
 use sandbox_vmm::error_chain;
@@ -229,6 +230,31 @@ impl ToolError {
                 "The node is draining: it takes no new claims. Use the sandboxes you hold, or \
                  ask its operator to end the drain.",
             ),
+            CreateError::Image(error) => Self::image_build(error),
+        }
+    }
+
+    /// A claim by image reference that did not become a template.
+    fn image_build(error: &ImageBuildError) -> Self {
+        match error {
+            ImageBuildError::Reference { .. } => Self::new(format!(
+                "{error}. template takes a template name (list_templates shows them) or an \
+                 image reference such as oci://REGISTRY/REPO:TAG."
+            )),
+            ImageBuildError::NotAllowed { .. } => Self::new(format!(
+                "{error}. The user (who starts this server) can allow the registry with \
+                 --allow-registry, or run that command; list_templates shows the templates \
+                 there are."
+            )),
+            ImageBuildError::Build { .. } => Self::new(format!(
+                "{error}. Nothing was kept; check the reference (its tag, its registry's \
+                 credentials) or pass another template."
+            )),
+            ImageBuildError::Spawn { .. } | ImageBuildError::Output { .. } => Self::new(format!(
+                "{}. The server's template builder is not usable: the user can point \
+                 --rootfs-builder at sandbox-rootfs.",
+                sandbox_vmm::error_chain(error)
+            )),
         }
     }
 }

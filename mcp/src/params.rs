@@ -86,10 +86,15 @@ pub struct CreateSandboxParams {
 }
 
 impl CreateSandboxParams {
-    /// The engine's claim.
-    pub fn claim_request(self) -> sandbox_engine::node::ClaimRequest {
+    /// The engine's claim; a build of its template (an image reference) reports to
+    /// `progress`.
+    pub fn claim_request(
+        self,
+        progress: Option<sandbox_engine::image_build::BuildProgress>,
+    ) -> sandbox_engine::node::ClaimRequest {
         sandbox_engine::node::ClaimRequest {
             template: self.template,
+            progress,
             size: self.size.map(|size| size.as_str().to_owned()),
             net: match self.net {
                 Net::None => sandbox_engine::node::NetRequest::None,

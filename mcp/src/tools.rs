@@ -190,7 +190,7 @@ impl SandboxServer {
         Extension(progress): Extension<Progress>,
     ) -> Result<CallToolResult, ToolError> {
         progress.set_status("create_sandbox: waiting for a VM (a warm one, or a boot)");
-        Ok(success(&self.backend.create(params).await?))
+        Ok(success(&self.backend.create(params, &progress).await?))
     }
 
     #[tool(

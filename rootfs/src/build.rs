@@ -13,14 +13,15 @@ use tracing::{info, warn};
 
 use crate::agent::{self, AgentError, AgentSearch};
 use crate::base::debian::DebianOptions;
-use crate::base::registry::RegistryOptions;
+use crate::base::registry::reference::ImageRef;
+use crate::base::registry::{self, RegistryOptions};
 use crate::base::{self, Base, BaseError, BaseTools};
 use crate::cpio::{CpioError, CpioWriter};
 use crate::disk::{self, DiskError};
 use crate::guest::{self, GuestError};
 use crate::image_config::{self, ImageConfigError};
 use crate::kernel::{self, KernelError};
-use crate::manifest::{now_rfc3339, ManifestError, TemplateManifest};
+use crate::manifest::{now_rfc3339, ImageSource, ManifestError, TemplateManifest};
 use crate::modules::{AGENT_MODULES, DISK_MODULES};
 use crate::size::Size;
 use crate::tree::{self, TreeError};
@@ -168,11 +169,108 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
+/// What [`build_template`] did.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The template's manifest.
+    pub manifest: TemplateManifest,
+    /// True when the template already held this image at the same manifest digest,
+    /// built with the same options: nothing was rewritten.
+    pub reused: bool,
+}
+
 /// Builds the template described by `opts` and returns its manifest.
 pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
+    build_template(opts).map(|built| built.manifest)
+}
+
+/// Builds the template described by `opts`, unless it is a registry image the
+/// template already holds: the same manifest digest, built with the same options
+/// ([`options_digest`]), is a cache hit that touches no file.
+pub fn build_template(opts: &BuildOptions) -> Result<Built, BuildError> {
     if !valid_name(&opts.name) {
         return Err(BuildError::InvalidName(opts.name.clone()));
     }
+    let options = options_digest(opts);
+    if let Base::Registry(image) = &opts.base {
+        if let Some(manifest) = up_to_date(opts, image, &options)? {
+            return Ok(Built {
+                manifest,
+                reused: true,
+            });
+        }
+    }
+    let manifest = build_fresh(opts, options)?;
+    Ok(Built {
+        manifest,
+        reused: false,
+    })
+}
+
+/// A digest of everything in `opts` that shapes the template besides the base's
+/// bytes: recorded with a registry image ([`ImageSource::build_options`]) so that a
+/// rebuild with other options is not mistaken for a cache hit.
+pub fn options_digest(opts: &BuildOptions) -> String {
+    let shape = format!(
+        "kernel={:?}\nagent={:?}\nagent_version={}\nsize={}\nlayout={:?}\n\
+         initramfs_max={}\ndisk_free={}\ncmdline={:?}\nsessions={:?}\nmax_image={}",
+        opts.kernel,
+        opts.agent,
+        opts.agent_version,
+        opts.default_size,
+        opts.layout,
+        opts.initramfs_max_bytes,
+        opts.disk_free_bytes,
+        opts.extra_cmdline,
+        opts.warm_sessions,
+        opts.registry.max_bytes,
+    );
+    crate::base::registry::store::sha256_digest(shape.as_bytes())
+}
+
+/// The template at `opts.output` when it holds `image` at the digest the reference
+/// resolves to now, built with `options`, its files all there; else `None`.
+fn up_to_date(
+    opts: &BuildOptions,
+    image: &ImageRef,
+    options: &str,
+) -> Result<Option<TemplateManifest>, BuildError> {
+    let Ok(existing) = TemplateManifest::load(&opts.output) else {
+        return Ok(None);
+    };
+    let Some(source) = &existing.image_source else {
+        return Ok(None);
+    };
+    let files = [
+        Some(&existing.kernel),
+        Some(&existing.initramfs),
+        existing.disk.as_ref(),
+    ];
+    let complete = files
+        .into_iter()
+        .flatten()
+        .all(|file| TemplateManifest::resolve(&opts.output, file).is_file());
+    if source.reference != image.to_string()
+        || source.build_options.as_deref() != Some(options)
+        || existing.name != opts.name
+        || !complete
+    {
+        return Ok(None);
+    }
+    let now = registry::resolve(image, &opts.registry, &opts.cache_dir)
+        .map_err(|error| BuildError::Base(BaseError::Registry(error)))?;
+    if now.manifest_digest != source.manifest_digest {
+        info!(old = %source.manifest_digest, new = %now.manifest_digest,
+            "the template was built from another manifest: rebuilding");
+        return Ok(None);
+    }
+    info!(template = %opts.output.display(), digest = %now.manifest_digest,
+        "cache hit: the template holds this manifest, built with the same options; nothing rewritten");
+    Ok(Some(existing))
+}
+
+/// Builds the template from scratch.
+fn build_fresh(opts: &BuildOptions, options: String) -> Result<TemplateManifest, BuildError> {
     let parent = opts
         .output
         .parent()
@@ -304,7 +402,10 @@ pub fn build(opts: &BuildOptions) -> Result<TemplateManifest, BuildError> {
         default_size: opts.default_size,
         created_at: now_rfc3339(),
         image_config,
-        image_source: from_base.source,
+        image_source: from_base.source.map(|source| ImageSource {
+            build_options: Some(options),
+            ..source
+        }),
     };
     manifest.save(&out)?;
     replace_dir(&out, &opts.output, &work.0)?;

@@ -10,13 +10,15 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sandbox_protocol::WarmSession;
 use sandbox_rootfs::agent::AgentSearch;
 use sandbox_rootfs::base::registry::auth::{AuthSource, BasicAuth};
+use sandbox_rootfs::base::registry::reference::ImageRef;
 use sandbox_rootfs::base::registry::{Progress, ProgressSink, RegistryOptions};
 use sandbox_rootfs::base::{Base, BaseTools};
-use sandbox_rootfs::build::{DEFAULT_DISK_FREE_BYTES, DEFAULT_INITRAMFS_MAX_BYTES};
+use sandbox_rootfs::build::{
+    build_template, Built, DEFAULT_DISK_FREE_BYTES, DEFAULT_INITRAMFS_MAX_BYTES,
+};
 use sandbox_rootfs::image_config::parse_warm_session;
 use sandbox_rootfs::{
-    build, BuildOptions, KernelSource, Layout, SandboxHome, Size, TemplateManifest,
-    DEFAULT_TEMPLATE,
+    BuildOptions, KernelSource, Layout, SandboxHome, Size, TemplateManifest, DEFAULT_TEMPLATE,
 };
 
 #[derive(Debug, Parser)]
@@ -41,6 +43,23 @@ enum Cmd {
     },
     /// Print the templates folder.
     Path,
+    /// Print an image reference as a template records it, the registry it is pulled
+    /// from and the template name a claim by it gets, as one JSON object.
+    Reference {
+        /// oci://REGISTRY/REPO[:TAG|@sha256:DIGEST] or a short form (python:3.12-slim).
+        reference: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ProgressArg {
+    /// Bytes per layer on a terminal; none in a pipe.
+    Auto,
+    /// One JSON object per line on stdout (`{"what","digest","done","total"}`), for
+    /// a program that runs the builder and reports its progress.
+    Json,
+    /// None.
+    None,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -82,6 +101,9 @@ struct BuildArgs {
     /// Largest registry image (MiB), its layers both as downloaded and as unpacked.
     #[arg(long, default_value_t = sandbox_rootfs::base::registry::DEFAULT_MAX_IMAGE_BYTES >> 20)]
     max_image_mib: u64,
+    /// Download progress of a registry image.
+    #[arg(long, value_enum, default_value_t = ProgressArg::Auto)]
+    progress: ProgressArg,
     /// Debian packages to install on the debian base, comma-separated or repeated
     /// (e.g. python3,python3-pip); the bootstrap is cached by suite and packages.
     #[arg(long, value_name = "PACKAGE,...", value_delimiter = ',')]
@@ -169,10 +191,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string_pretty(&manifest)?);
             Ok(())
         }
+        Cmd::Reference { reference } => {
+            let image: ImageRef = reference.parse()?;
+            let described = serde_json::json!({
+                "reference": image.to_string(),
+                "registry": image.registry(),
+                "host": image.host(),
+                "template": image.template_name(),
+            });
+            println!("{described}");
+            Ok(())
+        }
         Cmd::Build(args) => {
             let opts = build_options(*args, &home)?;
-            let manifest = build(&opts)?;
+            let Built { manifest, reused } = build_template(&opts)?;
             println!("{}", opts.output.display());
+            if reused {
+                let digest = manifest
+                    .image_source
+                    .as_ref()
+                    .map_or("", |source| source.manifest_digest.as_str());
+                eprintln!(
+                    "template {} is up to date: already built from {digest} with the same \
+                     options; nothing rewritten",
+                    manifest.name
+                );
+                return Ok(());
+            }
             eprintln!(
                 "built template {} (kernel {}, {})",
                 manifest.name,
@@ -230,7 +275,11 @@ fn build_options(args: BuildArgs, home: &SandboxHome) -> anyhow::Result<BuildOpt
         insecure: args.insecure_registries,
         refresh: args.refresh,
         max_bytes: args.max_image_mib.saturating_mul(1 << 20),
-        progress: std::io::stderr().is_terminal().then(terminal_progress),
+        progress: match args.progress {
+            ProgressArg::Auto => std::io::stderr().is_terminal().then(terminal_progress),
+            ProgressArg::Json => Some(json_progress()),
+            ProgressArg::None => None,
+        },
     };
     Ok(BuildOptions {
         name: args.name,
@@ -261,6 +310,29 @@ fn build_options(args: BuildArgs, home: &SandboxHome) -> anyhow::Result<BuildOpt
         extra_cmdline: args.extra_cmdline,
         warm_sessions: args.warm_sessions,
     })
+}
+
+/// Download progress for a program: one JSON line on stdout per report, at most one
+/// per MiB of a blob besides its first and last.
+fn json_progress() -> ProgressSink {
+    let last = Mutex::new(0u64);
+    ProgressSink(Arc::new(move |p: &Progress<'_>| {
+        let Ok(mut last) = last.lock() else { return };
+        let complete = p.done == p.total;
+        if p.done != 0 && !complete && p.done < *last + (1 << 20) {
+            return;
+        }
+        *last = if complete { 0 } else { p.done };
+        let line = serde_json::json!({
+            "what": p.what,
+            "digest": p.digest,
+            "done": p.done,
+            "total": p.total,
+        });
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }))
 }
 
 /// Download progress for a person at a terminal: one line per blob, redrawn at most

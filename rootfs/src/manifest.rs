@@ -68,6 +68,11 @@ pub struct ImageSource {
     /// The digest of the index that named it, when the reference is multi-platform.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index_digest: Option<String>,
+    /// A digest of the build options that shape the template (size, layout, kernel,
+    /// agent, command line, sessions, limits): a rebuild from the same manifest with
+    /// the same options is a cache hit that rewrites nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build_options: Option<String>,
 }
 
 fn is_empty(config: &ImageConfig) -> bool {
@@ -241,6 +246,7 @@ mod tests {
             reference: "oci://docker.io/library/python:3.12-slim".into(),
             manifest_digest: format!("sha256:{}", "a".repeat(64)),
             index_digest: None,
+            build_options: None,
         });
         let json = serde_json::to_value(&manifest).unwrap();
         assert_eq!(

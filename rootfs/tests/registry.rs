@@ -549,3 +549,355 @@ fn the_builder_records_the_source_and_leaves_nothing_when_refused() {
     assert_eq!(shown["image_config"]["cwd"], "/srv/app");
     assert_eq!(shown["image_config"]["user"], "1000:1000");
 }
+
+/// A hostile registry: answers `/v2/` anonymously, announces every manifest as
+/// `length` bytes on HEAD, and on a GET streams bytes until the client hangs up.
+/// (docker-registry itself refuses manifests over 4 MiB on push, "request body too
+/// large", so only a hostile server sends one.) Returns its `HOST:PORT` and the
+/// GET requests it saw.
+fn announcing_registry(length: u64) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let gets = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = gets.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                loop {
+                    let mut request = String::new();
+                    if reader.read_line(&mut request).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    loop {
+                        let mut header = String::new();
+                        if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                            break;
+                        }
+                    }
+                    let manifest = request.contains("/manifests/");
+                    let answer = if request.starts_with("HEAD ") && manifest {
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
+                             Content-Length: {length}\r\nDocker-Content-Digest: sha256:{}\r\n\r\n",
+                            "0".repeat(64)
+                        )
+                    } else if manifest {
+                        seen.fetch_add(1, Ordering::SeqCst);
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n\
+                             Content-Length: {length}\r\n\r\n"
+                        );
+                        if stream.write_all(head.as_bytes()).is_err() {
+                            return;
+                        }
+                        let chunk = vec![b' '; 1 << 16];
+                        while stream.write_all(&chunk).is_ok() {}
+                        return;
+                    } else {
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+                            .to_owned()
+                    };
+                    if stream.write_all(answer.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (host, gets)
+}
+
+#[test]
+fn a_manifest_announced_over_the_limit_is_refused_before_it_is_read() {
+    let announced = 1u64 << 30;
+    let (host, gets) = announcing_registry(announced);
+    let image: ImageRef = format!("oci://{host}/test/huge:v1").parse().unwrap();
+    let options = RegistryOptions {
+        insecure: vec![host.clone()],
+        ..RegistryOptions::default()
+    };
+    let cache = tempfile::tempdir().unwrap();
+    let error = pull(&image, &options, cache.path()).unwrap_err();
+    match &error {
+        RegistryError::TooLarge { what, bytes, max } => {
+            assert_eq!(what, registry::fetch::MANIFEST_ANNOUNCED, "{error}");
+            assert_eq!(*bytes, announced);
+            assert_eq!(*max, registry::fetch::DOCUMENT_MAX_BYTES);
+        }
+        other => panic!(
+            "not refused by its announced size: {}",
+            sandbox_rootfs_chain(other)
+        ),
+    }
+    assert_eq!(
+        gets.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the manifest was downloaded"
+    );
+}
+
+#[test]
+fn building_again_from_the_same_digest_and_options_rewrites_nothing() {
+    let registry = Registry::start();
+    let mut layout = OciLayout::new();
+    let image = layout.image(&[busybox_layer("cached\n")], run_config(), "amd64", true);
+    registry.push(layout.tag(image.clone(), "v1"), "v1", "test/rebuild");
+    let home = tempfile::tempdir().unwrap();
+    let output = home.path().join("templates/rebuilt");
+    let base = format!("oci://{}/test/rebuild:v1", registry.host);
+    let auth = format!("{USER}:{PASSWORD}");
+    let args = [
+        "build",
+        "--name",
+        "rebuilt",
+        "--base",
+        &base,
+        "--output",
+        output.to_str().unwrap(),
+        "--insecure-registry",
+        &registry.host,
+        "--registry-auth",
+        &auth,
+    ];
+    let first = rootfs(&args);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let manifest = output.join("template.json");
+    let written = std::fs::metadata(&manifest).unwrap().modified().unwrap();
+    let initramfs = std::fs::metadata(output.join("initramfs.cpio"))
+        .unwrap()
+        .modified()
+        .unwrap();
+
+    let again = rootfs(&args);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(stderr.contains("up to date"), "{stderr}");
+    assert!(
+        stderr.contains(image["digest"].as_str().unwrap()),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::metadata(&manifest).unwrap().modified().unwrap(),
+        written
+    );
+    assert_eq!(
+        std::fs::metadata(output.join("initramfs.cpio"))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        initramfs
+    );
+
+    // Other options (a larger default size) are a rebuild from the same digest.
+    let resized = rootfs(&[args.as_slice(), &["--size", "medium"]].concat());
+    let stderr = String::from_utf8_lossy(&resized.stderr);
+    assert!(resized.status.success(), "{stderr}");
+    assert!(!stderr.contains("up to date"), "{stderr}");
+    let shown: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(shown["default_size"], "medium");
+    assert_eq!(shown["image_source"]["manifest_digest"], image["digest"]);
+
+    // The tag moved: --refresh finds the new digest and rebuilds.
+    let moved = layout.image(&[busybox_layer("moved\n")], run_config(), "amd64", true);
+    registry.push(layout.tag(moved.clone(), "v1"), "v1", "test/rebuild");
+    let pinned = rootfs(&[args.as_slice(), &["--size", "medium"]].concat());
+    assert!(String::from_utf8_lossy(&pinned.stderr).contains("up to date"));
+    let refreshed = rootfs(&[args.as_slice(), &["--size", "medium", "--refresh"]].concat());
+    let stderr = String::from_utf8_lossy(&refreshed.stderr);
+    assert!(refreshed.status.success(), "{stderr}");
+    assert!(!stderr.contains("up to date"), "{stderr}");
+    let shown: Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    assert_eq!(shown["image_source"]["manifest_digest"], moved["digest"]);
+}
+
+fn sandbox_rootfs_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// The service and issuer the registry expects in a token.
+const TOKEN_SERVICE: &str = "test-registry";
+const TOKEN_ISSUER: &str = "test-token-issuer";
+
+/// A token server as docker's distribution trusts one (`auth: token:`): `GET
+/// /token?service=…&scope=repository:NAME:ACTIONS` with Basic credentials answers a
+/// JWT (ES256, its signing certificate in `x5c`, the certificate in the registry's
+/// `rootcertbundle`) granting the scopes asked; wrong or no credentials get 401.
+/// Returns its realm URL and the PEM certificate to trust.
+fn token_server() -> (String, String) {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["token-issuer".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let cert_pem = cert.pem();
+    let cert_der = cert.der().to_vec();
+    let rng = ring::rand::SystemRandom::new();
+    let signer = ring::signature::EcdsaKeyPair::from_pkcs8(
+        &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+        &key.serialize_der(),
+        &rng,
+    )
+    .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let realm = format!("http://{}/token", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            if reader.read_line(&mut request).is_err() {
+                continue;
+            }
+            let mut authorized = false;
+            loop {
+                let mut header = String::new();
+                if reader.read_line(&mut header).unwrap_or(0) == 0 || header == "\r\n" {
+                    break;
+                }
+                if let Some(value) = header
+                    .split_once(':')
+                    .filter(|(name, _)| name.eq_ignore_ascii_case("authorization"))
+                    .map(|(_, value)| value.trim())
+                {
+                    authorized = value
+                        == format!(
+                            "Basic {}",
+                            base64_encode(format!("{USER}:{PASSWORD}").as_bytes())
+                        );
+                }
+            }
+            let answer = if authorized {
+                let target = request.split_whitespace().nth(1).unwrap_or("");
+                let query = target.split_once('?').map_or("", |(_, q)| q);
+                let access: Vec<Value> = query
+                    .split('&')
+                    .filter_map(|pair| pair.strip_prefix("scope="))
+                    .map(|scope| scope.replace("%3A", ":").replace("%2C", ",").replace("%2F", "/"))
+                    .filter_map(|scope| {
+                        let mut parts = scope.splitn(3, ':');
+                        let (kind, name, actions) = (parts.next()?, parts.next()?, parts.next()?);
+                        Some(json!({"type": kind, "name": name, "actions": actions.split(',').collect::<Vec<_>>()}))
+                    })
+                    .collect();
+                let token = jwt(&signer, &rng, &cert_der, access);
+                let body =
+                    json!({"token": token, "access_token": token, "expires_in": 300}).to_string();
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+            } else {
+                "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_owned()
+            };
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    (realm, cert_pem)
+}
+
+/// A JWT granting `access`, signed ES256 with `signer`, whose certificate is `cert_der`.
+fn jwt(
+    signer: &ring::signature::EcdsaKeyPair,
+    rng: &ring::rand::SystemRandom,
+    cert_der: &[u8],
+    access: Vec<Value>,
+) -> String {
+    use base64::Engine as _;
+    let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let header = json!({"alg": "ES256", "typ": "JWT", "x5c": [base64_encode(cert_der)]});
+    let claims = json!({
+        "iss": TOKEN_ISSUER, "sub": USER, "aud": TOKEN_SERVICE,
+        "exp": now + 300, "nbf": now - 10, "iat": now - 10,
+        "jti": format!("{now}-{}", std::process::id()), "access": access,
+    });
+    let signing_input = format!(
+        "{}.{}",
+        url.encode(header.to_string()),
+        url.encode(claims.to_string())
+    );
+    let signature = signer.sign(rng, signing_input.as_bytes()).unwrap();
+    format!("{signing_input}.{}", url.encode(signature.as_ref()))
+}
+
+#[test]
+fn a_registry_behind_a_bearer_token_server_is_pulled_with_its_token() {
+    let (realm, cert) = token_server();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("token-issuer.pem");
+    std::fs::write(&bundle, cert).unwrap();
+    let auth = format!(
+        "{{ token: {{ realm: \"{realm}\", service: {TOKEN_SERVICE}, issuer: {TOKEN_ISSUER}, \
+         rootcertbundle: {} }} }}",
+        bundle.display()
+    );
+    let registry = Registry::start_with(dir, &auth);
+    let mut layout = OciLayout::new();
+    let image = layout.image(
+        &[busybox_layer("behind a token\n")],
+        run_config(),
+        "amd64",
+        true,
+    );
+    // skopeo pushes through the token server too (Basic to the realm, then Bearer).
+    registry.push(layout.tag(image.clone(), "v1"), "v1", "test/token");
+
+    let cache = tempfile::tempdir().unwrap();
+    let staging = tempfile::tempdir().unwrap();
+    let pulled = registry::pull(
+        &registry.image("test/token:v1"),
+        &registry.options(),
+        cache.path(),
+        staging.path(),
+    )
+    .unwrap_or_else(|error| panic!("{}", sandbox_rootfs_chain(&error)));
+    assert_eq!(pulled.source.manifest_digest, image["digest"]);
+    assert_eq!(
+        std::fs::read_to_string(staging.path().join("etc/marker")).unwrap(),
+        "behind a token\n"
+    );
+
+    // The token server refuses wrong credentials: the pull says so.
+    let mut wrong = registry.options();
+    wrong.auth.explicit = Some(BasicAuth {
+        user: USER.into(),
+        password: "wrong".into(),
+    });
+    let error = pull(
+        &registry.image("test/token:v1"),
+        &wrong,
+        tempfile::tempdir().unwrap().path(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            RegistryError::Unauthorized {
+                anonymous: false,
+                ..
+            }
+        ),
+        "{}",
+        sandbox_rootfs_chain(&error)
+    );
+}

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use sandbox_engine::error::{BatchError, LookupError};
+use sandbox_engine::image_build::BuildProgress;
 use sandbox_engine::node::Node;
 use sandbox_engine::pool::ClaimError;
 use sandbox_engine::registry::Lookup;
@@ -18,6 +19,7 @@ use crate::fleet::render::{
     TemplateRow,
 };
 use crate::params::CreateSandboxParams;
+use crate::progress::Progress;
 use crate::render::{from_engine, CreateSandboxResult, NodeInfoResult, ReleaseResult};
 use crate::snapshot::render::{
     from_engine as snapshots, BranchResult, CheckpointResult, DeleteCheckpointResult, ForkResult,
@@ -41,9 +43,15 @@ pub fn lookup(ended: &Ended, error: &LookupError) -> ToolError {
 pub async fn create(
     node: &Node,
     params: CreateSandboxParams,
+    progress: &Progress,
 ) -> Result<CreateSandboxResult, ToolError> {
+    // A claim that builds its template from a registry says what the build is doing.
+    let reporter = progress.clone();
+    let build = BuildProgress(Arc::new(move |line: &str| {
+        reporter.set_status(format!("create_sandbox: {line}"));
+    }));
     let claimed = node
-        .create(params.claim_request())
+        .create(params.claim_request(progress.is_on().then_some(build)))
         .await
         .map_err(|error| ToolError::create(&error))?;
     Ok(from_engine::created(&claimed))

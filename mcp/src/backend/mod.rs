@@ -164,9 +164,10 @@ impl Backend {
     pub async fn create(
         &self,
         params: CreateSandboxParams,
+        progress: &crate::progress::Progress,
     ) -> Result<CreateSandboxResult, ToolError> {
         match &self.kind {
-            Kind::Embedded(node) => embedded::create(node, params).await,
+            Kind::Embedded(node) => embedded::create(node, params, progress).await,
             Kind::Node(session) => session.create(params).await,
         }
     }

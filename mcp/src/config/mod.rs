@@ -149,6 +149,10 @@ pub struct Args {
         value_name = "N"
     )]
     pub host_max_bytes: u64,
+    /// Claims by image reference (`--allow-registry`, ...), for the sandboxes run
+    /// here; a node has its own.
+    #[command(flatten)]
+    pub registry: sandbox_engine::image_build::RegistryArgs,
 }
 
 /// What the server runs on, validated.
@@ -256,6 +260,9 @@ pub enum ConfigError {
     /// An `--egress-allow` entry does not parse.
     #[error("Invalid --egress-allow")]
     EgressAllow(#[source] sandbox_vmm::egress::EntryError),
+    /// An `--allow-registry` or `--insecure-registry` is no registry.
+    #[error(transparent)]
+    Registry(#[from] sandbox_engine::image_build::args::RegistryArgError),
     /// A `--host-dir` that cannot be opened.
     #[error("Invalid --host-dir")]
     HostDir(#[source] HostError),
@@ -404,6 +411,7 @@ impl Config {
         }
         let egress_allow = sandbox_vmm::egress::Allowlist::parse(&args.egress_allow)
             .map_err(ConfigError::EgressAllow)?;
+        let registry = args.registry.policy()?;
         let launcher = launcher.map_err(ConfigError::Launcher)?;
         Ok(Self {
             backing: Backing::Embedded(Box::new(Mode::Launch(LaunchConfig {
@@ -415,6 +423,7 @@ impl Config {
                 max_fork_count: args.max_fork_count,
                 egress_allow,
                 owner: sandbox_engine::config::OwnerKind::Embedded,
+                registry,
             }))),
             profile,
             host,

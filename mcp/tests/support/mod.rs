@@ -171,6 +171,11 @@ impl McpServer {
         (result, progress)
     }
 
+    /// Every progress notification received so far, of all calls.
+    pub fn progress_so_far(&self) -> Vec<ProgressNotificationParam> {
+        self.recorder.progress.lock().unwrap().clone()
+    }
+
     /// The log messages (`notifications/message`) received so far.
     pub fn log_messages(&self) -> Vec<LoggingMessageNotificationParam> {
         self.recorder.messages.lock().unwrap().clone()

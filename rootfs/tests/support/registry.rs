@@ -51,9 +51,8 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// A registry with htpasswd (Basic) auth.
     pub fn start() -> Self {
-        need("docker-registry", "docker-registry");
-        need("skopeo", "skopeo");
         need("htpasswd", "apache2-utils");
         let dir = tempfile::tempdir().unwrap();
         let htpasswd = Command::new("htpasswd")
@@ -62,6 +61,18 @@ impl Registry {
             .unwrap();
         assert!(htpasswd.status.success());
         std::fs::write(dir.path().join("htpasswd"), &htpasswd.stdout).unwrap();
+        let auth = format!(
+            "{{ htpasswd: {{ realm: test-realm, path: {} }} }}",
+            dir.path().join("htpasswd").display()
+        );
+        Self::start_with(dir, &auth)
+    }
+
+    /// A registry whose `auth:` section is `auth` (YAML flow style), e.g. a token
+    /// server's realm, with its files in `dir`.
+    pub fn start_with(dir: tempfile::TempDir, auth: &str) -> Self {
+        need("docker-registry", "docker-registry");
+        need("skopeo", "skopeo");
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -72,9 +83,8 @@ impl Registry {
             "version: 0.1\nlog: {{ level: warn }}\n\
              storage: {{ filesystem: {{ rootdirectory: {root} }} }}\n\
              http: {{ addr: {host}, secret: test-secret }}\n\
-             auth: {{ htpasswd: {{ realm: test-realm, path: {pw} }} }}\n",
+             auth: {auth}\n",
             root = dir.path().join("storage").display(),
-            pw = dir.path().join("htpasswd").display(),
         );
         std::fs::write(dir.path().join("config.yml"), config).unwrap();
         let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();

@@ -68,4 +68,7 @@ pub struct LaunchConfig {
     /// outlive the process and its next start re-adopts the claimed ones;
     /// [`OwnerKind::Embedded`] VMs end with the process.
     pub owner: OwnerKind,
+    /// Claims by image reference: which registries a claim may build a template
+    /// from, and with which builder.
+    pub registry: crate::image_build::RegistryPolicy,
 }

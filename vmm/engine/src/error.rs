@@ -126,6 +126,9 @@ pub enum CreateError {
     /// The node is draining: it takes no new claims.
     #[error("The node is draining: it takes no new claims")]
     Draining,
+    /// The claim named an image reference that could not become a template.
+    #[error(transparent)]
+    Image(crate::image_build::ImageBuildError),
 }
 
 /// A capture (fork, checkpoint, promote) of a running sandbox that failed.

@@ -32,6 +32,8 @@
 //! - [`sandbox`]: one sandbox: its agent connection and its VM (running or
 //!   hibernated).
 //! - [`token`]: the per-sandbox token.
+//! - [`image_build`]: claims by image reference: the template built once from an
+//!   allowed registry (`sandbox-rootfs build`), concurrent claims waiting for it.
 //! - [`error`]: one error enum per operation.
 //! - [`util`]: a lock that survives poisoning, `join_all`, milliseconds.
 
@@ -39,6 +41,7 @@ pub mod adopt;
 pub mod batch;
 pub mod config;
 pub mod error;
+pub mod image_build;
 pub mod node;
 pub mod pool;
 pub mod record;

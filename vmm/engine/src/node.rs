@@ -26,6 +26,7 @@ use crate::config::{AttachConfig, Mode, ATTACHED_ID, DEFAULT_TTL_SECS, MAX_TTL_S
 use crate::error::{
     CreateError, InsertError, LookupError, NetError, RenewError, SpecError, TtlError,
 };
+use crate::image_build::{BuildProgress, ImageBuilds};
 use crate::pool::launcher::{LaunchedVm, LauncherFactory};
 use crate::pool::{Lease, Machine, Origin, Pool, PoolStatus, VmSpec};
 use crate::record::{Owner, OwnerKind};
@@ -55,8 +56,11 @@ pub enum NetRequest {
 /// One claim, as a front end asks for it.
 #[derive(Debug, Clone, Default)]
 pub struct ClaimRequest {
-    /// A template name or path; `None` or blank for the node's default.
+    /// A template name or path, or an image reference (`oci://…`, `python:3.12`:
+    /// see [`crate::image_build`]); `None` or blank for the node's default.
     pub template: Option<String>,
+    /// Where a claim that builds its template from a registry reports the build.
+    pub progress: Option<BuildProgress>,
     /// A size preset name (`small`, ...); `None` for the template's default.
     pub size: Option<String>,
     /// The network.
@@ -89,6 +93,8 @@ pub struct Node {
     egress_allow: sandbox_vmm::egress::Allowlist,
     /// Drain: claims are refused; live sandboxes run out.
     draining: AtomicBool,
+    /// Claims by image reference; `None` in attach mode.
+    image_builds: Option<Arc<ImageBuilds>>,
 }
 
 /// A VM made for the node, to become one of its sandboxes ([`Node::insert_vm`]).
@@ -168,6 +174,7 @@ impl Node {
     pub async fn start(mode: Mode) -> Arc<Self> {
         let registry = Registry::new();
         let mut egress_allow = sandbox_vmm::egress::Allowlist::default();
+        let mut image_builds = None;
         let source = match mode {
             Mode::Attach(attach) => Source::Attach(attach),
             Mode::Launch(launch) => {
@@ -184,6 +191,11 @@ impl Node {
                     }
                 };
                 egress_allow = launch.egress_allow;
+                image_builds = Some(Arc::new(ImageBuilds::new(
+                    launch.registry,
+                    launcher.config().home.root().to_owned(),
+                    launcher.config().templates_root(),
+                )));
                 let spec = VmSpec {
                     template: launch.template,
                     size,
@@ -206,6 +218,7 @@ impl Node {
             source,
             egress_allow,
             draining: AtomicBool::new(false),
+            image_builds,
         });
         if let Source::Launch(pool, _) = &node.source {
             // Before the pool boots (and sweeps): a daemon's earlier life left its
@@ -322,8 +335,11 @@ impl Node {
             ),
             None => None,
         };
+        let template = self
+            .claim_template(pool, request.template, request.progress.as_ref())
+            .await?;
         let mut spec = self
-            .resolve_spec(pool, request.template.as_deref(), size)
+            .resolve_spec(pool, template.as_deref(), size)
             .map_err(CreateError::Spec)?;
         spec.net = self
             .net(request.net, &request.allow)
@@ -355,6 +371,34 @@ impl Node {
             ttl_secs: Some(ttl_secs),
             duration: claim_duration,
         })
+    }
+
+    /// The template a claim of `template` boots: an image reference becomes the
+    /// template built from it (held already, or built now); anything else is as given.
+    pub async fn claim_template(
+        &self,
+        pool: &Pool<LauncherFactory>,
+        template: Option<String>,
+        progress: Option<&BuildProgress>,
+    ) -> Result<Option<String>, CreateError> {
+        let (Some(text), Some(builds)) = (template.as_deref(), &self.image_builds) else {
+            return Ok(template);
+        };
+        let launcher = pool.factory().launcher();
+        let held = |text: &str| launcher.template(&TemplateRef::parse(text)).is_ok();
+        if !crate::image_build::is_reference(text, held) {
+            return Ok(template);
+        }
+        builds
+            .resolve(text, progress)
+            .await
+            .map(Some)
+            .map_err(CreateError::Image)
+    }
+
+    /// Claims by image reference; `None` in attach mode.
+    pub fn image_builds(&self) -> Option<&Arc<ImageBuilds>> {
+        self.image_builds.as_ref()
     }
 
     /// What a claim of `template` (the default when `None` or blank) at `size` (the

@@ -268,7 +268,9 @@ pub struct VmRmCheckpointArgs {
 /// What to boot.
 #[derive(Debug, Args)]
 pub struct VmBootArgs {
-    /// Template name (under SANDBOX_HOME/templates) or folder.
+    /// Template name (under SANDBOX_HOME/templates) or folder, or an image reference
+    /// (oci://REGISTRY/REPO:TAG, python:3.12-slim) whose template is built once when
+    /// --allow-registry allows its registry.
     #[arg(long, short = 't', default_value = "default")]
     pub template: String,
     /// small, medium, large, xlarge or 2xlarge (default: the template's).
@@ -295,6 +297,9 @@ pub struct VmBootArgs {
     /// With --node: the claim's lifetime in seconds (default one hour).
     #[arg(long, value_name = "SECS")]
     pub ttl: Option<u64>,
+    /// Templates from registries (without --node; a node has its own policy).
+    #[command(flatten)]
+    pub registry: sandbox_engine::image_build::RegistryArgs,
 }
 
 /// `--net`

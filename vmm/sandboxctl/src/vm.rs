@@ -177,7 +177,32 @@ pub(crate) fn agent_address(id: &str) -> anyhow::Result<(String, Option<String>)
     Ok((record.agent_url, token))
 }
 
-fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
+/// The template `--template` names: an image reference (`oci://…`, `python:3.12`)
+/// becomes the template built from it, held already or built now when
+/// `--allow-registry` allows its registry (the engine's claim-time build, with its
+/// progress on stderr); anything else as given.
+async fn boot_template(launcher: &Launcher, args: &VmBootArgs) -> anyhow::Result<TemplateRef> {
+    let held = |text: &str| launcher.template(&TemplateRef::parse(text)).is_ok();
+    if !sandbox_engine::image_build::is_reference(&args.template, held) {
+        return Ok(TemplateRef::parse(&args.template));
+    }
+    let config = launcher.config();
+    let builds = sandbox_engine::image_build::ImageBuilds::new(
+        args.registry.policy()?,
+        config.home.root().to_owned(),
+        config.templates_root(),
+    );
+    let progress = sandbox_engine::image_build::BuildProgress(std::sync::Arc::new(|line: &str| {
+        eprintln!("sandboxctl: {line}")
+    }));
+    let name = tokio::select! {
+        name = builds.resolve(&args.template, Some(&progress)) => name?,
+        signal = terminating_signal() => bail!("Interrupted by {signal} while building the template"),
+    };
+    Ok(TemplateRef::Name(name))
+}
+
+fn boot_spec(args: &VmBootArgs, template: TemplateRef, detached: bool) -> anyhow::Result<BootSpec> {
     let size = match &args.size {
         Some(name) => Some(Size::preset(name).with_context(|| {
             format!("Unknown size {name:?}: use small, medium, large, xlarge or 2xlarge")
@@ -199,7 +224,7 @@ fn boot_spec(args: &VmBootArgs, detached: bool) -> anyhow::Result<BootSpec> {
         detached,
         transport: args.transport,
         cold: args.cold,
-        ..BootSpec::new(TemplateRef::parse(&args.template))
+        ..BootSpec::new(template)
     })
 }
 
@@ -283,7 +308,8 @@ async fn vm_run(
     args: &VmRunArgs,
     token: Option<String>,
 ) -> anyhow::Result<u8> {
-    let spec = boot_spec(&args.boot, false)?;
+    let template = boot_template(launcher, &args.boot).await?;
+    let spec = boot_spec(&args.boot, template, false)?;
     // A signal while booting drops the boot, which stops everything it started.
     let vm = tokio::select! {
         vm = launcher.boot(spec) => vm.context("Cannot boot the VM")?,
@@ -322,8 +348,9 @@ async fn vm_run(
 }
 
 async fn vm_start(launcher: &Launcher, args: &VmBootArgs) -> anyhow::Result<u8> {
+    let spec = boot_spec(args, boot_template(launcher, args).await?, true)?;
     let vm = tokio::select! {
-        vm = launcher.boot(boot_spec(args, true)?) => vm.context("Cannot boot the VM")?,
+        vm = launcher.boot(spec) => vm.context("Cannot boot the VM")?,
         signal = terminating_signal() => bail!("Interrupted by {signal} while booting"),
     };
     let boot = vm.boot_duration();

@@ -16,6 +16,9 @@
 //! | `--boot-timeout SECS` | `SANDBOX_BOOT_TIMEOUT` | `60` |
 //! | `--max-fork-count N` | `SANDBOX_MAX_FORK_COUNT` | `16` |
 //! | `--egress-allow ENTRY` (repeatable) | `SANDBOX_EGRESS_ALLOW` (comma-separated) | none |
+//! | `--allow-registry HOST[:PORT]` (repeatable) | `SANDBOX_ALLOW_REGISTRY` (comma-separated) | none: claims by image reference are not built |
+//! | `--insecure-registry HOST:PORT` (repeatable) | none | none: registries over HTTPS only |
+//! | `--rootfs-builder PROGRAM` | `SANDBOX_ROOTFS_BUILDER` | `sandbox-rootfs` beside sandboxd, else on `PATH` |
 //!
 //! The launcher's own variables (`SANDBOX_RUN_DIR`, `SANDBOX_ACCEL`, ...) are read
 //! through the environment lookup handed to [`Config::from_args`].
@@ -125,6 +128,9 @@ pub struct Args {
         value_name = "ENTRY"
     )]
     pub egress_allow: Vec<String>,
+    /// Claims by image reference (`--allow-registry`, ...).
+    #[command(flatten)]
+    pub registry: sandbox_engine::image_build::RegistryArgs,
 }
 
 /// A one-off action on the node's home instead of serving.
@@ -209,6 +215,9 @@ pub enum ConfigError {
     /// An `--egress-allow` entry does not parse.
     #[error("Invalid --egress-allow")]
     EgressAllow(#[source] sandbox_vmm::egress::EntryError),
+    /// An `--allow-registry` or `--insecure-registry` is no registry.
+    #[error(transparent)]
+    Registry(#[from] sandbox_engine::image_build::args::RegistryArgError),
 }
 
 impl Config {
@@ -244,6 +253,7 @@ impl Config {
         }
         let egress_allow = sandbox_vmm::egress::Allowlist::parse(&args.egress_allow)
             .map_err(ConfigError::EgressAllow)?;
+        let registry = args.registry.policy()?;
         if let Some(home) = &args.sandbox_home {
             if !home.is_absolute() {
                 return Err(ConfigError::RelativeHome(home.clone()));
@@ -281,6 +291,7 @@ impl Config {
                 max_fork_count: args.max_fork_count,
                 egress_allow,
                 owner: sandbox_engine::config::OwnerKind::Node,
+                registry,
             }),
         };
         Ok(Self {

@@ -13,7 +13,7 @@ use oci_client::manifest::{
     OCI_IMAGE_MEDIA_TYPE,
 };
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
+use oci_client::{Client, Reference, RegistryOperation};
 use tracing::debug;
 
 use super::document::Descriptor;
@@ -23,6 +23,9 @@ use super::{Progress, ProgressSink, RegistryError};
 /// Manifests and configs are read whole; no real one comes near this (a manifest
 /// with 100 layers is ~20 KiB; configs with long histories a few hundred KiB).
 pub const DOCUMENT_MAX_BYTES: u64 = 4 << 20;
+
+/// What a manifest refused by its announced size is called in the error.
+pub const MANIFEST_ANNOUNCED: &str = "the manifest (as its Content-Length announces it)";
 
 /// The manifest media types asked for, newest first.
 const ACCEPTED: &[&str] = &[
@@ -46,6 +49,10 @@ pub struct PullStats {
 /// One registry session.
 pub struct Fetcher<'a> {
     client: Client,
+    /// For the manifest's HEAD request ([`Fetcher::check_manifest_size`]).
+    http: reqwest::Client,
+    /// Hosts spoken to over plain HTTP.
+    insecure: Vec<String>,
     auth: RegistryAuth,
     store: &'a Store,
     progress: Option<&'a ProgressSink>,
@@ -82,8 +89,15 @@ impl<'a> Fetcher<'a> {
             read_timeout: Some(Duration::from_secs(120)),
             ..ClientConfig::default()
         };
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(30))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap_or_default();
         Self {
             client: Client::new(config),
+            http,
+            insecure: insecure.to_vec(),
             auth,
             store,
             progress,
@@ -113,6 +127,7 @@ impl<'a> Fetcher<'a> {
                 return Ok((bytes, digest.to_owned()));
             }
         }
+        self.check_manifest_size(reference).await?;
         debug!(reference = %reference.whole(), "fetching manifest");
         let (body, _) = self
             .client
@@ -157,6 +172,62 @@ impl<'a> Fetcher<'a> {
         self.stats.downloaded += 1;
         self.stats.downloaded_bytes += body.len() as u64;
         Ok((body.to_vec(), digest))
+    }
+
+    /// Refuses a manifest the registry announces (`Content-Length` of a HEAD request)
+    /// as over [`DOCUMENT_MAX_BYTES`], before any of it is read: the client's
+    /// `pull_manifest_raw` reads a body whole, with no limit of its own. A registry
+    /// that announces no length, or lies, is still caught after the GET (with the
+    /// body in memory); a HEAD that fails leaves the verdict to the GET, which
+    /// reports credentials and missing tags in its own words.
+    async fn check_manifest_size(&self, reference: &Reference) -> Result<(), RegistryError> {
+        let Ok(bearer) = self
+            .client
+            .auth(reference, &self.auth, RegistryOperation::Pull)
+            .await
+        else {
+            return Ok(());
+        };
+        let host = reference.resolve_registry();
+        let scheme = if self.insecure.iter().any(|insecure| insecure == host) {
+            "http"
+        } else {
+            "https"
+        };
+        let target = reference.digest().or(reference.tag()).unwrap_or("latest");
+        let url = format!(
+            "{scheme}://{host}/v2/{}/manifests/{target}",
+            reference.repository()
+        );
+        let mut request = self
+            .http
+            .head(&url)
+            .header(reqwest::header::ACCEPT, ACCEPTED.join(", "));
+        match (&bearer, &self.auth) {
+            (Some(token), _) => request = request.bearer_auth(token),
+            (None, RegistryAuth::Basic(user, password)) => {
+                request = request.basic_auth(user, Some(password))
+            }
+            _ => {}
+        }
+        let Ok(response) = request.send().await else {
+            return Ok(());
+        };
+        let announced = response
+            .headers()
+            .get(reqwest::header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<u64>().ok());
+        match announced {
+            Some(bytes) if response.status().is_success() && bytes > DOCUMENT_MAX_BYTES => {
+                Err(RegistryError::TooLarge {
+                    what: MANIFEST_ANNOUNCED.into(),
+                    bytes,
+                    max: DOCUMENT_MAX_BYTES,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Makes sure the cache holds `blob` (`what` names it in progress and errors):

@@ -305,21 +305,45 @@ pub fn pull(
     })
 }
 
-/// Steps 2 and 3: the manifest, config and layers into the cache.
-async fn fetch_image(
+/// Where `image` points now, without its config or layers: the manifest digest a
+/// pull would build from (the tag's pin unless `refresh`, else the registry's
+/// answer). A rebuild compares it with the template's to skip work that would
+/// change nothing.
+pub fn resolve(
+    image: &ImageRef,
+    opts: &RegistryOptions,
+    cache_dir: &Path,
+) -> Result<ImageSource, RegistryError> {
+    let store = Store::new(cache_dir);
+    let auth = opts.auth.resolve(image.registry())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(RegistryError::Runtime)?;
+    runtime.block_on(async {
+        let mut fetcher = Fetcher::new(image.to_string(), auth, &opts.insecure, &store, None);
+        let chosen = choose_manifest(image, opts, &store, &mut fetcher).await?;
+        Ok(chosen.source)
+    })
+}
+
+/// The image manifest a reference stands for, and what it lists.
+#[derive(Debug)]
+struct Chosen {
+    source: ImageSource,
+    config: Descriptor,
+    layers: Vec<Descriptor>,
+}
+
+/// Step 2: the image manifest (an index resolved to linux/amd64), fetched or read
+/// from the cache, the tag pinned to it.
+async fn choose_manifest(
     image: &ImageRef,
     opts: &RegistryOptions,
     store: &Store,
-    auth: oci_client::secrets::RegistryAuth,
-) -> Result<Fetched, RegistryError> {
+    fetcher: &mut Fetcher<'_>,
+) -> Result<Chosen, RegistryError> {
     let shown = image.to_string();
-    let mut fetcher = Fetcher::new(
-        shown.clone(),
-        auth,
-        &opts.insecure,
-        store,
-        opts.progress.as_ref(),
-    );
     let tag_key = image.tag_key();
     let pin = match &tag_key {
         Some(key) if !opts.refresh => store.pin(key),
@@ -387,6 +411,39 @@ async fn fetch_image(
             }
         }
     };
+    Ok(Chosen {
+        source: ImageSource {
+            reference: shown,
+            manifest_digest,
+            index_digest,
+            build_options: None,
+        },
+        config,
+        layers,
+    })
+}
+
+/// Steps 2 and 3: the manifest, config and layers into the cache.
+async fn fetch_image(
+    image: &ImageRef,
+    opts: &RegistryOptions,
+    store: &Store,
+    auth: oci_client::secrets::RegistryAuth,
+) -> Result<Fetched, RegistryError> {
+    let shown = image.to_string();
+    let mut fetcher = Fetcher::new(
+        shown.clone(),
+        auth,
+        &opts.insecure,
+        store,
+        opts.progress.as_ref(),
+    );
+    let Chosen {
+        source,
+        config,
+        layers,
+    } = choose_manifest(image, opts, store, &mut fetcher).await?;
+    let manifest_digest = source.manifest_digest.clone();
     let total = layers
         .iter()
         .map(|l| u64::try_from(l.size).unwrap_or(u64::MAX))
@@ -430,11 +487,7 @@ async fn fetch_image(
             .await?;
     }
     Ok(Fetched {
-        source: ImageSource {
-            reference: shown,
-            manifest_digest,
-            index_digest,
-        },
+        source,
         config: config_bytes,
         layers,
         stats: fetcher.stats,

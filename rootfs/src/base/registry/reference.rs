@@ -100,7 +100,39 @@ impl ImageRef {
             self.0.repository()
         ))
     }
+
+    /// The template a claim naming this reference gets: `oci-`, the reference's
+    /// readable part (every character a template name may not hold becomes `-`, cut
+    /// at [`TEMPLATE_NAME_READABLE_CHARS`]), and the first 12 hex digits of the
+    /// SHA-256 of the fully qualified reference. The readable part alone is not
+    /// one-to-one (`a/b-c` and `a-b/c` read alike), the hash makes it so; the same
+    /// reference written any way docker accepts (`python:3.12` and
+    /// `oci://docker.io/library/python:3.12`) gets the same name.
+    pub fn template_name(&self) -> String {
+        let canonical = self.to_string();
+        let body = canonical.strip_prefix(SCHEME).unwrap_or(&canonical);
+        let readable: String = body
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(TEMPLATE_NAME_READABLE_CHARS)
+            .collect();
+        let hash = super::store::sha256_digest(canonical.as_bytes());
+        let short = hash
+            .strip_prefix("sha256:")
+            .and_then(|hex| hex.get(..12))
+            .unwrap_or("");
+        format!("oci-{readable}-{short}")
+    }
 }
+
+/// How much of a reference [`ImageRef::template_name`] keeps readable.
+pub const TEMPLATE_NAME_READABLE_CHARS: usize = 80;
 
 impl FromStr for ImageRef {
     type Err = ReferenceError;
@@ -175,6 +207,32 @@ mod tests {
             Some("127.0.0.1:5000/test/bb:v1")
         );
         assert_eq!(parse("python").host(), "index.docker.io");
+    }
+
+    #[test]
+    fn a_reference_names_one_valid_template_however_it_is_written() {
+        let short = parse("python:3.12-slim").template_name();
+        assert_eq!(
+            short,
+            parse("oci://docker.io/library/python:3.12-slim").template_name()
+        );
+        assert!(
+            short.starts_with("oci-docker.io-library-python-3.12-slim-"),
+            "{short}"
+        );
+        assert!(crate::build::valid_name(&short), "{short}");
+        // Alike once made readable, told apart by the hash.
+        assert_ne!(
+            parse("oci://h/a/b-c:v").template_name(),
+            parse("oci://h/a-b/c:v").template_name()
+        );
+        let digest = format!("oci://127.0.0.1:5000/x@sha256:{}", "ab".repeat(32));
+        let pinned = parse(&digest).template_name();
+        assert!(crate::build::valid_name(&pinned), "{pinned}");
+        assert!(
+            pinned.len() <= 4 + TEMPLATE_NAME_READABLE_CHARS + 13,
+            "{pinned}"
+        );
     }
 
     #[test]

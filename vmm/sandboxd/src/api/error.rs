@@ -11,6 +11,7 @@ use sandbox_engine::error::{
     DeleteTemplateError, ForkError, HibernateOpError, ListCheckpointsError, LookupError,
     PromoteError, RenewError,
 };
+use sandbox_engine::image_build::ImageBuildError;
 use sandbox_engine::pool::ClaimError;
 use sandbox_engine::registry::Lookup;
 use sandbox_engine::sandbox::{HibernateError, Unreachable};
@@ -195,6 +196,30 @@ impl From<CreateError> for ApiError {
                 Self::new(StatusCode::CONFLICT, "conflict", error.to_string())
             }
             CreateError::Draining => Self::draining(),
+            CreateError::Image(image) => image_build(image),
+        }
+    }
+}
+
+/// A claim by image reference that did not become a template: a reference that does
+/// not parse is the caller's mistake (400), a registry the operator allows no builds
+/// from is refused (403, the message naming the command that builds it), a failed
+/// build is the registry's or the image's (502), a builder that cannot run is ours.
+fn image_build(error: &ImageBuildError) -> ApiError {
+    match error {
+        ImageBuildError::Reference { .. } => ApiError::bad_request(error_chain(error)),
+        ImageBuildError::NotAllowed { .. } => ApiError::new(
+            StatusCode::FORBIDDEN,
+            "registry_not_allowed",
+            error_chain(error),
+        ),
+        ImageBuildError::Build { .. } => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "image_build_failed",
+            error_chain(error),
+        ),
+        ImageBuildError::Spawn { .. } | ImageBuildError::Output { .. } => {
+            ApiError::internal("Cannot build the template", error)
         }
     }
 }

@@ -9,6 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
+use sandbox_engine::image_build::BuildProgress;
 use sandbox_engine::node::{ClaimRequest, NetRequest};
 use sandbox_engine::sandbox::{Lineage, Sandbox};
 use sandbox_vmm::node_api::wire::{
@@ -120,6 +121,7 @@ pub async fn claim(
         }
     };
     let request = ClaimRequest {
+        progress: Some(build_log(&body.claim_ref)),
         template: Some(body.template).filter(|t| !t.trim().is_empty()),
         size: Some(body.size).filter(|s| !s.trim().is_empty()),
         net,
@@ -136,6 +138,27 @@ pub async fn claim(
         Json(claim_reply(&state, &claimed.sandbox)),
     ))
 }
+
+/// A claim-time build's progress as log events of the claim (an HTTP claim gets
+/// one answer, at the end): every line at debug, one every
+/// [`BUILD_LOG_EVERY_SECS`] at info.
+fn build_log(claim_ref: &str) -> BuildProgress {
+    let claim_ref = claim_ref.to_owned();
+    let last = std::sync::Mutex::new(None::<Instant>);
+    BuildProgress(std::sync::Arc::new(move |line: &str| {
+        let mut last = sandbox_engine::util::lock(&last);
+        let due = last.is_none_or(|at| at.elapsed().as_secs() >= BUILD_LOG_EVERY_SECS);
+        if due {
+            *last = Some(Instant::now());
+            tracing::info!(claim_ref = %claim_ref, progress = %line, "claim-time build");
+        } else {
+            tracing::debug!(claim_ref = %claim_ref, progress = %line, "claim-time build");
+        }
+    }))
+}
+
+/// How often a claim-time build's progress is logged at info.
+pub const BUILD_LOG_EVERY_SECS: u64 = 2;
 
 pub async fn list(
     State(state): State<AppState>,
