@@ -98,6 +98,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/agent", get(agent::upgrade))
         .route("/v1/sandboxes/{id}/preview", post(preview::mint))
         .route("/preview/{secret}", any(preview::proxy))
+        .route("/preview/{secret}/", any(preview::proxy))
         .route("/preview/{secret}/{*rest}", any(preview::proxy))
         .route("/v1/checkpoints", get(checkpoints::list))
         .route("/v1/checkpoints/{id}", delete(checkpoints::delete))
