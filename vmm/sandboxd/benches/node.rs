@@ -288,7 +288,7 @@ mod ports {
         sandbox_tests::sh(
             client,
             "mkdir -p /tmp/www && echo hello > /tmp/www/index.html && \
-             (httpd -p 127.0.0.1:8000 -h /tmp/www &)",
+             (httpd -p 127.0.0.1:8000 -h /tmp/www >/dev/null 2>&1 &)",
         )
         .await;
         sandbox_tests::eventually(Duration::from_secs(30), "httpd", || async {
