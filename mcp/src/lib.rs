@@ -30,6 +30,8 @@
 //!   ([`stdio::scan`]), the single stdout writer.
 //! - [`config`]: command-line arguments and environment fallbacks → [`config::Config`];
 //!   [`config::node`]: the node address and the two seeds' spellings and variables.
+//! - [`ports`]: `expose_port`, a URL for a server inside a sandbox (a node's preview
+//!   link, or a local listener).
 //! - [`backend`]: the seam the tools call: the embedded engine, or a node daemon
 //!   (`sandboxd`) over its control and data planes, with this session's claims.
 //! - [`node`]: where sandboxes come from; `create_sandbox`, `release`, `node_info`.
@@ -71,6 +73,7 @@ pub mod host;
 pub mod logging;
 pub mod output;
 pub mod params;
+pub mod ports;
 pub mod processes;
 pub mod progress;
 pub mod render;

@@ -135,7 +135,7 @@ impl SandboxServer {
     ) -> (ToolRouter<Self>, &'static str) {
         let (mut router, instructions) = match profile {
             Profile::Default => {
-                let mut router = Self::tool_router() + Self::fleet_router();
+                let mut router = Self::tool_router() + Self::fleet_router() + Self::ports_router();
                 if snapshots {
                     router += Self::snapshot_router();
                 } else {

@@ -5,7 +5,8 @@
 //! release of a disconnected session's claims (checked in the daemon's own
 //! `GET /v1/sandboxes`), an ended session's id, the fleet and snapshot tools through
 //! the node (create_sandboxes, ping_sandbox, list_templates, fork, checkpoint,
-//! branch_checkpoint, hibernate, promote), a wrong token, and the sandstorm
+//! branch_checkpoint, hibernate, promote, expose_port through a preview URL), a
+//! wrong token, and the sandstorm
 //! profile through `SANDSTORM_URL`. Afterwards the daemon is stopped and nothing
 //! may be left running.
 //!

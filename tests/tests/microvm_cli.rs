@@ -74,7 +74,107 @@ fn main() -> std::process::ExitCode {
             name: "a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125",
             run: a_vm_whose_guest_powered_off_or_panicked_is_reported_as_such_with_exit_125,
         },
+        VmTest {
+            name: "port_forward_reaches_a_guest_server_of_a_local_vm_until_ctrl_c",
+            run: port_forward_reaches_a_guest_server_of_a_local_vm_until_ctrl_c,
+        },
     ])
+}
+
+/// `sandboxctl port-forward ID LOCAL:GUEST` on a local VM: busybox `httpd` in the
+/// guest answers a plain TCP client on the local port; a port with nothing on it
+/// closes the client's connection and says why on stderr; SIGINT ends it with 0.
+fn port_forward_reaches_a_guest_server_of_a_local_vm_until_ctrl_c() {
+    use std::io::{BufRead, Read, Write};
+    let root = run_root("ports");
+    let id = start_detached(&root);
+    let _stop = StopOnDrop(&root, id.clone());
+    let served = sandboxctl(&root)
+        .args(["--vm", &id, "sh"])
+        .arg("mkdir -p /tmp/www && echo local-port-page > /tmp/www/index.html && (httpd -p 127.0.0.1:8000 -h /tmp/www >/dev/null 2>&1 &)")
+        .output()
+        .unwrap();
+    assert!(
+        served.status.success(),
+        "{}",
+        String::from_utf8_lossy(&served.stderr)
+    );
+    let mut forward = sandboxctl(&root)
+        .args(["port-forward", &id, ":8000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(forward.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let local = line
+        .trim_end()
+        .strip_prefix("Forwarding from ")
+        .and_then(|rest| rest.strip_suffix(" -> 8000"))
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    let get = || {
+        let mut stream = std::net::TcpStream::connect(&local).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        stream.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    };
+    let answer = get();
+    assert!(answer.contains("local-port-page"), "{answer:?}");
+    assert!(get().contains("local-port-page"));
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(forward.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status =
+        wait_child(&mut forward, Duration::from_secs(30)).expect("port-forward kept running");
+    assert!(status.success(), "{status:?}");
+
+    // Nothing on the port: the local connection closes, stderr says why.
+    let mut refused = sandboxctl(&root)
+        .args(["port-forward", &id, ":8001"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(refused.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let local = line
+        .trim_end()
+        .strip_prefix("Forwarding from ")
+        .and_then(|rest| rest.strip_suffix(" -> 8001"))
+        .unwrap()
+        .to_owned();
+    let mut stream = std::net::TcpStream::connect(&local).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut nothing = Vec::new();
+    let _ = stream.read_to_end(&mut nothing);
+    assert!(nothing.is_empty());
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(refused.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    wait_child(&mut refused, Duration::from_secs(30)).expect("port-forward kept running");
+    let mut stderr = String::new();
+    refused
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        stderr.contains("nothing is listening on guest port 8001"),
+        "{stderr}"
+    );
+    drop(_stop);
+    wait_no_qemu(&root);
+    let _ = std::fs::remove_dir_all(&root);
 }
 
 fn vm_run_prints_the_guest_kernel_and_exits_with_the_commands_code() {

@@ -212,3 +212,30 @@ pub async fn promote(
         .map_err(|error| ToolError::promote(id, &error))?;
     Ok(snapshots::promoted(&done))
 }
+
+/// `expose_port`: a listener on this machine's loopback (see [`crate::ports`]).
+pub async fn expose_port(
+    node: &Arc<Node>,
+    ended: &Ended,
+    exposed: &crate::ports::Exposed,
+    id: &str,
+    port: u16,
+    ttl_secs: u64,
+) -> Result<crate::ports::tools::ExposePortResult, ToolError> {
+    let sandbox = sandbox(node, ended, id)?;
+    let ttl = (ttl_secs > 0).then(|| std::time::Duration::from_secs(ttl_secs));
+    let opened = exposed
+        .expose(node, &sandbox, port, ttl)
+        .await
+        .map_err(|error| ToolError::new(format!("{}.", sandbox_vmm::error_chain(&error))))?;
+    Ok(crate::ports::tools::ExposePortResult {
+        sandbox_id: sandbox.id.to_string(),
+        port,
+        url: opened.url,
+        kind: "local".to_owned(),
+        expires_at: opened
+            .expires_at
+            .map(|at| humantime::format_rfc3339_seconds(at).to_string())
+            .unwrap_or_default(),
+    })
+}

@@ -49,6 +49,8 @@ pub use ended::Ended;
 pub struct Backend {
     kind: Kind,
     ended: Ended,
+    /// The embedded engine's `expose_port` listeners.
+    exposed: Arc<crate::ports::Exposed>,
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +106,7 @@ impl Backend {
         Self {
             kind: Kind::Embedded(node),
             ended,
+            exposed: Arc::default(),
         }
     }
 
@@ -112,6 +115,7 @@ impl Backend {
         Self {
             kind: Kind::Node(Arc::new(session)),
             ended,
+            exposed: Arc::default(),
         }
     }
 
@@ -300,6 +304,21 @@ impl Backend {
         match &self.kind {
             Kind::Embedded(node) => embedded::promote(node, &self.ended, id, template).await,
             Kind::Node(session) => session.promote(id, template).await,
+        }
+    }
+
+    /// `expose_port`: a node's preview URL, or a local listener (see [`crate::ports`]).
+    pub async fn expose_port(
+        &self,
+        id: &str,
+        port: u16,
+        ttl_secs: u64,
+    ) -> Result<crate::ports::tools::ExposePortResult, ToolError> {
+        match &self.kind {
+            Kind::Embedded(node) => {
+                embedded::expose_port(node, &self.ended, &self.exposed, id, port, ttl_secs).await
+            }
+            Kind::Node(session) => session.expose_port(id, port, ttl_secs).await,
         }
     }
 

@@ -15,7 +15,9 @@ official Python MCP SDK:
    claimed), ping_sandbox, fork, checkpoint, branch_checkpoint (the
    state carried into each), hibernate (ping does not wake it, exec does), promote
    (list_templates shows it; the operator deletes it), delete_checkpoint, and
-   egress_log through the node (no records without egress);
+   egress_log through the node (no records without egress), and expose_port: a
+   busybox httpd in the sandbox fetched through the node's preview URL with a
+   plain HTTP client (a wrong secret is a 404);
 5. SANDSTORM_URL and SANDSTORM_TOKEN alone (no --profile) give sandstorm's tools
    over the same node: spawn_sandboxes, exec_command with the sandbox token,
    kill_sandbox (refused without the token, done with it).
@@ -33,6 +35,7 @@ import asyncio
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 from contextlib import AsyncExitStack
 
@@ -80,6 +83,21 @@ def node_sandboxes():
     )
     with urllib.request.urlopen(request, timeout=30) as answer:
         return {row["id"] for row in json.load(answer)["sandboxes"]}
+
+
+def fetch(url, within=30):
+    """GET url with no proxy and no token, retrying while the guest server starts:
+    (status, body)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with opener.open(url, timeout=30) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as error:
+            if error.code != 502 or time.monotonic() > deadline:
+                return error.code, error.read().decode()
+        time.sleep(0.5)
 
 
 def wait_for_warm(within=300):
@@ -221,6 +239,19 @@ async def fleet_and_snapshots():
         check(bool(ping["agent_version"]) and ping["mem_total_bytes"] > 0, f"ping's report: {ping}")
         egress = await call_ok(c, "egress_log", {"sandbox_id": first})
         check(egress["sandbox_id"] == first and egress["records"] == [], f"egress_log: {egress}")
+        await call_ok(c, "exec", {
+            "sandbox_id": first,
+            "command": "mkdir -p /tmp/www && echo exposed-page > /tmp/www/index.html && "
+                       "(httpd -p 127.0.0.1:8000 -h /tmp/www >/dev/null 2>&1 &)",
+        })
+        exposed = await call_ok(c, "expose_port", {"sandbox_id": first, "port": 8000})
+        check(exposed["kind"] == "preview" and exposed["port"] == 8000, f"expose_port: {exposed}")
+        check(exposed["url"].startswith(f"http://{ADDR}/preview/"), f"expose_port's url: {exposed}")
+        status, page = await asyncio.to_thread(fetch, exposed["url"])
+        check(status == 200 and "exposed-page" in page, f"the preview page: {status} {page}")
+        status, _ = await asyncio.to_thread(fetch, f"http://{ADDR}/preview/{'0' * 64}/", 0)
+        check(status == 404, f"a wrong preview secret: {status}")
+        print(f"expose_port: {exposed['url']} serves the guest's httpd")
         await release_all(c, [second])
 
         await call_ok(c, "exec", {"sandbox_id": first, "command": "echo parent-state > /tmp/state"})

@@ -80,6 +80,9 @@ pub enum Command {
     CloseSession(CloseSessionArgs),
     /// Describe the agent.
     Info(InfoArgs),
+    /// Listen on a local port and pipe every connection to a guest TCP port
+    /// (`[LOCAL:]GUEST`, like kubectl port-forward); Ctrl-C ends it.
+    PortForward(PortForwardArgs),
     /// Copy a local file into the guest (any size; atomic on completion).
     Put(PutArgs),
     /// Copy a guest file to a local path ("-" writes to stdout).
@@ -548,6 +551,19 @@ pub struct KillArgs {
 }
 
 /// `wait-for`
+/// `port-forward`
+#[derive(Debug, Args)]
+pub struct PortForwardArgs {
+    /// The VM (this machine's, or with --node the node's sandbox).
+    pub id: String,
+    /// `GUEST` (the same local port), `LOCAL:GUEST`, or `:GUEST` (any free local port).
+    #[arg(value_name = "[LOCAL:]GUEST")]
+    pub ports: String,
+    /// The local address to listen on.
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    pub address: String,
+}
+
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["file", "pid"])))]
 pub struct WaitForArgs {

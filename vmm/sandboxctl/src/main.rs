@@ -34,7 +34,7 @@
 //!   [`wait`] (`wait-for`),
 //!   [`files`] (`put`, `get`, `cat`, `write`, `ls`, `stat`, `rm`, `mkdir`), [`system`]
 //!   (the guest-wide `resume` and `shutdown`), [`shell`] (`shell`, `attach`) on
-//!   [`terminal`] (raw mode, window size, stdin pump), [`info`], [`vm`]
+//!   [`terminal`] (raw mode, window size, stdin pump), [`info`], [`port_forward`], [`vm`]
 //!   (`vm run|start|ls|stop`, `--vm ID`), [`snapshot`] (`vm checkpoint|branch|fork|
 //!   checkpoints|rm-checkpoint`), [`doctor`], [`node`] (`--node ADDR`: the same
 //!   commands through a node daemon, and `node info|drain|uncordon|rm-template`).
@@ -51,6 +51,7 @@ mod logging;
 mod logs;
 mod node;
 mod output;
+mod port_forward;
 mod procs;
 mod run;
 mod shell;

@@ -8,7 +8,9 @@ use sandbox_protocol::{Command as Cmd, ProcessSpec, User};
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 
 use crate::args::{Cli, Command, ProcessArgs};
-use crate::{doctor, eval, exec, files, info, logs, node, procs, shell, system, vm, wait};
+use crate::{
+    doctor, eval, exec, files, info, logs, node, port_forward, procs, shell, system, vm, wait,
+};
 
 /// Exit code when `exec`/`sh` hit their timeout (as coreutils `timeout` does), and
 /// when `wait-for` gives up.
@@ -26,7 +28,14 @@ pub fn run(cli: Cli) -> anyhow::Result<u8> {
     result
 }
 
-async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+async fn dispatch(mut cli: Cli) -> anyhow::Result<u8> {
+    // `port-forward ID ...` names its VM as `--vm ID` does.
+    if let Command::PortForward(args) = &cli.command {
+        match &cli.vm {
+            Some(vm) if *vm != args.id => bail!("port-forward names VM {} and --vm {vm}", args.id),
+            _ => cli.vm = Some(args.id.clone()),
+        }
+    }
     // These manage VMs rather than talk to one agent.
     match (&cli.command, &cli.node) {
         (Command::Node(command), node) => {
@@ -84,6 +93,7 @@ async fn on_agent(cli: Cli) -> anyhow::Result<u8> {
         Command::Eval(args) => eval::eval(&client, &args).await,
         Command::CloseSession(args) => eval::close_session(&client, &args.name).await,
         Command::Info(args) => info::info(&client, args.json).await,
+        Command::PortForward(args) => port_forward::port_forward(&client, &args).await,
         Command::Put(args) => files::put(&client, &args).await,
         Command::Get(args) => files::get(&client, &args).await,
         Command::Cat(args) => files::cat(&client, &args.path).await,

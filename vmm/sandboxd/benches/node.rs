@@ -9,7 +9,12 @@
 //! - a warm claim through the daemon (`POST /v1/claim` served by the warm pool),
 //!   median over sequential claims, each released and the pool refilled between;
 //! - 8 clients at once, each claiming a sandbox and running `true` in it through the
-//!   data plane: claims per second and the p99 (and max) of claim + exec.
+//!   data plane: claims per second and the p99 (and max) of claim + exec;
+//! - ports: HTTP requests per second to a busybox `httpd` in the guest, one
+//!   connection per request, through a preview URL, through `sandboxctl --node
+//!   port-forward`, and through `Client::dial_port`, next to the same server reached
+//!   from inside the guest (an exec of a loop of `wget`), in the same run.
+//!   `cargo bench -p sandboxd --bench node -- ports` runs only this part (one VM).
 //!
 //! Needs QEMU, `vhost-device-vsock` and the `default` template, as the microVM tests.
 
@@ -76,6 +81,9 @@ fn main() {
 }
 
 async fn bench() {
+    if std::env::args().any(|arg| arg == "ports") {
+        return ports::bench().await;
+    }
     let dir = test_dir("bench");
     let daemon = Daemon::start(&dir, &["--pool", "1", "--max-sandboxes", "10"], &[]).await;
     wait_warm(&daemon).await;
@@ -142,7 +150,9 @@ async fn bench() {
             n50.as_secs_f64() / o50.as_secs_f64()
         );
     }
-    drop((through, direct));
+    drop(direct);
+    ports::measure(&daemon, &id, &token, &through).await;
+    drop(through);
     assert_eq!(
         daemon
             .post(&format!("/v1/sandboxes/{id}/release"), &json!({}))
@@ -217,4 +227,155 @@ async fn bench() {
     let daemon = std::sync::Arc::into_inner(daemon).unwrap();
     daemon.terminate(Duration::from_secs(60)).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// HTTP requests per second to a guest server, four ways.
+mod ports {
+    use std::time::{Duration, Instant};
+
+    use sandbox_vmm::client::Client;
+    use serde_json::json;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    use super::support::{test_dir, Daemon};
+
+    /// Requests per path (sequential, one connection each).
+    const REQUESTS: usize = 100;
+
+    /// The guest server's port.
+    const PORT: u16 = 8000;
+
+    /// Only this part: one claimed VM.
+    pub async fn bench() {
+        let dir = test_dir("bench-ports");
+        let daemon = Daemon::start(&dir, &["--pool", "0", "--max-sandboxes", "1"], &[]).await;
+        let claimed = daemon.post("/v1/claim", &json!({})).await;
+        assert_eq!(claimed.status, 201, "{claimed:?}");
+        let id = claimed.json["id"].as_str().unwrap().to_owned();
+        let token = claimed.json["token"].as_str().unwrap().to_owned();
+        let client = daemon.agent(&id, &token).await.unwrap();
+        measure(&daemon, &id, &token, &client).await;
+        drop(client);
+        daemon
+            .post(&format!("/v1/sandboxes/{id}/release"), &json!({}))
+            .await;
+        daemon.terminate(Duration::from_secs(60)).await;
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `GET /` (HTTP/1.0) over `stream`; panics unless it is a 200.
+    async fn get<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+        mut stream: S,
+        path: &str,
+    ) {
+        let request = format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+
+    fn per_second(took: Duration) -> f64 {
+        REQUESTS as f64 / took.as_secs_f64()
+    }
+
+    /// Starts the guest server, then measures every path on `client`'s sandbox.
+    pub async fn measure(daemon: &Daemon, id: &str, token: &str, client: &Client) {
+        sandbox_tests::sh(
+            client,
+            "mkdir -p /tmp/www && echo hello > /tmp/www/index.html && \
+             (httpd -p 127.0.0.1:8000 -h /tmp/www >/dev/null 2>&1 &)",
+        )
+        .await;
+        sandbox_tests::eventually(Duration::from_secs(30), "httpd", || async {
+            client.dial_port(PORT).await.ok()
+        })
+        .await;
+
+        // Inside the guest: a loop of wget, timed by the exec around it.
+        let script = format!(
+            "i=0; while [ $i -lt {REQUESTS} ]; do wget -q -O /dev/null http://127.0.0.1:{PORT}/ || exit 1; i=$((i+1)); done"
+        );
+        let started = Instant::now();
+        let reply = client.exec(sandbox_tests::exec_sh(&script)).await.unwrap();
+        let inside = started.elapsed();
+        assert_eq!(reply.exit.and_then(|exit| exit.code), Some(0), "{reply:?}");
+
+        // dial_port through the daemon's data plane.
+        let started = Instant::now();
+        for _ in 0..REQUESTS {
+            get(client.dial_port(PORT).await.unwrap(), "/").await;
+        }
+        let dialled = started.elapsed();
+
+        // A preview URL, with a plain HTTP client.
+        let minted = daemon
+            .post(
+                &format!("/v1/sandboxes/{id}/preview"),
+                &json!({"port": PORT}),
+            )
+            .await;
+        assert_eq!(minted.status, 200, "{minted:?}");
+        let url = minted.json["url"].as_str().unwrap().to_owned();
+        let path = url
+            .strip_prefix(&format!("http://{}", daemon.addr))
+            .unwrap()
+            .to_owned();
+        let started = Instant::now();
+        for _ in 0..REQUESTS {
+            let stream = tokio::net::TcpStream::connect(&daemon.addr).await.unwrap();
+            get(stream, &path).await;
+        }
+        let previewed = started.elapsed();
+
+        // sandboxctl --node port-forward.
+        let mut forward = tokio::process::Command::new(&sandbox_tests::binaries().sandboxctl)
+            .args([
+                "--node",
+                &daemon.addr,
+                "--token",
+                token,
+                "port-forward",
+                id,
+                ":8000",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(forward.stdout.take().unwrap()).lines();
+        let line = lines.next_line().await.unwrap().unwrap();
+        let local = line
+            .strip_prefix("Forwarding from ")
+            .and_then(|rest| rest.split(' ').next())
+            .unwrap()
+            .to_owned();
+        let started = Instant::now();
+        for _ in 0..REQUESTS {
+            let stream = tokio::net::TcpStream::connect(&local).await.unwrap();
+            get(stream, "/").await;
+        }
+        let forwarded = started.elapsed();
+        drop(forward);
+
+        let base = per_second(inside);
+        println!("HTTP GET / to busybox httpd in the guest ({REQUESTS} sequential requests, one connection each):");
+        for (name, took) in [
+            ("inside the guest (wget loop)", inside),
+            ("dial_port via sandboxd", dialled),
+            ("preview URL", previewed),
+            ("sandboxctl port-forward --node", forwarded),
+        ] {
+            println!(
+                "  {name:<32} {:>7.1} req/s  ({:>6.2} ms each)  {:.2}x of inside",
+                per_second(took),
+                took.as_secs_f64() * 1e3 / REQUESTS as f64,
+                per_second(took) / base
+            );
+        }
+    }
 }

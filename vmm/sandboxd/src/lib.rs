@@ -25,6 +25,7 @@
 //! - [`auth`]: the operator token and the callers it tells apart.
 //! - [`api`]: routes, handlers, the error mapping.
 //! - [`metrics`]: counters for `/metrics`.
+//! - [`preview`]: preview URLs, unguessable links that reach a guest port.
 //! - [`server`]: the accept loop and its bounds.
 //! - [`tls`]: HTTPS from a certificate and key.
 //! - [`node_lock`]: one daemon per run root.
@@ -36,6 +37,7 @@ pub mod auth;
 pub mod config;
 pub mod metrics;
 pub mod node_lock;
+pub mod preview;
 pub mod server;
 pub mod silkd;
 pub mod stop_all;
@@ -87,13 +89,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     } else {
         config.advertise
     };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let previews = Arc::new(preview::Previews::new(format!("{scheme}://{advertise}")));
     let state = api::AppState {
         node: node.clone(),
         operator,
         advertise,
         metrics: Arc::new(metrics::Metrics::default()),
+        previews,
     };
-    let scheme = if tls.is_some() { "https" } else { "http" };
     tracing::info!(addr = %local, scheme, token_file = %config.token_file.display(), "sandboxd listening");
     // The test harness and scripts read this line to learn the port.
     println!("sandboxd listening on {local}");

@@ -245,6 +245,28 @@ impl NodeApi {
         .await
     }
 
+    /// `POST /v1/sandboxes/{id}/preview`: a URL proxying to guest `port`, for
+    /// `ttl_seconds` (0: until the claim ends).
+    pub async fn preview(
+        &self,
+        id: &str,
+        port: u16,
+        ttl_seconds: u64,
+    ) -> Result<PreviewReply, NodeApiError> {
+        let body = PreviewBody {
+            token: String::new(),
+            port,
+            ttl_seconds,
+        };
+        self.call(
+            Method::POST,
+            sandbox_path(id, "/preview"),
+            Some(&body),
+            "preview",
+        )
+        .await
+    }
+
     /// `POST /v1/sandboxes/{id}/fork`: `count` children living `ttl_seconds`.
     pub async fn fork(
         &self,

@@ -191,6 +191,33 @@ pub struct Renewed {
     pub deadline: String,
 }
 
+/// `POST /v1/sandboxes/{id}/preview`: a URL on the node that proxies HTTP (and
+/// WebSocket upgrades) to a guest port, as seed 000's `preview_url` sends it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewBody {
+    /// See [`TokenBody::token`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
+    /// The guest TCP port (on the guest's loopback).
+    pub port: u16,
+    /// How long the URL works; 0 (or absent): until the claim ends. Never past it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ttl_seconds: u64,
+}
+
+/// The answer to a preview.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviewReply {
+    /// `http(s)://NODE/preview/{secret}/`: anyone holding it reaches the port.
+    pub url: String,
+    /// The guest port.
+    pub port: u16,
+    /// When the URL stops working (RFC 3339); empty when the claim has no deadline.
+    #[serde(default)]
+    pub expires_at: String,
+}
+
 /// `POST /v1/sandboxes/{id}/fork`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

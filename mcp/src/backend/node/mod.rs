@@ -387,6 +387,26 @@ impl Session {
         }
     }
 
+    /// `expose_port`: the node's preview URL for `port` of sandbox `id`.
+    pub async fn expose_port(
+        &self,
+        id: &str,
+        port: u16,
+        ttl_secs: u64,
+    ) -> Result<crate::ports::tools::ExposePortResult, ToolError> {
+        self.sandbox(id)?;
+        match self.api.preview(id, port, ttl_secs).await {
+            Ok(reply) => Ok(crate::ports::tools::ExposePortResult {
+                sandbox_id: id.to_owned(),
+                port: reply.port,
+                url: reply.url,
+                kind: "preview".to_owned(),
+                expires_at: reply.expires_at,
+            }),
+            Err(error) => Err(self.fail(Call::Sandbox("expose_port", id), &error).await),
+        }
+    }
+
     /// `promote`
     pub async fn promote(&self, id: &str, template: &str) -> Result<PromoteResult, ToolError> {
         self.sandbox(id)?;

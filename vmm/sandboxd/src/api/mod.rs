@@ -15,6 +15,8 @@
 //! | `GET /v1/sandboxes/{id}/egress-log?tail=N` | operator or its token | `{id, allowlist, records}`: its egress connections |
 //! | `GET /v1/sandboxes/{id}/owner` | operator or its token | `{id, owner_addr}`: which node holds it |
 //! | `GET /v1/sandboxes/{id}/agent` | operator or its token | `Upgrade: sandbox-agent`: the agent protocol; `Upgrade: silkd`: seed 000's frames (`crate::silkd`) |
+//! | `POST /v1/sandboxes/{id}/preview` | operator or its token | `{port, ttl_seconds}` → `{url, port, expires_at}` |
+//! | any `/preview/{secret}/...` | whoever holds the URL | HTTP and WebSocket to the guest port |
 //! | `GET /v1/checkpoints` | operator | the checkpoints |
 //! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds}` → claim |
 //! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used) |
@@ -33,6 +35,7 @@ mod agent;
 mod checkpoints;
 pub mod error;
 mod node;
+mod preview;
 mod sandboxes;
 mod templates;
 
@@ -40,7 +43,7 @@ use std::sync::Arc;
 
 use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, Uri};
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 use sandbox_engine::Node;
 use serde::de::DeserializeOwned;
@@ -63,6 +66,8 @@ pub struct AppState {
     pub advertise: String,
     /// Counters for `/metrics`.
     pub metrics: Arc<Metrics>,
+    /// The preview URLs minted (see [`crate::preview`]).
+    pub previews: Arc<crate::preview::Previews>,
 }
 
 impl AppState {
@@ -91,6 +96,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/owner", get(sandboxes::owner))
         .route("/v1/sandboxes/{id}/egress-log", get(sandboxes::egress_log))
         .route("/v1/sandboxes/{id}/agent", get(agent::upgrade))
+        .route("/v1/sandboxes/{id}/preview", post(preview::mint))
+        .route("/preview/{secret}", any(preview::proxy))
+        .route("/preview/{secret}/", any(preview::proxy))
+        .route("/preview/{secret}/{*rest}", any(preview::proxy))
         .route("/v1/checkpoints", get(checkpoints::list))
         .route("/v1/checkpoints/{id}", delete(checkpoints::delete))
         .route("/v1/checkpoints/{id}/claim", post(checkpoints::claim))
