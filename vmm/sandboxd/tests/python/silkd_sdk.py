@@ -17,6 +17,9 @@ import tarfile
 import threading
 import time
 import traceback
+import urllib.error
+import urllib.parse
+import urllib.request
 
 from cocoonsandbox import Client
 from cocoonsandbox.errors import APIError, ExitError, SilkdError
@@ -285,6 +288,17 @@ def main() -> int:
         listener.close()
         expect(b"200 OK" in got and b"hello from the guest" in got, f"proxy_port {bytes(got)[:200]!r}")
         raises(lambda: sb.dial_port(8099), "not_found")
+        # A preview URL: a plain HTTP client with the URL and nothing else.
+        url = sb.preview_url(8080, ttl_seconds=600)
+        with urllib.request.urlopen(url.rstrip("/") + "/index.html", timeout=60) as reply:
+            expect(reply.status == 200 and b"hello from the guest" in reply.read(), f"preview {url}")
+        parts = urllib.parse.urlsplit(url)
+        wrong = parts._replace(path="/preview/" + "0" * 64 + "/index.html").geturl()
+        try:
+            urllib.request.urlopen(wrong, timeout=60)
+            expect(False, "a preview URL with a wrong secret was served")
+        except urllib.error.HTTPError as error:
+            expect(error.code == 404, f"wrong secret answered {error.code}")
         sb.kill(server)
 
     check("dial_port_and_proxy_port", ports)

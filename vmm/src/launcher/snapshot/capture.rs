@@ -80,8 +80,6 @@ pub enum CaptureMethod {
     Live,
 }
 
-
-
 /// A checkpoint just taken.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
