@@ -286,8 +286,8 @@ impl RunDir {
     /// `Ok(None)`, so the caller can wait and look again.
     pub(crate) fn try_adopt(root: &Path, id: &VmId) -> Result<Option<Self>, RunDirError> {
         let path = root.join(id.as_str());
-        let locked =
-            lock_file(&path).and_then(|file| Ok(sys::try_lock_exclusive(&file)?.then_some(file)));
+        let locked = existing_lock_file(&path)
+            .and_then(|file| Ok(sys::try_lock_exclusive(&file)?.then_some(file)));
         let lock = locked.map_err(|error| RunDirError::Lock {
             path: path.clone(),
             error,
@@ -373,6 +373,13 @@ fn lock_file(dir: &Path) -> io::Result<File> {
         .truncate(false)
         .write(true)
         .open(dir.join(LOCK_FILE))
+}
+
+/// The lock file of a folder someone else made, never creating it: a sweep or a
+/// wake that created it would put it back into a folder its owner is removing,
+/// which then outlives the VM (`remove_dir_all` fails with "directory not empty").
+fn existing_lock_file(dir: &Path) -> io::Result<File> {
+    OpenOptions::new().write(true).open(dir.join(LOCK_FILE))
 }
 
 fn socket_path(dir: &Path, name: &str) -> PathBuf {
@@ -520,7 +527,18 @@ pub fn remove_run_folder(path: &Path) -> io::Result<()> {
             }
         }
     }
-    fs::remove_dir_all(path)
+    // A file written into the folder while it is removed (a helper's last log line)
+    // makes the removal fail with "directory not empty": look again, a few times.
+    let mut attempts = 0;
+    loop {
+        match fs::remove_dir_all(path) {
+            Err(error) if error.raw_os_error() == Some(libc::ENOTEMPTY) && attempts < 3 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
 }
 
 fn read_root(root: &Path) -> Result<Vec<PathBuf>, RunDirError> {
@@ -548,7 +566,8 @@ fn inspect(path: &Path) -> (RunDirEntry, Option<File>) {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let record = read_record(path);
-    let lock = lock_file(path)
+    // No lock file: a folder being made or being removed, whose owner is alive.
+    let lock = existing_lock_file(path)
         .ok()
         .filter(|file| sys::try_lock_exclusive(file).unwrap_or(false));
     let owner_alive = lock.is_none();
