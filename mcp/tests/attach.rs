@@ -31,6 +31,7 @@ async fn the_tool_list_is_the_documented_one_with_schemas() {
             "create_sandbox",
             "eval_code",
             "exec",
+            "expose_port",
             "get_sandbox",
             "kill",
             "list_dir",
