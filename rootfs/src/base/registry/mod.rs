@@ -265,6 +265,14 @@ struct Fetched {
     stats: PullStats,
 }
 
+/// The builder is synchronous; the registry client is async: one thread runs it.
+fn runtime() -> Result<tokio::runtime::Runtime, RegistryError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(RegistryError::Runtime)
+}
+
 /// Pulls `image` through the cache under `cache_dir` and applies it to `staging`.
 pub fn pull(
     image: &ImageRef,
@@ -274,10 +282,7 @@ pub fn pull(
 ) -> Result<Pulled, RegistryError> {
     let store = Store::new(cache_dir);
     let auth = opts.auth.resolve(image.registry())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(RegistryError::Runtime)?;
+    let runtime = runtime()?;
     let fetched = runtime.block_on(fetch_image(image, opts, &store, auth))?;
     let Fetched {
         source,
@@ -316,10 +321,7 @@ pub fn resolve(
 ) -> Result<ImageSource, RegistryError> {
     let store = Store::new(cache_dir);
     let auth = opts.auth.resolve(image.registry())?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(RegistryError::Runtime)?;
+    let runtime = runtime()?;
     runtime.block_on(async {
         let mut fetcher = Fetcher::new(image.to_string(), auth, &opts.insecure, &store, None);
         let chosen = choose_manifest(image, opts, &store, &mut fetcher).await?;
