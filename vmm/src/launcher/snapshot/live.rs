@@ -292,28 +292,27 @@ pub(crate) async fn await_switchover(source: &mut Qmp) -> Result<Instant, Snapsh
     let mut lifted = false;
     let mut polls = 0u32;
     loop {
+        // One `query-migrate` a poll, read raw: the typed stats lack the pass count.
         let raw = source
             .execute("query-migrate", serde_json::Value::Null)
             .await
             .map_err(qemu_error("follow the pre-copy"))?;
+        let status = MigrationStatus::from(raw["status"].as_str().unwrap_or("none").to_owned());
         let passes = raw["ram"]["dirty-sync-count"].as_u64().unwrap_or(0);
-        let stats = source
-            .query_migrate()
-            .await
-            .map_err(qemu_error("follow the pre-copy"))?;
         polls += 1;
         if polls.is_multiple_of(64) {
-            tracing::debug!(status = %stats.status, passes, sent = stats.ram_transferred_bytes, remaining = raw["ram"]["remaining"].as_u64(), mbps = raw["ram"]["mbps"].as_f64(), elapsed_ms = started.elapsed().as_millis(), "pre-copy");
+            tracing::debug!(%status, passes, sent = raw["ram"]["transferred"].as_u64(), remaining = raw["ram"]["remaining"].as_u64(), mbps = raw["ram"]["mbps"].as_f64(), elapsed_ms = started.elapsed().as_millis(), "pre-copy");
         }
-        match stats.status {
+        match status {
             MigrationStatus::PreSwitchover => return Ok(Instant::now()),
             MigrationStatus::Failed | MigrationStatus::Cancelled => {
+                let desc = raw["error-desc"]
+                    .as_str()
+                    .map_or_else(|| status.to_string(), str::to_owned);
                 return Err(SnapshotError::Qemu {
                     step: "copy RAM while the guest runs",
-                    error: QmpError::MigrationFailed {
-                        desc: stats.error_desc.unwrap_or_else(|| stats.status.to_string()),
-                    },
-                })
+                    error: QmpError::MigrationFailed { desc },
+                });
             }
             _ => {}
         }
