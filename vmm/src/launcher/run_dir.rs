@@ -33,7 +33,7 @@ use super::{READY_PORT, VM_ID_HEX_CHARS};
 pub const RECORD_FILE: &str = "vm.json";
 /// The agent's token, apart from `vm.json` so that listing VMs never shows it.
 pub const TOKEN_FILE: &str = "token";
-const LOCK_FILE: &str = "lock";
+pub(crate) const LOCK_FILE: &str = "lock";
 /// `sun_path` holds 108 bytes including the terminating NUL.
 const UNIX_SOCKET_PATH_MAX_BYTES: usize = 107;
 /// A folder without a record and without an owner younger than this is still being

@@ -427,6 +427,8 @@ mod tests {
         let id = VmId::generate();
         let run = root.path().join("run").join(id.as_str());
         fs::create_dir_all(&run).unwrap();
+        // Every run folder is made with its lock file (`RunDir::create`).
+        fs::write(run.join(run_dir::LOCK_FILE), b"").unwrap();
         let record = |hibernation: Option<&str>| VmRecord {
             id: id.clone(),
             owner_pid: std::process::id(),
