@@ -19,6 +19,10 @@
 //! | `--allow-registry HOST[:PORT]` (repeatable) | `SANDBOX_ALLOW_REGISTRY` (comma-separated) | none: claims by image reference are not built |
 //! | `--insecure-registry HOST:PORT` (repeatable) | none | none: registries over HTTPS only |
 //! | `--rootfs-builder PROGRAM` | `SANDBOX_ROOTFS_BUILDER` | `sandbox-rootfs` beside sandboxd, else on `PATH` |
+//! | `--etcd URL[,URL...]` | `SANDBOXD_ETCD` | none: a single node, no fleet |
+//! | `--etcd-prefix PREFIX` | `SANDBOXD_ETCD_PREFIX` | `/sandbox` |
+//! | `--node-id ID` | `SANDBOXD_NODE_ID` | a random id kept in `$SANDBOX_HOME/sandboxd/node-id` |
+//! | `--lease-ttl SECS` | `SANDBOXD_LEASE_TTL` | `5` |
 //!
 //! The launcher's own variables (`SANDBOX_RUN_DIR`, `SANDBOX_ACCEL`, ...) are read
 //! through the environment lookup handed to [`Config::from_args`].
@@ -131,6 +135,52 @@ pub struct Args {
     /// Claims by image reference (`--allow-registry`, ...).
     #[command(flatten)]
     pub registry: sandbox_engine::image_build::RegistryArgs,
+    /// Fleet membership on etcd (`--etcd`, ...).
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+}
+
+/// Fleet membership: the node registers in etcd under a lease it keeps alive.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FleetArgs {
+    /// etcd client URLs (comma-separated): join the fleet there.
+    #[arg(long, env = "SANDBOXD_ETCD", value_delimiter = ',', value_name = "URL")]
+    pub etcd: Vec<String>,
+    /// The key prefix the fleet's records live under.
+    #[arg(
+        long = "etcd-prefix",
+        env = "SANDBOXD_ETCD_PREFIX",
+        default_value = "/sandbox",
+        value_name = "PREFIX"
+    )]
+    pub etcd_prefix: String,
+    /// This node's id in the fleet. Default: a random id made at first start and
+    /// kept in $SANDBOX_HOME/sandboxd/node-id.
+    #[arg(long = "node-id", env = "SANDBOXD_NODE_ID", value_name = "ID")]
+    pub node_id: Option<String>,
+    /// Seconds the node's records outlive it when it dies without leaving.
+    #[arg(
+        long = "lease-ttl",
+        env = "SANDBOXD_LEASE_TTL",
+        default_value_t = 5,
+        value_name = "SECS"
+    )]
+    pub lease_ttl_secs: u64,
+}
+
+/// Fleet membership, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetConfig {
+    /// etcd client URLs.
+    pub endpoints: Vec<String>,
+    /// The key prefix.
+    pub prefix: String,
+    /// The given node id (`None`: the one kept in the home).
+    pub node_id: Option<String>,
+    /// The lease's time to live.
+    pub ttl: Duration,
+    /// Where the default node id is kept.
+    pub node_id_file: PathBuf,
 }
 
 /// A one-off action on the node's home instead of serving.
@@ -159,6 +209,8 @@ pub struct Config {
     pub mode: Mode,
     /// Serve (`None`) or run a one-off command.
     pub command: Option<Command>,
+    /// Fleet membership, when `--etcd` is given.
+    pub fleet: Option<FleetConfig>,
 }
 
 /// The certificate chain and key HTTPS is served with.
@@ -218,6 +270,9 @@ pub enum ConfigError {
     /// An `--allow-registry` or `--insecure-registry` is no registry.
     #[error(transparent)]
     Registry(#[from] sandbox_engine::image_build::args::RegistryArgError),
+    /// A fleet flag is out of range.
+    #[error("{0}")]
+    Fleet(&'static str),
 }
 
 impl Config {
@@ -269,6 +324,7 @@ impl Config {
             Some(file) => (file, false),
             None => (launcher.home.root().join("sandboxd").join("token"), true),
         };
+        let fleet = fleet_config(&args.fleet, launcher.home.root())?;
         let mode = match &args.attach {
             Some(url) => Mode::Attach(AttachConfig {
                 url: url.parse().map_err(ConfigError::AttachUrl)?,
@@ -295,6 +351,7 @@ impl Config {
             }),
         };
         Ok(Self {
+            fleet,
             command: args.command,
             listen: args.listen,
             advertise: args.advertise.unwrap_or_else(|| args.listen.to_string()),
@@ -304,6 +361,45 @@ impl Config {
             mode,
         })
     }
+}
+
+/// `--etcd` and its companions, checked; `None` without `--etcd`.
+fn fleet_config(
+    args: &FleetArgs,
+    home: &std::path::Path,
+) -> Result<Option<FleetConfig>, ConfigError> {
+    let endpoints: Vec<String> = args
+        .etcd
+        .iter()
+        .map(|url| url.trim().to_owned())
+        .filter(|url| !url.is_empty())
+        .collect();
+    if endpoints.is_empty() {
+        return Ok(None);
+    }
+    if !(1..=3600).contains(&args.lease_ttl_secs) {
+        return Err(ConfigError::Fleet(
+            "--lease-ttl must be between 1 and 3600 seconds",
+        ));
+    }
+    if !args.etcd_prefix.starts_with('/') {
+        return Err(ConfigError::Fleet("--etcd-prefix must start with /"));
+    }
+    let node_id = args.node_id.as_deref().map(str::trim).map(str::to_owned);
+    if let Some(id) = &node_id {
+        if id.is_empty() || id.contains('/') {
+            return Err(ConfigError::Fleet(
+                "--node-id must be non-empty and hold no /",
+            ));
+        }
+    }
+    Ok(Some(FleetConfig {
+        endpoints,
+        prefix: args.etcd_prefix.clone(),
+        node_id,
+        ttl: Duration::from_secs(args.lease_ttl_secs),
+        node_id_file: home.join("sandboxd").join("node-id"),
+    }))
 }
 
 #[cfg(test)]
@@ -361,5 +457,20 @@ mod tests {
         assert!(bad(&["--boot-timeout", "0"]).contains("--boot-timeout"));
         assert!(bad(&["--template", " "]).contains("--template"));
         assert!(bad(&["--max-fork-count", "0"]).contains("--max-fork-count"));
+        assert!(bad(&["--etcd", "http://e:2379", "--lease-ttl", "0"]).contains("--lease-ttl"));
+        assert!(bad(&["--etcd", "http://e:2379", "--node-id", "a/b"]).contains("--node-id"));
+    }
+
+    #[test]
+    fn etcd_urls_join_the_fleet_with_a_node_id_kept_in_the_home() {
+        assert_eq!(config(&[]).unwrap().fleet, None);
+        let fleet = config(&["--etcd", "http://a:2379,http://b:2379"])
+            .unwrap()
+            .fleet
+            .unwrap();
+        assert_eq!(fleet.endpoints, vec!["http://a:2379", "http://b:2379"]);
+        assert_eq!(fleet.prefix, "/sandbox");
+        assert_eq!(fleet.ttl, Duration::from_secs(5));
+        assert_eq!(fleet.node_id_file, PathBuf::from("/s/sandboxd/node-id"));
     }
 }

@@ -22,6 +22,7 @@
 //!
 //! # Layout
 //! - [`config`]: command line → [`Config`].
+//! - [`fleet`]: membership in a fleet on etcd (`--etcd`).
 //! - [`auth`]: the operator token and the callers it tells apart.
 //! - [`api`]: routes, handlers, the error mapping.
 //! - [`metrics`]: counters for `/metrics`.
@@ -35,6 +36,7 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod fleet;
 pub mod metrics;
 pub mod node_lock;
 pub mod preview;
@@ -91,12 +93,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let previews = Arc::new(preview::Previews::new(format!("{scheme}://{advertise}")));
+    let membership = config
+        .fleet
+        .as_ref()
+        .map(|fleet| fleet::join(fleet, node.clone(), advertise.clone()))
+        .transpose()?;
     let state = api::AppState {
         node: node.clone(),
         operator,
         advertise,
         metrics: Arc::new(metrics::Metrics::default()),
         previews,
+        membership: membership.clone(),
     };
     tracing::info!(addr = %local, scheme, token_file = %config.token_file.display(), "sandboxd listening");
     // The test harness and scripts read this line to learn the port.
@@ -106,6 +114,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         "shutting down: warm VMs stop; claimed sandboxes keep running for the next start \
          (`sandboxd stop-all` stops them)"
     );
+    if let Some(membership) = &membership {
+        membership.leave().await;
+    }
     node.leave().await;
     Ok(())
 }

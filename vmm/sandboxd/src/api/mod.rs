@@ -23,7 +23,7 @@
 //! | `DELETE /v1/templates?template=NAME` | operator | delete a promoted template (refused while used) |
 //! | `GET /v1/info` | operator | pool, templates, capacity, claims, drain |
 //! | `POST` / `DELETE /v1/drain` | operator | refuse claims / take them again |
-//! | `GET /v1/peers` | operator | `{peers: []}` on a single node |
+//! | `GET /v1/peers` | operator | `{peers: [ADDR...], nodes: [record + alive...], lost: [...]}`; `{peers: []}` on a single node |
 //! | `GET /healthz` | anyone | `ok` |
 //! | `GET /metrics` | anyone on the listen address | Prometheus text |
 //!
@@ -68,6 +68,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// The preview URLs minted (see [`crate::preview`]).
     pub previews: Arc<crate::preview::Previews>,
+    /// Fleet membership, when the node is in one (`--etcd`).
+    pub membership: Option<sandbox_fleet::membership::Membership>,
 }
 
 impl AppState {

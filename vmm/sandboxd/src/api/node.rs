@@ -1,12 +1,11 @@
 //! The node itself: info, drain, peers, health and metrics.
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use sandbox_vmm::node_api::wire::{
-    CapacityRow, DrainReply, InfoReply, PeersReply, PoolRow, TemplateRow,
-};
+use sandbox_fleet::membership::{Fleet, FleetError, LostSandbox, Peer};
+use sandbox_vmm::node_api::wire::{CapacityRow, DrainReply, InfoReply, PoolRow, TemplateRow};
 
 use super::{ApiError, AppState};
 
@@ -16,6 +15,17 @@ pub async fn info(
 ) -> Result<Json<InfoReply>, ApiError> {
     state.require_operator(&headers)?;
     let status = state.node.status();
+    // Other live nodes' addresses; an unreachable etcd leaves the list empty here
+    // (`GET /v1/peers` says why) rather than failing the node's own info.
+    let peers = match &state.membership {
+        Some(membership) => {
+            match tokio::time::timeout(INFO_FLEET_WITHIN, membership.fleet()).await {
+                Ok(Ok(fleet)) => other_addrs(&fleet),
+                _ => Vec::new(),
+            }
+        }
+        None => Vec::new(),
+    };
     Ok(Json(InfoReply {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         addr: state.advertise.clone(),
@@ -47,8 +57,20 @@ pub async fn info(
             live_claims: status.capacity.live_claims,
             claimable: status.capacity.claimable,
         },
-        peers: Vec::new(),
+        peers,
     }))
+}
+
+/// How long `GET /v1/info` waits for the fleet's listing.
+const INFO_FLEET_WITHIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+fn other_addrs(fleet: &Fleet) -> Vec<String> {
+    fleet
+        .nodes
+        .iter()
+        .filter(|peer| peer.alive && !peer.this_node)
+        .map(|peer| peer.record.addr.clone())
+        .collect()
 }
 
 pub async fn drain(
@@ -72,19 +94,66 @@ fn set_drain(
 ) -> Result<Json<DrainReply>, ApiError> {
     state.require_operator(headers)?;
     state.node.set_draining(draining);
+    if let Some(membership) = &state.membership {
+        membership.changed();
+    }
     Ok(Json(DrainReply {
         draining,
         live_claims: state.node.registry().list().len(),
     }))
 }
 
-/// A single node has no peers.
+/// `GET /v1/peers`: a single node has no peers; a fleet member lists the other
+/// live nodes' addresses (`peers`, seed 000's shape), every registered node's record
+/// with `alive` and `this_node` (`nodes`), this node's id (`node_id`) and the lost
+/// sandboxes, whose node vanished (`lost`). An unreachable etcd is a 503
+/// `etcd_unreachable`.
 pub async fn peers(
     State(state): State<AppState>,
     headers: HeaderMap,
-) -> Result<Json<PeersReply>, ApiError> {
+) -> Result<Json<FleetPeersReply>, ApiError> {
     state.require_operator(&headers)?;
-    Ok(Json(PeersReply { peers: Vec::new() }))
+    let Some(membership) = &state.membership else {
+        return Ok(Json(FleetPeersReply::default()));
+    };
+    let fleet = membership.fleet().await.map_err(|error| match error {
+        FleetError::Unreachable { .. } => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "etcd_unreachable",
+            error.to_string(),
+        ),
+        FleetError::Decode(_) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "fleet_record",
+            sandbox_vmm::error_chain(&error),
+        ),
+    })?;
+    Ok(Json(FleetPeersReply {
+        peers: other_addrs(&fleet),
+        node_id: Some(membership.node_id().to_owned()),
+        registered: membership.registration().lease.is_some(),
+        nodes: fleet.nodes,
+        lost: fleet.lost,
+    }))
+}
+
+/// `GET /v1/peers`: seed 000's `peers` plus the fleet.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct FleetPeersReply {
+    /// Other live nodes' addresses.
+    pub peers: Vec<String>,
+    /// This node's id in the fleet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// Whether this node holds a lease now.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub registered: bool,
+    /// Every registered node.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<Peer>,
+    /// Sandboxes whose node vanished.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<LostSandbox>,
 }
 
 pub async fn healthz() -> &'static str {

@@ -1,0 +1,408 @@
+//! Membership: this node's record in etcd under a lease it keeps alive, and the
+//! fleet as etcd holds it.
+//!
+//! A background task connects, grants a lease of `ttl`, and every
+//! [`REFRESH`] (or at once when [`Membership::changed`] is called) re-puts the
+//! node's record and syncs the owner and durable records of its claimed
+//! sandboxes, then renews the lease. Any failure (etcd down, the lease expired
+//! while the process was paused) drops the connection and starts over with a new
+//! lease: the node never runs without a record silently, it logs and retries.
+//! [`Membership::leave`] revokes the lease, so the node's records go at once.
+
+pub mod record;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
+use tokio::sync::Notify;
+
+pub use record::{Keys, LostSandbox, NodeRecord, SandboxRecord};
+
+/// How often the record is re-put and the lease renewed.
+pub const REFRESH: Duration = Duration::from_secs(1);
+
+/// How long one etcd call may take before etcd counts as unreachable.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where and as whom the node registers.
+#[derive(Debug, Clone)]
+pub struct MembershipConfig {
+    /// etcd client URLs.
+    pub endpoints: Vec<String>,
+    /// The key prefix (`/sandbox`).
+    pub prefix: String,
+    /// This node's id.
+    pub node_id: String,
+    /// The lease's time to live.
+    pub ttl: Duration,
+}
+
+/// What the node holds now, read at every refresh.
+#[derive(Debug, Clone, Default)]
+pub struct LocalState {
+    /// The node's record (its `id` and `updated_unix` are filled in here).
+    pub record: NodeRecord,
+    /// Claimed sandboxes: id → template and claim time (Unix seconds).
+    pub sandboxes: BTreeMap<String, (String, u64)>,
+}
+
+/// Reads the node's current state.
+pub type StateSource = Arc<dyn Fn() -> LocalState + Send + Sync>;
+
+/// The fleet cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// etcd does not answer.
+    #[error("etcd is unreachable ({endpoints}): {why}")]
+    Unreachable {
+        /// The endpoints tried.
+        endpoints: String,
+        /// What failed.
+        why: String,
+    },
+    /// A record does not decode.
+    #[error(transparent)]
+    Decode(#[from] record::DecodeError),
+}
+
+/// One peer as the fleet sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Peer {
+    /// Its record.
+    #[serde(flatten)]
+    pub record: NodeRecord,
+    /// Whether its lease is alive (records of dead nodes expire with their lease,
+    /// so a listed peer is alive).
+    pub alive: bool,
+    /// Whether it is this node.
+    pub this_node: bool,
+}
+
+/// The fleet: every registered node and every lost sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Fleet {
+    /// Registered nodes, by id.
+    pub nodes: Vec<Peer>,
+    /// Sandboxes whose node vanished.
+    pub lost: Vec<LostSandbox>,
+}
+
+/// Whether the node is registered now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Registration {
+    /// The lease held, when registered.
+    pub lease: Option<i64>,
+    /// The last failure, when not.
+    pub last_error: Option<String>,
+}
+
+struct Shared {
+    config: MembershipConfig,
+    keys: Keys,
+    client: Mutex<Option<Client>>,
+    registration: Mutex<Registration>,
+    changed: Notify,
+    stop: Notify,
+}
+
+/// This node's membership; cloning shares it.
+#[derive(Clone)]
+pub struct Membership {
+    shared: Arc<Shared>,
+    task: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership")
+            .field("node_id", &self.shared.config.node_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn timed<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(format!("{what}: {error}")),
+        Err(_) => Err(format!("{what}: no answer within {CALL_TIMEOUT:?}")),
+    }
+}
+
+impl Membership {
+    /// Starts registering; returns at once (etcd may be down: the task retries).
+    pub fn start(config: MembershipConfig, source: StateSource) -> Self {
+        let shared = Arc::new(Shared {
+            keys: Keys::new(&config.prefix),
+            config,
+            client: Mutex::new(None),
+            registration: Mutex::new(Registration::default()),
+            changed: Notify::new(),
+            stop: Notify::new(),
+        });
+        let task = tokio::spawn(run(shared.clone(), source));
+        Self {
+            shared,
+            task: Arc::new(Mutex::new(Some(task))),
+        }
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &str {
+        &self.shared.config.node_id
+    }
+
+    /// Re-publish now (a drain, a claim, a release).
+    pub fn changed(&self) {
+        self.shared.changed.notify_one();
+    }
+
+    /// Whether the node is registered now.
+    pub fn registration(&self) -> Registration {
+        lock(&self.shared.registration).clone()
+    }
+
+    fn unreachable(&self, why: String) -> FleetError {
+        FleetError::Unreachable {
+            endpoints: self.shared.config.endpoints.join(","),
+            why,
+        }
+    }
+
+    /// The fleet as etcd holds it now.
+    pub async fn fleet(&self) -> Result<Fleet, FleetError> {
+        let client = lock(&self.shared.client).clone();
+        let mut client = match client {
+            Some(client) => client,
+            None => connect(&self.shared.config)
+                .await
+                .map_err(|why| self.unreachable(why))?,
+        };
+        let keys = &self.shared.keys;
+        let prefix = Some(GetOptions::new().with_prefix());
+        let nodes = timed("read nodes", client.get(keys.nodes(), prefix.clone()))
+            .await
+            .map_err(|why| self.unreachable(why))?;
+        let owners = timed("read owners", client.get(keys.owners(), prefix.clone()))
+            .await
+            .map_err(|why| self.unreachable(why))?;
+        let sandboxes = timed("read sandboxes", client.get(keys.sandboxes(), prefix))
+            .await
+            .map_err(|why| self.unreachable(why))?;
+        let mut fleet = Fleet::default();
+        for kv in nodes.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let record = NodeRecord::decode(&key, kv.value())?;
+            fleet.nodes.push(Peer {
+                this_node: record.id == self.shared.config.node_id,
+                alive: true,
+                record,
+            });
+        }
+        let owner_map: BTreeMap<String, String> = owners
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let key = String::from_utf8_lossy(kv.key());
+                (
+                    key.trim_start_matches(&keys.owners()).to_owned(),
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                )
+            })
+            .collect();
+        let mut durable = BTreeMap::new();
+        for kv in sandboxes.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let record = SandboxRecord::decode(&key, kv.value())?;
+            durable.insert(key.trim_start_matches(&keys.sandboxes()).to_owned(), record);
+        }
+        fleet.lost = record::lost(&durable, &owner_map);
+        Ok(fleet)
+    }
+
+    /// Forgets sandbox `id`'s durable record (a lost sandbox the operator gave up).
+    pub async fn forget(&self, id: &str) -> Result<(), FleetError> {
+        let client = lock(&self.shared.client).clone();
+        let Some(mut client) = client else {
+            return Err(self.unreachable("not connected".to_owned()));
+        };
+        timed("delete", client.delete(self.shared.keys.sandbox(id), None))
+            .await
+            .map(|_| ())
+            .map_err(|why| self.unreachable(why))
+    }
+
+    /// Stops the task and revokes the lease: the node's records go at once.
+    pub async fn leave(&self) {
+        self.shared.stop.notify_one();
+        let task = lock(&self.task).take();
+        if let Some(task) = task {
+            let _ = tokio::time::timeout(CALL_TIMEOUT * 2, task).await;
+        }
+    }
+}
+
+async fn connect(config: &MembershipConfig) -> Result<Client, String> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(CALL_TIMEOUT)
+        .with_timeout(CALL_TIMEOUT);
+    timed(
+        "connect",
+        Client::connect(config.endpoints.clone(), Some(options)),
+    )
+    .await
+}
+
+/// Registers, refreshes, and starts over on any failure, until told to stop.
+async fn run(shared: Arc<Shared>, source: StateSource) {
+    loop {
+        let outcome = tokio::select! {
+            () = shared.stop.notified() => return,
+            outcome = session(&shared, &source) => outcome,
+        };
+        // `session` only returns on failure (its stop is handled inside).
+        match outcome {
+            Ok(()) => return,
+            Err(why) => {
+                tracing::warn!(error = %why, "fleet membership lost; re-registering");
+                *lock(&shared.client) = None;
+                *lock(&shared.registration) = Registration {
+                    lease: None,
+                    last_error: Some(why),
+                };
+                tokio::select! {
+                    () = shared.stop.notified() => return,
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+        }
+    }
+}
+
+/// One lease's life: grant, publish every refresh, revoke on stop.
+async fn session(shared: &Shared, source: &StateSource) -> Result<(), String> {
+    let config = &shared.config;
+    let mut client = connect(config).await?;
+    let ttl = i64::try_from(config.ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+    let lease = timed("grant a lease", client.lease_grant(ttl, None))
+        .await?
+        .id();
+    let (mut keeper, mut stream) =
+        timed("keep the lease alive", client.lease_keep_alive(lease)).await?;
+    *lock(&shared.client) = Some(client.clone());
+    let mut published: BTreeSet<String> = BTreeSet::new();
+    let mut first = true;
+    let result = loop {
+        if let Err(why) = publish(shared, &mut client, lease, source, &mut published).await {
+            break Err(why);
+        }
+        if first {
+            tracing::info!(node = %config.node_id, lease, "registered in the fleet");
+            *lock(&shared.registration) = Registration {
+                lease: Some(lease),
+                last_error: None,
+            };
+            first = false;
+        }
+        let renewed = async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        match tokio::time::timeout(CALL_TIMEOUT, renewed).await {
+            Ok(Ok(Some(answer))) if answer.ttl() > 0 => {}
+            Ok(Ok(_)) => break Err(format!("lease {lease} expired")),
+            Ok(Err(error)) => break Err(format!("renew lease {lease}: {error}")),
+            Err(_) => break Err(format!("renew lease {lease}: no answer")),
+        }
+        tokio::select! {
+            () = shared.stop.notified() => {
+                let _ = timed("revoke the lease", client.lease_revoke(lease)).await;
+                // Released sandboxes were deleted as they went; the claimed ones
+                // keep their durable record (this node may re-adopt them).
+                tracing::info!(node = %config.node_id, "left the fleet (lease revoked)");
+                break Ok(());
+            }
+            () = shared.changed.notified() => {}
+            () = tokio::time::sleep(REFRESH) => {}
+        }
+    };
+    result
+}
+
+/// Puts the node's record and syncs its sandboxes' records.
+async fn publish(
+    shared: &Shared,
+    client: &mut Client,
+    lease: i64,
+    source: &StateSource,
+    published: &mut BTreeSet<String>,
+) -> Result<(), String> {
+    let keys = &shared.keys;
+    let state = source();
+    let mut record = state.record;
+    record.id = shared.config.node_id.clone();
+    record.updated_unix = now_unix();
+    let on_lease = || Some(PutOptions::new().with_lease(lease));
+    timed(
+        "put the node record",
+        client.put(keys.node(&record.id), record.encode(), on_lease()),
+    )
+    .await?;
+    for (id, (template, created)) in &state.sandboxes {
+        if published.contains(id) {
+            continue;
+        }
+        let durable = SandboxRecord {
+            node_id: record.id.clone(),
+            template: template.clone(),
+            created_unix: *created,
+        };
+        timed(
+            "put a sandbox record",
+            client.put(keys.sandbox(id), durable.encode(), None),
+        )
+        .await?;
+        timed(
+            "put an owner record",
+            client.put(keys.owner(id), record.id.clone(), on_lease()),
+        )
+        .await?;
+        published.insert(id.clone());
+    }
+    let gone: Vec<String> = published
+        .iter()
+        .filter(|id| !state.sandboxes.contains_key(*id))
+        .cloned()
+        .collect();
+    for id in gone {
+        timed(
+            "delete an owner record",
+            client.delete(keys.owner(&id), None),
+        )
+        .await?;
+        timed(
+            "delete a sandbox record",
+            client.delete(keys.sandbox(&id), None),
+        )
+        .await?;
+        published.remove(&id);
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! What one node publishes, where in etcd, and the lost rule.
+//!
+//! Keys under the prefix `P` (default `/sandbox`):
+//! - `P/nodes/<node id>` → [`NodeRecord`] (JSON), on the node's lease.
+//! - `P/owners/<sandbox id>` → the owning node's id, on the same lease.
+//! - `P/sandboxes/<sandbox id>` → [`SandboxRecord`] (JSON), no lease: removed on
+//!   release. Present without its owner record means the sandbox is lost.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One node's published state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    /// The node's stable id.
+    pub id: String,
+    /// Where clients reach it.
+    pub addr: String,
+    /// Most sandboxes it runs.
+    pub capacity: usize,
+    /// Sandboxes claimed now.
+    pub used: usize,
+    /// Warm VMs ready, by template.
+    #[serde(default)]
+    pub warm: BTreeMap<String, usize>,
+    /// Templates it can claim.
+    #[serde(default)]
+    pub templates: Vec<String>,
+    /// Whether it refuses claims.
+    pub draining: bool,
+    /// The host's QEMU (`qemu-system-x86_64 --version` first line), when known.
+    #[serde(default)]
+    pub qemu: String,
+    /// The host's machine type (architecture).
+    #[serde(default)]
+    pub machine: String,
+    /// When the record was written (Unix seconds).
+    pub updated_unix: u64,
+}
+
+/// A claimed sandbox's durable record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    /// The node that claimed it.
+    pub node_id: String,
+    /// Its template.
+    pub template: String,
+    /// When it was claimed (Unix seconds).
+    pub created_unix: u64,
+}
+
+/// A record that does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("Undecodable fleet record at {key}")]
+pub struct DecodeError {
+    /// The key.
+    pub key: String,
+    #[source]
+    source: serde_json::Error,
+}
+
+/// The key layout under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys under `prefix` (a trailing `/` is dropped).
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    /// `P/nodes/`.
+    pub fn nodes(&self) -> String {
+        format!("{}/nodes/", self.prefix)
+    }
+
+    /// `P/nodes/<id>`.
+    pub fn node(&self, id: &str) -> String {
+        format!("{}{id}", self.nodes())
+    }
+
+    /// `P/owners/`.
+    pub fn owners(&self) -> String {
+        format!("{}/owners/", self.prefix)
+    }
+
+    /// `P/owners/<sandbox id>`.
+    pub fn owner(&self, sandbox: &str) -> String {
+        format!("{}{sandbox}", self.owners())
+    }
+
+    /// `P/sandboxes/`.
+    pub fn sandboxes(&self) -> String {
+        format!("{}/sandboxes/", self.prefix)
+    }
+
+    /// `P/sandboxes/<sandbox id>`.
+    pub fn sandbox(&self, sandbox: &str) -> String {
+        format!("{}{sandbox}", self.sandboxes())
+    }
+}
+
+impl NodeRecord {
+    /// The record as stored.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The record stored at `key`.
+    pub fn decode(key: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        serde_json::from_slice(bytes).map_err(|source| DecodeError {
+            key: key.to_owned(),
+            source,
+        })
+    }
+}
+
+impl SandboxRecord {
+    /// The record as stored.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The record stored at `key`.
+    pub fn decode(key: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+        serde_json::from_slice(bytes).map_err(|source| DecodeError {
+            key: key.to_owned(),
+            source,
+        })
+    }
+}
+
+/// A sandbox whose node vanished: its durable record outlived its owner record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostSandbox {
+    /// The sandbox's id.
+    pub id: String,
+    /// What its durable record says.
+    #[serde(flatten)]
+    pub record: SandboxRecord,
+}
+
+/// The lost rule: every durable record (`sandboxes`, by sandbox id) with no owner
+/// record (`owners`, by sandbox id).
+pub fn lost(
+    sandboxes: &BTreeMap<String, SandboxRecord>,
+    owners: &BTreeMap<String, String>,
+) -> Vec<LostSandbox> {
+    sandboxes
+        .iter()
+        .filter(|(id, _)| !owners.contains_key(*id))
+        .map(|(id, record)| LostSandbox {
+            id: id.clone(),
+            record: record.clone(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_node_record_round_trips_and_garbage_is_a_typed_error() {
+        let record = NodeRecord {
+            id: "n1".into(),
+            addr: "127.0.0.1:1".into(),
+            capacity: 8,
+            used: 2,
+            warm: BTreeMap::from([("default".into(), 1)]),
+            templates: vec!["default".into()],
+            draining: true,
+            qemu: "QEMU emulator version 7.2".into(),
+            machine: "x86_64".into(),
+            updated_unix: 5,
+        };
+        let key = Keys::new("/sandbox/").node("n1");
+        assert_eq!(key, "/sandbox/nodes/n1");
+        assert_eq!(NodeRecord::decode(&key, &record.encode()).unwrap(), record);
+        let error = NodeRecord::decode(&key, b"{nope").unwrap_err();
+        assert!(error.to_string().contains("/sandbox/nodes/n1"), "{error}");
+    }
+
+    #[test]
+    fn a_sandbox_without_its_owner_record_is_lost() {
+        let record = |node: &str| SandboxRecord {
+            node_id: node.into(),
+            template: "default".into(),
+            created_unix: 1,
+        };
+        let sandboxes = BTreeMap::from([
+            ("a".to_owned(), record("n1")),
+            ("b".to_owned(), record("n2")),
+        ]);
+        let owners = BTreeMap::from([("a".to_owned(), "n1".to_owned())]);
+        let lost = lost(&sandboxes, &owners);
+        assert_eq!(lost.len(), 1);
+        assert_eq!(lost[0].id, "b");
+        assert_eq!(lost[0].record.node_id, "n2");
+        assert!(super::lost(
+            &sandboxes,
+            &sandboxes
+                .keys()
+                .map(|k| (k.clone(), String::new()))
+                .collect()
+        )
+        .is_empty());
+    }
+}

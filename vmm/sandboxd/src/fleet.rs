@@ -1,0 +1,115 @@
+//! Joins the fleet (`--etcd`): the node's id, what it publishes, and the
+//! membership task (`sandbox_fleet::membership`). The engine knows nothing of etcd:
+//! the membership reads the node's status at each refresh, and handlers that
+//! change it (drain, claim, release) ask for an early refresh.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+use anyhow::Context as _;
+use sandbox_engine::Node;
+use sandbox_fleet::membership::{LocalState, Membership, MembershipConfig, NodeRecord};
+
+use crate::config::FleetConfig;
+
+/// Starts the membership of `node`, reachable at `advertise`.
+pub fn join(
+    config: &FleetConfig,
+    node: Arc<Node>,
+    advertise: String,
+) -> anyhow::Result<Membership> {
+    let node_id = match &config.node_id {
+        Some(id) => id.clone(),
+        None => kept_node_id(&config.node_id_file)?,
+    };
+    let machine = std::env::consts::ARCH.to_owned();
+    let qemu = qemu_version(&machine);
+    let source = Arc::new(move || local_state(&node, &advertise, &qemu, &machine));
+    tracing::info!(node = %node_id, etcd = %config.endpoints.join(","), "joining the fleet");
+    Ok(Membership::start(
+        MembershipConfig {
+            endpoints: config.endpoints.clone(),
+            prefix: config.prefix.clone(),
+            node_id,
+            ttl: config.ttl,
+        },
+        source,
+    ))
+}
+
+/// The node id kept in `file`, made (random, 16 hex digits) when missing.
+fn kept_node_id(file: &Path) -> anyhow::Result<String> {
+    if let Ok(text) = std::fs::read_to_string(file) {
+        let id = text.trim();
+        if !id.is_empty() {
+            return Ok(id.to_owned());
+        }
+    }
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut bytes))
+        .context("Cannot read /dev/urandom for a node id")?;
+    let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("Cannot create {}", dir.display()))?;
+    }
+    let mut out = std::fs::File::create(file)
+        .with_context(|| format!("Cannot write the node id to {}", file.display()))?;
+    writeln!(out, "{id}").with_context(|| format!("Cannot write {}", file.display()))?;
+    Ok(id)
+}
+
+/// The first line of `qemu-system-ARCH --version`, or empty.
+fn qemu_version(machine: &str) -> String {
+    std::process::Command::new(format!("qemu-system-{machine}"))
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .map(str::to_owned)
+        })
+        .unwrap_or_default()
+}
+
+fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str) -> LocalState {
+    let status = node.status();
+    let mut warm = BTreeMap::new();
+    if let Some(pool) = &status.pool {
+        warm.insert(pool.template.clone(), pool.warm);
+    }
+    let sandboxes = status
+        .sandboxes
+        .iter()
+        .map(|sandbox| {
+            let created = sandbox
+                .claimed_at
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            (
+                sandbox.id.as_str().to_owned(),
+                (sandbox.template.clone(), created),
+            )
+        })
+        .collect();
+    LocalState {
+        record: NodeRecord {
+            addr: advertise.to_owned(),
+            capacity: status.capacity.max_sandboxes,
+            used: status.capacity.live_claims,
+            warm,
+            templates: status.templates.into_iter().map(|t| t.name).collect(),
+            draining: status.draining,
+            qemu: qemu.to_owned(),
+            machine: machine.to_owned(),
+            ..NodeRecord::default()
+        },
+        sandboxes,
+    }
+}
