@@ -8,7 +8,9 @@
 #          know Debian's cloud kernel, which templates are built from; for the
 #          builder's registry tests (rootfs/tests/registry.rs): docker-registry (the
 #          CNCF distribution server), skopeo (pushes the test images) and
-#          apache2-utils (htpasswd, the registry's bcrypt password file)
+#          apache2-utils (htpasswd, the registry's bcrypt password file); for fleet
+#          membership: etcd-server and etcd-client (vmm/sandboxd/tests/fleet_members.rs
+#          starts etcd by hand), protobuf-compiler (protoc, for the etcd-client crate)
 #   - rustup: the x86_64-unknown-linux-musl target for the static agent
 #   - cargo: vhost-device-vsock, the vhost-user vsock backend QEMU talks to
 #   - PyPI: the official Python MCP SDK (`mcp`), in a venv at target/mcp-python, for
@@ -18,7 +20,8 @@
 set -euo pipefail
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file mmdebstrap
-              docker-registry skopeo apache2-utils)
+              docker-registry skopeo apache2-utils
+              etcd-server etcd-client protobuf-compiler)
 
 # Two passes: installing one package can remove another that was there before (a
 # newer qemu-utils conflicts with this release's qemu-system-x86 and is removed with
@@ -34,7 +37,7 @@ for pass in 1 2; do
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
 done
 for program in qemu-system-x86_64 qemu-img depmod lz4 cpio busybox mkfs.ext4 file mmdebstrap \
-               docker-registry skopeo htpasswd; do
+               docker-registry skopeo htpasswd etcd etcdctl protoc; do
   command -v "$program" >/dev/null 2>&1 || { echo "setup: $program is still missing" >&2; exit 1; }
 done
 

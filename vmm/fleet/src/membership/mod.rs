@@ -273,12 +273,8 @@ async fn connect(config: &MembershipConfig) -> Result<Client, String> {
 /// Registers, refreshes, and starts over on any failure, until told to stop.
 async fn run(shared: Arc<Shared>, source: StateSource) {
     loop {
-        let outcome = tokio::select! {
-            () = shared.stop.notified() => return,
-            outcome = session(&shared, &source) => outcome,
-        };
-        // `session` only returns on failure (its stop is handled inside).
-        match outcome {
+        // `session` sees the stop itself, to revoke its lease on the way out.
+        match session(&shared, &source).await {
             Ok(()) => return,
             Err(why) => {
                 tracing::warn!(error = %why, "fleet membership lost; re-registering");

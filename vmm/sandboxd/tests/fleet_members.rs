@@ -1,0 +1,270 @@
+//! Fleet membership on a real etcd: three `sandboxd` with their own homes and
+//! ports (no warm pool, so no VM boots) register under leases they keep alive.
+//! All three appear as peers within a second; a drain on one is visible from the
+//! others at once; `kill -9` of one drops it within the lease's TTL; SIGTERM of
+//! another drops it at once (lease revoked); with etcd stopped the node keeps
+//! serving and `GET /v1/peers` says etcd is unreachable; with etcd back it
+//! re-registers on a new lease.
+//!
+//! Needs the `etcd` binary (scripts/setup.sh installs it); without it the test fails.
+
+// Test code: a failed unwrap is a failed test, with the value in the message.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{test_dir, Daemon};
+
+/// The lease TTL the nodes run with.
+const TTL_SECS: u64 = 3;
+
+/// A real etcd on free loopback ports, killed when dropped.
+struct Etcd {
+    child: Option<Child>,
+    url: String,
+    peer_url: String,
+    data: PathBuf,
+    log: PathBuf,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Etcd {
+    fn start(dir: &Path) -> Self {
+        let mut etcd = Self {
+            child: None,
+            url: format!("http://127.0.0.1:{}", free_port()),
+            peer_url: format!("http://127.0.0.1:{}", free_port()),
+            data: dir.join("etcd"),
+            log: dir.join("etcd.log"),
+        };
+        etcd.spawn();
+        etcd
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("etcd")
+            .arg("--data-dir")
+            .arg(&self.data)
+            .args(["--listen-client-urls", &self.url])
+            .args(["--advertise-client-urls", &self.url])
+            .args(["--listen-peer-urls", &self.peer_url])
+            .args(["--initial-advertise-peer-urls", &self.peer_url])
+            .args(["--initial-cluster", &format!("default={}", self.peer_url)])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&self.log).unwrap())
+            .spawn()
+            .expect("cannot start etcd (scripts/setup.sh installs etcd-server)");
+        self.child = Some(child);
+        let addr = self.url.trim_start_matches("http://").to_owned();
+        let until = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                Instant::now() < until,
+                "etcd did not listen; its log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+async fn start_node(dir: &Path, name: &str, etcd: &Etcd) -> Daemon {
+    let home = dir.join(name);
+    let home_arg = home.join("home");
+    std::fs::create_dir_all(&home_arg).unwrap();
+    let ttl = TTL_SECS.to_string();
+    Daemon::start(
+        &home,
+        &[
+            "--pool",
+            "0",
+            "--sandbox-home",
+            home_arg.to_str().unwrap(),
+            "--etcd",
+            &etcd.url,
+            "--lease-ttl",
+            &ttl,
+        ],
+        &[],
+    )
+    .await
+}
+
+/// Polls `check` every 50 ms until it gives a value or `within` passes.
+async fn within<T>(within: Duration, what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < until, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn node_ids(peers: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = peers["nodes"]
+        .as_array()
+        .map(|nodes| {
+            nodes
+                .iter()
+                .filter(|node| node["alive"] == true)
+                .map(|node| node["id"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}
+
+fn draining_of(peers: &Value, id: &str) -> Option<bool> {
+    peers["nodes"]
+        .as_array()?
+        .iter()
+        .find(|node| node["id"] == id)
+        .and_then(|node| node["draining"].as_bool())
+}
+
+#[test]
+fn three_nodes_register_drain_die_leave_and_survive_etcd_going_away() {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(fleet());
+}
+
+async fn fleet() {
+    let dir = test_dir("fleet-members");
+    let mut etcd = Etcd::start(&dir);
+    let a = start_node(&dir, "a", &etcd).await;
+    let b = start_node(&dir, "b", &etcd).await;
+    let c = start_node(&dir, "c", &etcd).await;
+    let started = Instant::now();
+    let id_of = |daemon: &Daemon| {
+        let file = daemon.dir.join("home").join("sandboxd").join("node-id");
+        std::fs::read_to_string(file).unwrap().trim().to_owned()
+    };
+
+    // All three register within a second of starting.
+    let all = within(Duration::from_secs(1), "three peers", async || {
+        let peers = a.get("/v1/peers").await;
+        (node_ids(&peers.json).len() == 3).then_some(peers.json)
+    })
+    .await;
+    eprintln!("three peers after {:?}", started.elapsed());
+    let (a_id, b_id, c_id) = (id_of(&a), id_of(&b), id_of(&c));
+    let mut expected = vec![a_id.clone(), b_id.clone(), c_id.clone()];
+    expected.sort();
+    assert_eq!(node_ids(&all), expected, "{all}");
+    assert_eq!(all["node_id"], a_id.as_str());
+    assert_eq!(all["peers"].as_array().unwrap().len(), 2, "{all}");
+    assert!(all["peers"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from(b.addr.clone())));
+    let info = c.get("/v1/info").await;
+    assert_eq!(info.json["peers"].as_array().unwrap().len(), 2, "{info:?}");
+    for node in all["nodes"].as_array().unwrap() {
+        assert_eq!(node["capacity"], 8, "{node}");
+        assert_eq!(node["draining"], false, "{node}");
+        assert!(node["addr"].as_str().unwrap().starts_with("127.0.0.1:"));
+    }
+
+    // A drain on B is visible from A and C at once.
+    let drained = b.call("POST", "/v1/drain", Some(&b.token), None).await;
+    assert_eq!(drained.status, 200, "{drained:?}");
+    let drained_at = Instant::now();
+    for viewer in [&a, &c] {
+        within(Duration::from_secs(1), "the drain seen", async || {
+            let peers = viewer.get("/v1/peers").await;
+            (draining_of(&peers.json, &b_id) == Some(true)).then_some(())
+        })
+        .await;
+    }
+    eprintln!("drain seen after {:?}", drained_at.elapsed());
+
+    // kill -9 of B: its record expires within the lease's TTL (plus a refresh).
+    b.kill9().await;
+    let killed_at = Instant::now();
+    within(
+        Duration::from_secs(TTL_SECS + 2),
+        "the killed node's record expired",
+        async || {
+            let peers = a.get("/v1/peers").await;
+            (!node_ids(&peers.json).contains(&b_id)).then_some(())
+        },
+    )
+    .await;
+    let expired_after = killed_at.elapsed();
+    eprintln!("killed node gone after {expired_after:?}");
+    assert!(
+        expired_after > Duration::from_millis(500),
+        "a killed node's record stays until its lease expires"
+    );
+
+    // SIGTERM of C: its lease is revoked, its record goes at once.
+    assert!(c.terminate(Duration::from_secs(30)).await.success());
+    let peers = a.get("/v1/peers").await;
+    assert_eq!(node_ids(&peers.json), vec![a_id.clone()], "{:?}", peers);
+
+    // etcd stopped: A keeps serving; /v1/peers says etcd is unreachable.
+    etcd.stop();
+    let down = a.get("/v1/peers").await;
+    assert_eq!(down.status, 503, "{down:?}");
+    assert_eq!(down.json["code"], "etcd_unreachable", "{down:?}");
+    assert!(
+        down.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("etcd is unreachable"),
+        "{down:?}"
+    );
+    let info = a.get("/v1/info").await;
+    assert_eq!(info.status, 200, "{info:?}");
+    let drained = a.call("POST", "/v1/drain", Some(&a.token), None).await;
+    assert_eq!(drained.status, 200, "the node still serves: {drained:?}");
+
+    // etcd back: A re-registers on a new lease, with its drain flag as it is now
+    // (etcd restores the old lease and record, drain off, for one more TTL: the
+    // flag tells the new record from the old).
+    etcd.spawn();
+    let back = within(Duration::from_secs(15), "A re-registered", async || {
+        let peers = a.get("/v1/peers").await;
+        (peers.status == 200
+            && peers.json["registered"] == true
+            && draining_of(&peers.json, &a_id) == Some(true))
+        .then_some(peers.json)
+    })
+    .await;
+    assert_eq!(node_ids(&back), vec![a_id.clone()], "{back}");
+    assert!(a.terminate(Duration::from_secs(30)).await.success());
+    drop(etcd);
+    let _ = std::fs::remove_dir_all(&dir);
+}
