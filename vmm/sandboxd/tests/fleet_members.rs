@@ -197,6 +197,26 @@ async fn fleet() {
         assert!(node["addr"].as_str().unwrap().starts_with("127.0.0.1:"));
     }
 
+    // The lost rule as the fleet listing applies it: a durable sandbox record
+    // (written here as a vanished node would have left it) with no owner record.
+    let put = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &etcd.url,
+            "put",
+            "/sandbox/sandboxes/sbx-ghost",
+        ])
+        .arg(r#"{"node_id":"vanished","template":"default","created_unix":1}"#)
+        .output()
+        .expect("cannot run etcdctl (scripts/setup.sh installs etcd-client)");
+    assert!(put.status.success(), "{put:?}");
+    let peers = b.get("/v1/peers").await;
+    let lost = peers.json["lost"].as_array().unwrap();
+    assert_eq!(lost.len(), 1, "{}", peers.json);
+    assert_eq!(lost[0]["id"], "sbx-ghost");
+    assert_eq!(lost[0]["node_id"], "vanished");
+
     // A drain on B is visible from A and C at once.
     let drained = b.call("POST", "/v1/drain", Some(&b.token), None).await;
     assert_eq!(drained.status, 200, "{drained:?}");
