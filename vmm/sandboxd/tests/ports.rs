@@ -2,7 +2,8 @@
 //! in the guest reached by `Client::dial_port` over the node's data plane (with a
 //! half close), by `sandboxctl --node ... port-forward`, and by a preview URL
 //! fetched with a plain HTTP client (refused without its secret, with a wrong one,
-//! and after the claim ends, all with the same 404); a port with nothing listening is
+//! and after the claim ends, all with the same 404), and a WebSocket through a preview
+//! URL (the guest's handshake answer, then frames both ways); a port with nothing listening is
 //! the typed `NotListening` error (and a 502 through a preview); the agent's cap on
 //! port connections answers `Busy` and frees its slots when they close. Then
 //! `sandboxd stop-all` leaves no QEMU, relay or run folder.
@@ -138,6 +139,7 @@ async fn ports_end_to_end() {
 
     port_forward_through_the_node(&daemon, &id, &token).await;
     let url = preview_urls(&daemon, &id, &token).await;
+    preview_websocket(&daemon, &client, &id, &token).await;
 
     // The claim ends: its preview URL with it.
     drop(client);
@@ -273,4 +275,109 @@ async fn preview_urls(daemon: &Daemon, id: &str, token: &str) -> String {
         "{bad_gateway:?}"
     );
     url_path
+}
+
+/// The guest port of the WebSocket server.
+const WEBSOCKET_PORT: u16 = 8002;
+
+/// A WebSocket handshake in busybox sh (run per connection by `nc -ll -e`): reads
+/// the request's headers (header names as any case: the node's proxy sends them
+/// lower-cased), answers `101` with the key's `Sec-WebSocket-Accept`, then echoes
+/// every byte back (`cat`), frames included.
+const WEBSOCKET_SERVER: &str = r#"#!/bin/sh
+key=
+while IFS= read -r line; do
+  line=$(printf '%s' "$line" | tr -d '\r')
+  [ -z "$line" ] && break
+  case "$line" in [Ss]ec-[Ww]eb[Ss]ocket-[Kk]ey:*) key=$(printf '%s' "${line#*:}" | tr -d ' ');; esac
+done
+accept=$(printf '%s' "${key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11" | sha1sum | cut -d' ' -f1 | xxd -r -p | base64)
+printf 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n' "$accept"
+exec cat
+"#;
+
+/// A WebSocket through a preview URL: the client's upgrade reaches the guest server,
+/// its `101` and accept key come back, and then bytes flow both ways (a masked text
+/// frame out, the same frame echoed back) over the joined connections.
+async fn preview_websocket(daemon: &Daemon, client: &sandbox_vmm::Client, id: &str, token: &str) {
+    sh(
+        client,
+        &format!("cat > /tmp/ws.sh <<'EOF'\n{WEBSOCKET_SERVER}EOF\nchmod +x /tmp/ws.sh"),
+    )
+    .await;
+    client
+        .spawn(argv(&[
+            "nc",
+            "-ll",
+            "-p",
+            &WEBSOCKET_PORT.to_string(),
+            "-e",
+            "/tmp/ws.sh",
+        ]))
+        .await
+        .unwrap();
+    let minted = daemon
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/preview"),
+            Some(token),
+            Some(&json!({"port": WEBSOCKET_PORT})),
+        )
+        .await;
+    assert_eq!(minted.status, 200, "{minted:?}");
+    let url = field(&minted.json, "url");
+    let path = url
+        .strip_prefix(&format!("http://{}", daemon.addr))
+        .unwrap()
+        .to_owned();
+    // RFC 6455's own example key and its accept value.
+    let request = format!(
+        "GET {path}chat HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        daemon.addr
+    );
+    let mut stream = eventually(Duration::from_secs(30), "the WebSocket server", || async {
+        let mut stream = tokio::net::TcpStream::connect(&daemon.addr).await.ok()?;
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let head = read_head(&mut stream).await?;
+        head.starts_with("HTTP/1.1 101").then_some((stream, head))
+    })
+    .await;
+    let head = &stream.1;
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
+    // A masked text frame "hello" (RFC 6455 5.7), echoed byte for byte.
+    let frame = [
+        0x81, 0x85, 0x37, 0xfa, 0x21, 0x3d, 0x7f, 0x9f, 0x4d, 0x51, 0x58,
+    ];
+    for _ in 0..3 {
+        stream.0.write_all(&frame).await.unwrap();
+        let mut echoed = [0u8; 11];
+        tokio::time::timeout(Duration::from_secs(30), stream.0.read_exact(&mut echoed))
+            .await
+            .expect("no echo within 30 s")
+            .unwrap();
+        assert_eq!(echoed, frame);
+    }
+}
+
+/// An HTTP answer's head (up to the blank line), read byte by byte so nothing after
+/// it is consumed; `None` if the connection ends first.
+async fn read_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut byte))
+            .await
+            .ok()?
+            .ok()?;
+        if read == 0 || head.len() > 16 * 1024 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
 }
