@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
 use tokio::sync::Notify;
 
-pub use record::{Keys, LostSandbox, NodeRecord, SandboxRecord};
+pub use record::{Keys, LostSandbox, NodeRecord, SandboxRecord, Stored};
 
 /// How often the record is re-put and the lease renewed.
 pub const REFRESH: Duration = Duration::from_secs(1);

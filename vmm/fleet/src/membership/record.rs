@@ -105,14 +105,15 @@ impl Keys {
     }
 }
 
-impl NodeRecord {
+/// A record kept in etcd as JSON: node and sandbox records alike.
+pub trait Stored: Serialize + serde::de::DeserializeOwned {
     /// The record as stored.
-    pub fn encode(&self) -> Vec<u8> {
+    fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
     /// The record stored at `key`.
-    pub fn decode(key: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
+    fn decode(key: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
         serde_json::from_slice(bytes).map_err(|source| DecodeError {
             key: key.to_owned(),
             source,
@@ -120,20 +121,8 @@ impl NodeRecord {
     }
 }
 
-impl SandboxRecord {
-    /// The record as stored.
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    /// The record stored at `key`.
-    pub fn decode(key: &str, bytes: &[u8]) -> Result<Self, DecodeError> {
-        serde_json::from_slice(bytes).map_err(|source| DecodeError {
-            key: key.to_owned(),
-            source,
-        })
-    }
-}
+impl Stored for NodeRecord {}
+impl Stored for SandboxRecord {}
 
 /// A sandbox whose node vanished: its durable record outlived its owner record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
