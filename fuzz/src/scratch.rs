@@ -28,7 +28,8 @@ pub fn confine(root: &Path, path: &[u8]) -> Vec<u8> {
 
 /// `request` with every path confined to `root`, or `None` when it is not safe to
 /// run in a fuzzer's process at all (exec, spawn, pty and eval run programs; shutdown
-/// powers off; resumed sets the clock). `reidentify` runs: the fuzzer's agent is not
+/// powers off; resumed sets the clock; a port forward dials the fuzzing machine's own
+/// loopback ports). `reidentify` runs: the fuzzer's agent is not
 /// init, so it never sets the hostname. A `wait_for_text` waits at most
 /// [`WAIT_FUZZ_MS`], so an input cannot make a run wait minutes.
 pub fn confine_request(root: &Path, request: Request) -> Option<Request> {
@@ -40,6 +41,7 @@ pub fn confine_request(root: &Path, request: Request) -> Option<Request> {
         | Request::PtyOpen(_)
         | Request::Resumed(_)
         | Request::Eval(_)
+        | Request::PortForward(_)
         | Request::Shutdown(_) => return None,
         // These look a pid up in the process table, which stays empty because nothing
         // is ever started: they can only fail, and must do so with a typed error.

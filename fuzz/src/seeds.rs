@@ -6,7 +6,7 @@ use sandbox_protocol::{
     AgentFrame, AgentInfo, AgentMsg, ClientFrame, ClientMsg, Command, DirEntry, ErrorKind, Event,
     ExecReply, ExecRequest, ExitStatus, FileKind, FileStat, Hello, HelloReply, KillRequest,
     LogsBatch, LogsReply, LogsRequest, MkdirRequest, OutputChunk, PathRequest, Pid, ProcessInfo,
-    ProcessKind, ProcessSpec, ProcessState, PtyInputRequest, PtyOpenRequest, PtyResizeRequest,
+    PortForwardRequest, ProcessKind, ProcessSpec, ProcessState, PtyInputRequest, PtyOpenRequest, PtyResizeRequest,
     PutRequest, ReidentifyRequest, RemoveRequest, RenameRequest, Reply, Request, RequestId,
     ResumedRequest, ShutdownRequest, SpawnRequest, Stream, User, WindowSize, WireError,
     WriteFileRequest, PROTOCOL_VERSION,
@@ -100,6 +100,7 @@ pub fn requests() -> Vec<(&'static str, Request)> {
             hostname: Some("fork-1".into()),
             token: Some("fresh".into()),
         }),
+        Request::PortForward(PortForwardRequest { port: 8000 }),
     ];
     requests.into_iter().map(|r| (r.name(), r)).collect()
 }
