@@ -4,7 +4,9 @@
 //! others at once; `kill -9` of one drops it within the lease's TTL; SIGTERM of
 //! another drops it at once (lease revoked); with etcd stopped the node keeps
 //! serving and `GET /v1/peers` says etcd is unreachable; with etcd back it
-//! re-registers on a new lease.
+//! re-registers on a new lease. A second test claims a real microVM on one node
+//! and `kill -9`s that node: the sandbox is reported lost fleet-wide, and found
+//! again when the node restarts and re-adopts it.
 //!
 //! Needs the `etcd` binary (scripts/setup.sh installs it); without it the test fails.
 
@@ -143,6 +145,17 @@ fn node_ids(peers: &Value) -> Vec<String> {
     ids
 }
 
+/// Runs `etcdctl ARGS` against `etcd`; panics unless it succeeds.
+fn etcdctl(etcd: &Etcd, args: &[&str]) {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.url])
+        .args(args)
+        .output()
+        .expect("cannot run etcdctl (scripts/setup.sh installs etcd-client)");
+    assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+}
+
 fn draining_of(peers: &Value, id: &str) -> Option<bool> {
     peers["nodes"]
         .as_array()?
@@ -216,6 +229,19 @@ async fn fleet() {
     assert_eq!(lost.len(), 1, "{}", peers.json);
     assert_eq!(lost[0]["id"], "sbx-ghost");
     assert_eq!(lost[0]["node_id"], "vanished");
+    // Asked for by id, a lost sandbox is a 410 `sandbox_lost`, not an unknown id.
+    for path in ["/v1/sandboxes/sbx-ghost", "/v1/sandboxes/sbx-ghost/owner"] {
+        let answer = a.get(path).await;
+        assert_eq!(answer.status, 410, "{path}: {answer:?}");
+        assert_eq!(answer.json["code"], "sandbox_lost", "{answer:?}");
+        assert!(
+            answer.json["error"].as_str().unwrap().contains("vanished"),
+            "{answer:?}"
+        );
+    }
+    etcdctl(&etcd, &["del", "/sandbox/sandboxes/sbx-ghost"]);
+    let unknown = a.get("/v1/sandboxes/sbx-ghost").await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
 
     // A drain on B is visible from A and C at once.
     let drained = b.call("POST", "/v1/drain", Some(&b.token), None).await;
@@ -284,6 +310,131 @@ async fn fleet() {
     })
     .await;
     assert_eq!(node_ids(&back), vec![a_id.clone()], "{back}");
+    assert!(a.terminate(Duration::from_secs(30)).await.success());
+    drop(etcd);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_killed_nodes_sandbox_is_reported_lost_and_found_again_when_it_restarts() {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(lost_and_found());
+}
+
+/// A node that boots VMs: the machine's templates (its `SANDBOX_HOME`), its own run
+/// folder, and a node id of its own (the id file would be the home's).
+async fn start_vm_node(dir: &Path, etcd: &Etcd, node_id: &str, listen: &str) -> Daemon {
+    let ttl = TTL_SECS.to_string();
+    Daemon::start_on(
+        dir,
+        listen,
+        &[
+            "--pool",
+            "0",
+            "--max-sandboxes",
+            "1",
+            "--etcd",
+            &etcd.url,
+            "--lease-ttl",
+            &ttl,
+            "--node-id",
+            node_id,
+        ],
+        &[],
+    )
+    .await
+}
+
+async fn lost_and_found() {
+    let dir = test_dir("fleet-lost");
+    let etcd = Etcd::start(&dir);
+    let a = start_node(&dir, "a", &etcd).await;
+    let b_dir = dir.join("b");
+    let b_id = format!("lost-b-{}", std::process::id());
+    let b = start_vm_node(&b_dir, &etcd, &b_id, "127.0.0.1:0").await;
+    let b_addr = b.addr.clone();
+
+    let claimed = b.post("/v1/claim", &serde_json::json!({})).await;
+    assert_eq!(claimed.status, 201, "{claimed:?}");
+    let id = claimed.json["id"].as_str().unwrap().to_owned();
+    let owner_path = format!("/v1/sandboxes/{id}/owner");
+
+    // Another node names the owner, and sends the sandbox's calls there.
+    let owner = within(Duration::from_secs(3), "the owner record", async || {
+        let answer = a.get(&owner_path).await;
+        (answer.status == 200).then_some(answer.json)
+    })
+    .await;
+    assert_eq!(owner["owner_addr"], b_addr.as_str(), "{owner}");
+    let elsewhere = a.get(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(elsewhere.status, 421, "{elsewhere:?}");
+    assert_eq!(elsewhere.json["code"], "elsewhere", "{elsewhere:?}");
+    assert!(
+        elsewhere.json["error"].as_str().unwrap().contains(&b_addr),
+        "{elsewhere:?}"
+    );
+
+    // kill -9 of B: within the lease its sandbox is lost, listed and asked for.
+    b.kill9().await;
+    let killed_at = Instant::now();
+    let peers = within(
+        Duration::from_secs(TTL_SECS + 2),
+        "the sandbox listed lost",
+        async || {
+            let peers = a.get("/v1/peers").await;
+            let lost = peers.json["lost"].as_array()?;
+            lost.iter()
+                .any(|entry| entry["id"] == id.as_str())
+                .then_some(peers.json)
+        },
+    )
+    .await;
+    eprintln!("sandbox lost after {:?}", killed_at.elapsed());
+    assert!(!node_ids(&peers).contains(&b_id), "{peers}");
+    let gone = a.get(&owner_path).await;
+    assert_eq!(gone.status, 410, "{gone:?}");
+    assert_eq!(gone.json["code"], "sandbox_lost", "{gone:?}");
+
+    // B restarts on its run folder: it re-adopts the VM, and the fleet finds it.
+    let b = start_vm_node(&b_dir, &etcd, &b_id, &b_addr).await;
+    let found = within(
+        Duration::from_secs(30),
+        "the sandbox found again",
+        async || {
+            let answer = a.get(&owner_path).await;
+            (answer.status == 200).then_some(answer.json)
+        },
+    )
+    .await;
+    assert_eq!(found["owner_addr"], b_addr.as_str(), "{found}");
+    let peers = a.get("/v1/peers").await;
+    // `lost` is left out when empty.
+    assert!(peers.json.get("lost").is_none(), "{peers:?}");
+    let exec = b
+        .agent(&id, claimed.json["token"].as_str().unwrap())
+        .await
+        .unwrap()
+        .exec(sandbox_tests::exec_sh("echo still here"))
+        .await
+        .unwrap();
+    assert_eq!(exec.stdout, b"still here\n", "{exec:?}");
+
+    let released = b
+        .post(
+            &format!("/v1/sandboxes/{id}/release"),
+            &serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(released.status, 200, "{released:?}");
+    within(Duration::from_secs(3), "the records removed", async || {
+        let answer = a.get(&owner_path).await;
+        (answer.status == 404).then_some(())
+    })
+    .await;
+    assert!(b.terminate(Duration::from_secs(60)).await.success());
     assert!(a.terminate(Duration::from_secs(30)).await.success());
     drop(etcd);
     let _ = std::fs::remove_dir_all(&dir);

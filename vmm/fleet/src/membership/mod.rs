@@ -23,6 +23,10 @@ pub use record::{Keys, LostSandbox, NodeRecord, SandboxRecord, Stored};
 /// How often the record is re-put and the lease renewed.
 pub const REFRESH: Duration = Duration::from_secs(1);
 
+/// A record not refreshed for this long marks its node as not alive: its lease
+/// may outlive a hung process (a lease TTL can be an hour), its refreshes cannot.
+pub const STALE_AFTER: Duration = Duration::from_secs(10);
+
 /// How long one etcd call may take before etcd counts as unreachable.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -73,8 +77,8 @@ pub struct Peer {
     /// Its record.
     #[serde(flatten)]
     pub record: NodeRecord,
-    /// Whether its lease is alive (records of dead nodes expire with their lease,
-    /// so a listed peer is alive).
+    /// Whether it refreshed its record within [`STALE_AFTER`]: a dead node's record
+    /// goes with its lease, a hung node's stays but stops being refreshed.
     pub alive: bool,
     /// Whether it is this node.
     pub this_node: bool,
@@ -87,6 +91,23 @@ pub struct Fleet {
     pub nodes: Vec<Peer>,
     /// Sandboxes whose node vanished.
     pub lost: Vec<LostSandbox>,
+}
+
+/// Where the fleet says one sandbox is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// A live node owns it.
+    Owned {
+        /// The owner's id.
+        node_id: String,
+        /// Where clients reach the owner (empty when its node record is gone,
+        /// the instant between its lease's keys expiring).
+        addr: String,
+    },
+    /// Its durable record outlived its owner: its node vanished.
+    Lost(SandboxRecord),
+    /// The fleet holds no record of it.
+    Unknown,
 }
 
 /// Whether the node is registered now.
@@ -127,6 +148,12 @@ fn now_unix() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// Whether a record refreshed at `updated_unix` is recent at `now` (a clock a
+/// little ahead on the writer counts as fresh).
+fn is_fresh(updated_unix: u64, now: u64) -> bool {
+    now.saturating_sub(updated_unix) <= STALE_AFTER.as_secs()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -188,13 +215,7 @@ impl Membership {
 
     /// The fleet as etcd holds it now.
     pub async fn fleet(&self) -> Result<Fleet, FleetError> {
-        let client = lock(&self.shared.client).clone();
-        let mut client = match client {
-            Some(client) => client,
-            None => connect(&self.shared.config)
-                .await
-                .map_err(|why| self.unreachable(why))?,
-        };
+        let mut client = self.client().await?;
         let keys = &self.shared.keys;
         let prefix = Some(GetOptions::new().with_prefix());
         let nodes = timed("read nodes", client.get(keys.nodes(), prefix.clone()))
@@ -207,12 +228,13 @@ impl Membership {
             .await
             .map_err(|why| self.unreachable(why))?;
         let mut fleet = Fleet::default();
+        let now = now_unix();
         for kv in nodes.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let record = NodeRecord::decode(&key, kv.value())?;
             fleet.nodes.push(Peer {
                 this_node: record.id == self.shared.config.node_id,
-                alive: true,
+                alive: is_fresh(record.updated_unix, now),
                 record,
             });
         }
@@ -235,6 +257,50 @@ impl Membership {
         }
         fleet.lost = record::lost(&durable, &owner_map);
         Ok(fleet)
+    }
+
+    /// Where sandbox `id` is, by its owner and durable records.
+    pub async fn locate(&self, id: &str) -> Result<Location, FleetError> {
+        let mut client = self.client().await?;
+        let keys = &self.shared.keys;
+        let owner = timed("read an owner record", client.get(keys.owner(id), None))
+            .await
+            .map_err(|why| self.unreachable(why))?;
+        if let Some(kv) = owner.kvs().first() {
+            let node_id = String::from_utf8_lossy(kv.value()).into_owned();
+            let node = timed("read a node record", client.get(keys.node(&node_id), None))
+                .await
+                .map_err(|why| self.unreachable(why))?;
+            let addr = match node.kvs().first() {
+                Some(kv) => {
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    NodeRecord::decode(&key, kv.value())?.addr
+                }
+                None => String::new(),
+            };
+            return Ok(Location::Owned { node_id, addr });
+        }
+        let durable = timed("read a sandbox record", client.get(keys.sandbox(id), None))
+            .await
+            .map_err(|why| self.unreachable(why))?;
+        match durable.kvs().first() {
+            Some(kv) => {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                Ok(Location::Lost(SandboxRecord::decode(&key, kv.value())?))
+            }
+            None => Ok(Location::Unknown),
+        }
+    }
+
+    /// The connected client, or a fresh connection while the task has none.
+    async fn client(&self) -> Result<Client, FleetError> {
+        let client = lock(&self.shared.client).clone();
+        match client {
+            Some(client) => Ok(client),
+            None => connect(&self.shared.config)
+                .await
+                .map_err(|why| self.unreachable(why)),
+        }
     }
 
     /// Forgets sandbox `id`'s durable record (a lost sandbox the operator gave up).
@@ -401,4 +467,19 @@ async fn publish(
         published.remove(&id);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_not_refreshed_within_the_stale_limit_is_not_alive() {
+        let limit = STALE_AFTER.as_secs();
+        assert!(is_fresh(1000, 1000));
+        assert!(is_fresh(1000, 1000 + limit));
+        assert!(!is_fresh(1000, 1000 + limit + 1));
+        // A writer whose clock runs ahead is not penalised.
+        assert!(is_fresh(1005, 1000));
+    }
 }

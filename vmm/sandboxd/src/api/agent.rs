@@ -41,7 +41,7 @@ pub async fn upgrade(
     Path(id): Path<String>,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let sandbox = authorized(&state, &headers, None, &id)?;
+    let sandbox = authorized(&state, &headers, None, &id).await?;
     let wanted = headers
         .get(header::UPGRADE)
         .and_then(|value| value.to_str().ok())

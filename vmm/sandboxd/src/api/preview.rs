@@ -36,7 +36,7 @@ pub async fn mint(
     Path(id): Path<String>,
     Body(body): Body<PreviewBody>,
 ) -> Result<Json<PreviewReply>, ApiError> {
-    let sandbox = authorized(&state, &headers, Some(&body.token), &id)?;
+    let sandbox = authorized(&state, &headers, Some(&body.token), &id).await?;
     if body.ttl_seconds > MAX_PREVIEW_TTL_SECS {
         return Err(ApiError::bad_request(format!(
             "ttl_seconds must be at most {MAX_PREVIEW_TTL_SECS}"

@@ -9,9 +9,12 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
+use sandbox_engine::error::LookupError;
 use sandbox_engine::image_build::BuildProgress;
 use sandbox_engine::node::{ClaimRequest, NetRequest};
+use sandbox_engine::registry::Lookup;
 use sandbox_engine::sandbox::{Lineage, Sandbox};
+use sandbox_fleet::membership::{Location, SandboxRecord};
 use sandbox_vmm::node_api::wire::{
     CheckpointBody, CheckpointReply, ClaimBody, ClaimReply, EgressLogQuery, EgressLogReply,
     ForkBody, ForkReply, HibernateReply, OwnerReply, PromoteBody, PromoteReply, Released,
@@ -79,8 +82,9 @@ fn deadline(sandbox: &Sandbox) -> String {
 }
 
 /// The sandbox `id` when the caller may use it. An unknown id and a wrong token
-/// answer alike to a caller without the operator token, so ids cannot be probed.
-pub fn authorized(
+/// answer alike to a caller without the operator token, so ids cannot be probed;
+/// the operator learns, in a fleet, that the id is another node's or lost.
+pub async fn authorized(
     state: &AppState,
     headers: &HeaderMap,
     body_token: Option<&str>,
@@ -90,9 +94,53 @@ pub fn authorized(
     match state.node.sandbox(id) {
         Ok(sandbox) if may_use(&state.operator, headers, body_token, &sandbox) => Ok(sandbox),
         Ok(_) => Err(ApiError::unauthorized()),
-        Err(error) if operator => Err(error.into()),
+        Err(error) if operator => Err(match fleet_location(state, id, &error).await {
+            Some(Location::Owned { node_id, addr }) => ApiError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                "elsewhere",
+                format!("Sandbox {id} is held by node {node_id} at {addr}: send its calls there"),
+            ),
+            Some(Location::Lost(record)) => lost(id, &record),
+            Some(Location::Unknown) | None => error.into(),
+        }),
         Err(_) => Err(ApiError::unauthorized()),
     }
+}
+
+/// How long a lookup of an unknown id waits for the fleet before answering as a
+/// single node would.
+const LOCATE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Where the fleet says sandbox `id`, unknown here, is: `None` on a single node,
+/// for an id that was here (released, expired), or when etcd does not answer in
+/// time (the local answer stands).
+async fn fleet_location(state: &AppState, id: &str, error: &LookupError) -> Option<Location> {
+    let membership = state.membership.as_ref()?;
+    if !matches!(error.why, Lookup::Unknown) {
+        return None;
+    }
+    match tokio::time::timeout(LOCATE_WITHIN, membership.locate(id)).await {
+        Ok(Ok(Location::Owned { node_id, .. })) if node_id == membership.node_id() => None,
+        Ok(Ok(location)) => Some(location),
+        Ok(Err(error)) => {
+            tracing::warn!(%id, error = %error, "cannot locate a sandbox in the fleet");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// 410 `sandbox_lost`: the node that held `id` vanished with it.
+fn lost(id: &str, record: &SandboxRecord) -> ApiError {
+    ApiError::new(
+        StatusCode::GONE,
+        "sandbox_lost",
+        format!(
+            "Sandbox {id} is lost: its node {} left the fleet without releasing it \
+             (template {}, claimed at Unix time {})",
+            record.node_id, record.template, record.created_unix
+        ),
+    )
 }
 
 pub async fn claim(
@@ -182,7 +230,7 @@ pub async fn show(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<SandboxRow>, ApiError> {
-    let sandbox = authorized(&state, &headers, None, &id)?;
+    let sandbox = authorized(&state, &headers, None, &id).await?;
     Ok(Json(row(&sandbox)))
 }
 
@@ -193,7 +241,18 @@ pub async fn owner(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<OwnerReply>, ApiError> {
-    let sandbox = authorized(&state, &headers, None, &id)?;
+    let operator = caller(&state.operator, &headers) == Caller::Operator;
+    if let (true, Err(error)) = (operator, state.node.sandbox(&id)) {
+        return match fleet_location(&state, &id, &error).await {
+            Some(Location::Owned { addr, .. }) => Ok(Json(OwnerReply {
+                id,
+                owner_addr: addr,
+            })),
+            Some(Location::Lost(record)) => Err(lost(&id, &record)),
+            Some(Location::Unknown) | None => Err(error.into()),
+        };
+    }
+    let sandbox = authorized(&state, &headers, None, &id).await?;
     Ok(Json(OwnerReply {
         id: sandbox.id.to_string(),
         owner_addr: state.advertise.clone(),
@@ -210,7 +269,7 @@ pub async fn egress_log(
     Path(id): Path<String>,
     query: Result<Query<EgressLogQuery>, QueryRejection>,
 ) -> Result<Json<EgressLogReply>, ApiError> {
-    let sandbox = authorized(&state, &headers, None, &id)?;
+    let sandbox = authorized(&state, &headers, None, &id).await?;
     let Query(query) = query.map_err(|rejection| {
         ApiError::bad_request(format!(
             "Bad query: {} (expected ?tail=N)",
@@ -267,7 +326,7 @@ pub async fn release(
     Path(id): Path<String>,
     Body(body): Body<TokenBody>,
 ) -> Result<Json<Released>, ApiError> {
-    authorized(&state, &headers, Some(&body.token), &id)?;
+    authorized(&state, &headers, Some(&body.token), &id).await?;
     let sandbox = state.node.release(&id).await?;
     Ok(Json(Released {
         id: sandbox.id.to_string(),
@@ -281,7 +340,7 @@ pub async fn renew(
     Path(id): Path<String>,
     Body(body): Body<RenewBody>,
 ) -> Result<Json<Renewed>, ApiError> {
-    authorized(&state, &headers, Some(&body.token), &id)?;
+    authorized(&state, &headers, Some(&body.token), &id).await?;
     let sandbox = state.node.renew(&id, body.ttl_seconds)?;
     Ok(Json(Renewed {
         id: sandbox.id.to_string(),
@@ -295,7 +354,7 @@ pub async fn fork(
     Path(id): Path<String>,
     Body(body): Body<ForkBody>,
 ) -> Result<Json<ForkReply>, ApiError> {
-    authorized(&state, &headers, Some(&body.token), &id)?;
+    authorized(&state, &headers, Some(&body.token), &id).await?;
     // `"count": 0` is one child, as no count is.
     let count = body.count.max(1);
     if body.ttl_seconds > 0 {
@@ -327,7 +386,7 @@ pub async fn checkpoint(
     Path(id): Path<String>,
     Body(body): Body<CheckpointBody>,
 ) -> Result<Json<CheckpointReply>, ApiError> {
-    authorized(&state, &headers, Some(&body.token), &id)?;
+    authorized(&state, &headers, Some(&body.token), &id).await?;
     let name = Some(body.name).filter(|name| !name.trim().is_empty());
     let taken = state.node.checkpoint(&id, name).await?;
     Ok(Json(CheckpointReply {
@@ -343,7 +402,7 @@ pub async fn hibernate(
     Path(id): Path<String>,
     Body(body): Body<TokenBody>,
 ) -> Result<Json<HibernateReply>, ApiError> {
-    authorized(&state, &headers, Some(&body.token), &id)?;
+    authorized(&state, &headers, Some(&body.token), &id).await?;
     let done = state.node.hibernate(&id).await?;
     Ok(Json(HibernateReply {
         id: done.sandbox.id.to_string(),
@@ -359,7 +418,7 @@ pub async fn promote(
     Path(id): Path<String>,
     Body(body): Body<PromoteBody>,
 ) -> Result<Json<PromoteReply>, ApiError> {
-    authorized(&state, &headers, Some(&body.token), &id)?;
+    authorized(&state, &headers, Some(&body.token), &id).await?;
     let done = state.node.promote(&id, &body.template).await?;
     Ok(Json(PromoteReply {
         key: TemplateKey {
