@@ -1,0 +1,192 @@
+//! Where a claim goes: the freer of two nodes sampled from those that can take it.
+//!
+//! Sampling two and keeping the freer ("the power of two choices") spreads claims
+//! nearly as evenly as always picking the emptiest node, without every front end
+//! that reads a slightly stale catalogue piling onto the same one. A node can take
+//! a claim when it is alive (refreshed its record lately), not draining, has a free
+//! slot, and holds the template (or can fetch the checkpoint); among those, the ones
+//! that already hold what the claim needs locally are preferred, so a checkpoint or
+//! template is downloaded only when no node with it has room.
+
+use crate::membership::{NodeRecord, Peer};
+
+/// What a claim needs from the node it lands on.
+#[derive(Clone, Copy)]
+pub enum Need<'a> {
+    /// A sandbox of this template: only nodes that list it can take the claim.
+    Template(&'a str),
+    /// A sandbox from this checkpoint: any node can take it (it downloads what it
+    /// lacks); `held` says which ones hold it already.
+    Checkpoint {
+        /// Whether a node holds the checkpoint locally.
+        held: &'a dyn Fn(&NodeRecord) -> bool,
+    },
+}
+
+impl std::fmt::Debug for Need<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Template(name) => f.debug_tuple("Template").field(name).finish(),
+            Self::Checkpoint { .. } => f.debug_struct("Checkpoint").finish_non_exhaustive(),
+        }
+    }
+}
+
+/// Free slots on `record`'s node.
+fn free(record: &NodeRecord) -> usize {
+    record.capacity.saturating_sub(record.used)
+}
+
+/// Whether `peer` can take a claim at all.
+fn can_take(peer: &Peer) -> bool {
+    peer.alive && !peer.record.draining && free(&peer.record) > 0
+}
+
+/// Picks the node for a claim needing `need` among `nodes`, sampling with `random`
+/// (any source of `u64`s; a node's pick needs no cryptographic randomness). `None`
+/// when no node can take it.
+pub fn place<'p>(
+    nodes: &'p [Peer],
+    need: Need<'_>,
+    mut random: impl FnMut() -> u64,
+) -> Option<&'p Peer> {
+    let able: Vec<&Peer> = nodes
+        .iter()
+        .filter(|peer| can_take(peer))
+        .filter(|peer| match need {
+            Need::Template(name) => peer.record.templates.iter().any(|t| t == name),
+            Need::Checkpoint { .. } => true,
+        })
+        .collect();
+    let holding: Vec<&Peer> = match need {
+        Need::Template(_) => Vec::new(),
+        Need::Checkpoint { held } => able
+            .iter()
+            .copied()
+            .filter(|peer| held(&peer.record))
+            .collect(),
+    };
+    let pool = if holding.is_empty() { able } else { holding };
+    match pool.len() {
+        0 => None,
+        1 => pool.first().copied(),
+        len => {
+            let first = index(random(), len);
+            // The second is another node: an offset of 1..len from the first.
+            let second = (first + 1 + index(random(), len - 1)) % len;
+            let (a, b) = (pool[first], pool[second]);
+            Some(if free(&b.record) > free(&a.record) {
+                b
+            } else {
+                a
+            })
+        }
+    }
+}
+
+/// `value` mapped onto `0..len` (`len` > 0).
+fn index(value: u64, len: usize) -> usize {
+    let len = u64::try_from(len).unwrap_or(u64::MAX);
+    usize::try_from(value % len).unwrap_or(0)
+}
+
+/// A small, fast, non-cryptographic generator (SplitMix64) for [`place`]'s samples,
+/// seeded per call site.
+#[derive(Debug, Clone)]
+pub struct SplitMix(u64);
+
+impl SplitMix {
+    /// A generator from `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn peer(id: &str, capacity: usize, used: usize) -> Peer {
+        Peer {
+            record: NodeRecord {
+                id: id.to_owned(),
+                capacity,
+                used,
+                templates: vec!["default".to_owned()],
+                ..NodeRecord::default()
+            },
+            alive: true,
+            this_node: false,
+        }
+    }
+
+    fn counts(nodes: &[Peer], need: Need<'_>, rounds: usize) -> BTreeMap<String, usize> {
+        let mut rng = SplitMix::new(7);
+        let mut counts = BTreeMap::new();
+        for _ in 0..rounds {
+            let picked = place(nodes, need, || rng.next_u64()).unwrap();
+            *counts.entry(picked.record.id.clone()).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn draining_full_dead_and_templateless_nodes_never_get_a_claim() {
+        let mut draining = peer("draining", 8, 0);
+        draining.record.draining = true;
+        let mut dead = peer("dead", 8, 0);
+        dead.alive = false;
+        let mut other = peer("other-template", 8, 0);
+        other.record.templates = vec!["python".to_owned()];
+        let nodes = [draining, dead, other, peer("full", 2, 2), peer("ok", 8, 7)];
+        let counts = counts(&nodes, Need::Template("default"), 200);
+        assert_eq!(counts, BTreeMap::from([("ok".to_owned(), 200)]));
+        assert!(place(&nodes[..4], Need::Template("default"), || 0).is_none());
+    }
+
+    #[test]
+    fn the_freer_of_two_wins_so_an_empty_node_gets_most_claims() {
+        let nodes = [peer("empty", 8, 0), peer("busy", 8, 6), peer("half", 8, 4)];
+        let counts = counts(&nodes, Need::Template("default"), 3000);
+        // "empty" wins every pair it is in (2/3 of pairs), "half" wins its pair with "busy".
+        assert!(counts["empty"] > 1800, "{counts:?}");
+        assert!(counts["half"] > 800, "{counts:?}");
+        assert!(!counts.contains_key("busy"), "{counts:?}");
+    }
+
+    #[test]
+    fn equal_nodes_share_claims_evenly() {
+        let nodes = [peer("a", 8, 0), peer("b", 8, 0), peer("c", 8, 0)];
+        let counts = counts(&nodes, Need::Template("default"), 3000);
+        for id in ["a", "b", "c"] {
+            assert!((700..1300).contains(&counts[id]), "{counts:?}");
+        }
+    }
+
+    #[test]
+    fn a_node_that_holds_the_checkpoint_is_preferred_while_it_has_room() {
+        let held = |record: &NodeRecord| record.id == "holder";
+        let need = Need::Checkpoint { held: &held };
+        let nodes = [peer("holder", 8, 7), peer("empty", 8, 0)];
+        assert_eq!(counts(&nodes, need, 100)["holder"], 100);
+        // Full, it is skipped: another node downloads the checkpoint.
+        let nodes = [peer("holder", 8, 8), peer("empty", 8, 0)];
+        assert_eq!(counts(&nodes, need, 100)["empty"], 100);
+        // A checkpoint needs no template on the node.
+        let mut bare = peer("bare", 8, 0);
+        bare.record.templates.clear();
+        assert!(place(&[bare], need, || 3).is_some());
+    }
+}
