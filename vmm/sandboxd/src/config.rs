@@ -23,6 +23,14 @@
 //! | `--etcd-prefix PREFIX` | `SANDBOXD_ETCD_PREFIX` | `/sandbox` |
 //! | `--node-id ID` | `SANDBOXD_NODE_ID` | a random id kept in `$SANDBOX_HOME/sandboxd/node-id` |
 //! | `--lease-ttl SECS` | `SANDBOXD_LEASE_TTL` | `5` |
+//! | `--store s3://BUCKET/PREFIX` | `SANDBOXD_STORE` | none: checkpoints stay on this node |
+//! | `--store-endpoint URL` | `AWS_ENDPOINT_URL` | AWS's endpoint for the region |
+//! | `--store-region REGION` | `AWS_REGION`, else `AWS_DEFAULT_REGION` | `us-east-1` |
+//! | `--store-path-style BOOL` | `SANDBOXD_STORE_PATH_STYLE` | `true`: `ENDPOINT/BUCKET/KEY` (`false`: virtual-hosted) |
+//! | `--store-allow-http` | `SANDBOXD_STORE_ALLOW_HTTP` | off: HTTPS only, unless the endpoint is `http://` on loopback |
+//! | `--store-access-key-id ID` | `AWS_ACCESS_KEY_ID` | none: the AWS provider chain (instance metadata, ...) |
+//! | `--store-secret-access-key KEY` | `AWS_SECRET_ACCESS_KEY` | none (needed with an access key id) |
+//! | `--store-session-token TOKEN` | `AWS_SESSION_TOKEN` | none |
 //!
 //! The launcher's own variables (`SANDBOX_RUN_DIR`, `SANDBOX_ACCEL`, ...) are read
 //! through the environment lookup handed to [`Config::from_args`].
@@ -37,6 +45,7 @@ use sandbox_engine::config::{
     AttachConfig, LaunchConfig, Mode, DEFAULT_BOOT_TIMEOUT_SECS, DEFAULT_MAX_FORK_COUNT,
     MAX_SANDBOXES_LIMIT,
 };
+use sandbox_fleet::store::{Credentials, StoreConfig};
 use sandbox_vmm::launcher::snapshot::MAX_BRANCH;
 use sandbox_vmm::launcher::{self, LauncherConfig, TemplateRef};
 
@@ -138,6 +147,60 @@ pub struct Args {
     /// Fleet membership on etcd (`--etcd`, ...).
     #[command(flatten)]
     pub fleet: FleetArgs,
+    /// Checkpoints in an object store (`--store`, ...).
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Checkpoints in an S3-compatible object store: uploaded after capture, downloaded
+/// by a claim of one this node does not hold.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StoreArgs {
+    /// Keep checkpoints in this bucket, under this key prefix.
+    #[arg(long, env = "SANDBOXD_STORE", value_name = "s3://BUCKET/PREFIX")]
+    pub store: Option<String>,
+    /// The endpoint of a store other than AWS S3 (MinIO, SeaweedFS, Ceph, R2, ...).
+    #[arg(long = "store-endpoint", env = "AWS_ENDPOINT_URL", value_name = "URL")]
+    pub store_endpoint: Option<String>,
+    /// The store's region (else AWS_DEFAULT_REGION, else us-east-1).
+    #[arg(long = "store-region", env = "AWS_REGION", value_name = "REGION")]
+    pub store_region: Option<String>,
+    /// Path-style requests (ENDPOINT/BUCKET/KEY); false for virtual-hosted ones.
+    #[arg(
+        long = "store-path-style",
+        env = "SANDBOXD_STORE_PATH_STYLE",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_name = "BOOL"
+    )]
+    pub store_path_style: bool,
+    /// Allow plain HTTP to the store (an http:// endpoint on loopback is allowed
+    /// without it).
+    #[arg(long = "store-allow-http", env = "SANDBOXD_STORE_ALLOW_HTTP")]
+    pub store_allow_http: bool,
+    /// The access key id (with --store-secret-access-key).
+    #[arg(
+        long = "store-access-key-id",
+        env = "AWS_ACCESS_KEY_ID",
+        value_name = "ID"
+    )]
+    pub store_access_key_id: Option<String>,
+    /// The secret access key.
+    #[arg(
+        long = "store-secret-access-key",
+        env = "AWS_SECRET_ACCESS_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub store_secret_access_key: Option<String>,
+    /// A session token, for temporary credentials.
+    #[arg(
+        long = "store-session-token",
+        env = "AWS_SESSION_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub store_session_token: Option<String>,
 }
 
 /// Fleet membership: the node registers in etcd under a lease it keeps alive.
@@ -211,6 +274,8 @@ pub struct Config {
     pub command: Option<Command>,
     /// Fleet membership, when `--etcd` is given.
     pub fleet: Option<FleetConfig>,
+    /// The object store, when `--store` is given.
+    pub store: Option<StoreConfig>,
 }
 
 /// The certificate chain and key HTTPS is served with.
@@ -273,6 +338,9 @@ pub enum ConfigError {
     /// A fleet flag is out of range.
     #[error("{0}")]
     Fleet(&'static str),
+    /// A store flag is wrong.
+    #[error("{0}")]
+    Store(String),
 }
 
 impl Config {
@@ -325,6 +393,12 @@ impl Config {
             None => (launcher.home.root().join("sandboxd").join("token"), true),
         };
         let fleet = fleet_config(&args.fleet, launcher.home.root())?;
+        let store = store_config(&args.store, &env)?;
+        if store.is_some() && args.attach.is_some() {
+            return Err(ConfigError::Store(
+                "--store needs microVMs: an attached agent has no checkpoints".to_owned(),
+            ));
+        }
         let mode = match &args.attach {
             Some(url) => Mode::Attach(AttachConfig {
                 url: url.parse().map_err(ConfigError::AttachUrl)?,
@@ -352,6 +426,7 @@ impl Config {
         };
         Ok(Self {
             fleet,
+            store,
             command: args.command,
             listen: args.listen,
             advertise: args.advertise.unwrap_or_else(|| args.listen.to_string()),
@@ -399,6 +474,86 @@ fn fleet_config(
         node_id,
         ttl: Duration::from_secs(args.lease_ttl_secs),
         node_id_file: home.join("sandboxd").join("node-id"),
+    }))
+}
+
+/// `--store` and its companions, checked; `None` without `--store`.
+fn store_config(
+    args: &StoreArgs,
+    env: &impl Fn(&str) -> Option<OsString>,
+) -> Result<Option<StoreConfig>, ConfigError> {
+    let Some(url) = args
+        .store
+        .as_deref()
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+    else {
+        return Ok(None);
+    };
+    let (bucket, prefix) =
+        StoreConfig::parse_url(url).map_err(|why| ConfigError::Store(format!("--store: {why}")))?;
+    let endpoint = args
+        .store_endpoint
+        .as_deref()
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(str::to_owned);
+    let mut allow_http = args.store_allow_http;
+    if let Some(endpoint) = &endpoint {
+        let Some(rest) = endpoint
+            .strip_prefix("http://")
+            .or_else(|| endpoint.strip_prefix("https://"))
+        else {
+            return Err(ConfigError::Store(format!(
+                "--store-endpoint {endpoint:?} must start with http:// or https://"
+            )));
+        };
+        if endpoint.starts_with("http://") && !allow_http {
+            let host = rest.split('/').next().unwrap_or_default();
+            let host = host.rsplit_once(':').map_or(host, |(host, _)| host);
+            let loopback = host == "localhost"
+                || host
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback());
+            if !loopback {
+                return Err(ConfigError::Store(format!(
+                    "--store-endpoint {endpoint} is plain HTTP to another host and carries \
+                     credentials: use https://, or pass --store-allow-http"
+                )));
+            }
+            allow_http = true;
+        }
+    }
+    let region = args
+        .store_region
+        .clone()
+        .or_else(|| env("AWS_DEFAULT_REGION").map(|r| r.to_string_lossy().into_owned()))
+        .filter(|r| !r.trim().is_empty())
+        .unwrap_or_else(|| "us-east-1".to_owned());
+    let credentials = match (&args.store_access_key_id, &args.store_secret_access_key) {
+        (Some(id), Some(secret)) => Some(Credentials {
+            access_key_id: id.clone(),
+            secret_access_key: secret.clone(),
+            session_token: args.store_session_token.clone(),
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(ConfigError::Store(
+                "--store-access-key-id and --store-secret-access-key go together \
+                 (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+                    .to_owned(),
+            ))
+        }
+    };
+    Ok(Some(StoreConfig {
+        bucket,
+        prefix,
+        endpoint,
+        region,
+        path_style: args.store_path_style,
+        allow_http,
+        credentials,
     }))
 }
 
@@ -472,5 +627,62 @@ mod tests {
         assert_eq!(fleet.prefix, "/sandbox");
         assert_eq!(fleet.ttl, Duration::from_secs(5));
         assert_eq!(fleet.node_id_file, PathBuf::from("/s/sandboxd/node-id"));
+    }
+
+    #[test]
+    fn a_store_url_with_an_endpoint_and_keys_makes_a_store_config() {
+        assert_eq!(config(&[]).unwrap().store, None);
+        let store = config(&[
+            "--store",
+            "s3://ckpt/fleet/a",
+            "--store-endpoint",
+            "http://127.0.0.1:8333",
+            "--store-access-key-id",
+            "id",
+            "--store-secret-access-key",
+            "secret",
+        ])
+        .unwrap()
+        .store
+        .unwrap();
+        assert_eq!(
+            (store.bucket.as_str(), store.prefix.as_str()),
+            ("ckpt", "fleet/a")
+        );
+        assert_eq!(store.endpoint.as_deref(), Some("http://127.0.0.1:8333"));
+        assert_eq!(store.region, "us-east-1");
+        assert!(store.path_style);
+        // Plain HTTP to loopback is allowed without the flag.
+        assert!(store.allow_http);
+        assert_eq!(store.credentials.unwrap().access_key_id, "id");
+    }
+
+    #[test]
+    fn bad_store_flags_are_refused_with_the_flag_named() {
+        let bad = |argv: &[&str]| config(argv).unwrap_err().to_string();
+        assert!(bad(&["--store", "ckpt/x"]).contains("--store"));
+        assert!(
+            bad(&["--store", "s3://ckpt", "--store-endpoint", "ftp://h"])
+                .contains("--store-endpoint")
+        );
+        assert!(bad(&[
+            "--store",
+            "s3://ckpt",
+            "--store-endpoint",
+            "http://10.0.0.1:9000"
+        ])
+        .contains("--store-allow-http"));
+        assert!(config(&[
+            "--store",
+            "s3://ckpt",
+            "--store-endpoint",
+            "http://10.0.0.1:9000",
+            "--store-allow-http"
+        ])
+        .is_ok());
+        assert!(
+            bad(&["--store", "s3://ckpt", "--store-access-key-id", "id"])
+                .contains("--store-secret-access-key")
+        );
     }
 }

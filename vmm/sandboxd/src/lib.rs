@@ -23,6 +23,7 @@
 //! # Layout
 //! - [`config`]: command line → [`Config`].
 //! - [`fleet`]: membership in a fleet on etcd (`--etcd`).
+//! - [`store`]: checkpoints in an S3-compatible object store (`--store`).
 //! - [`auth`]: the operator token and the callers it tells apart.
 //! - [`api`]: routes, handlers, the error mapping.
 //! - [`metrics`]: counters for `/metrics`.
@@ -43,6 +44,7 @@ pub mod preview;
 pub mod server;
 pub mod silkd;
 pub mod stop_all;
+pub mod store;
 pub mod tls;
 
 use std::future::Future;
@@ -71,10 +73,11 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         );
         return Ok(());
     }
-    let run_root = match &config.mode {
-        sandbox_engine::config::Mode::Launch(launch) => Some(launch.launcher.run_root.clone()),
+    let launcher = match &config.mode {
+        sandbox_engine::config::Mode::Launch(launch) => Some(launch.launcher.clone()),
         sandbox_engine::config::Mode::Attach(_) => None,
     };
+    let run_root = launcher.as_ref().map(|l| l.run_root.clone());
     let _lock = run_root
         .as_deref()
         .map(node_lock::NodeLock::acquire)
@@ -98,7 +101,25 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         .as_ref()
         .map(|fleet| fleet::join(fleet, node.clone(), advertise.clone()))
         .transpose()?;
+    let store = match (&config.store, &launcher) {
+        (Some(store), Some(launcher)) => {
+            let client =
+                sandbox_fleet::store::CheckpointStore::new(store).context("Cannot use --store")?;
+            let node_id = membership
+                .as_ref()
+                .map_or_else(|| advertise.clone(), |m| m.node_id().to_owned());
+            tracing::info!(store = %client.name(), "checkpoints go to the object store");
+            Some(Arc::new(store::NodeStore::new(
+                client,
+                membership.clone(),
+                node_id,
+                launcher,
+            )))
+        }
+        _ => None,
+    };
     let state = api::AppState {
+        store,
         node: node.clone(),
         operator,
         advertise,

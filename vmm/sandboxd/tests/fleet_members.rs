@@ -13,88 +13,20 @@
 // Test code: a failed unwrap is a failed test, with the value in the message.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/services.rs"]
+mod services;
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use services::Etcd;
 use support::{test_dir, Daemon};
 
 /// The lease TTL the nodes run with.
 const TTL_SECS: u64 = 3;
-
-/// A real etcd on free loopback ports, killed when dropped.
-struct Etcd {
-    child: Option<Child>,
-    url: String,
-    peer_url: String,
-    data: PathBuf,
-    log: PathBuf,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Etcd {
-    fn start(dir: &Path) -> Self {
-        let mut etcd = Self {
-            child: None,
-            url: format!("http://127.0.0.1:{}", free_port()),
-            peer_url: format!("http://127.0.0.1:{}", free_port()),
-            data: dir.join("etcd"),
-            log: dir.join("etcd.log"),
-        };
-        etcd.spawn();
-        etcd
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new("etcd")
-            .arg("--data-dir")
-            .arg(&self.data)
-            .args(["--listen-client-urls", &self.url])
-            .args(["--advertise-client-urls", &self.url])
-            .args(["--listen-peer-urls", &self.peer_url])
-            .args(["--initial-advertise-peer-urls", &self.peer_url])
-            .args(["--initial-cluster", &format!("default={}", self.peer_url)])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&self.log).unwrap())
-            .spawn()
-            .expect("cannot start etcd (scripts/setup.sh installs etcd-server)");
-        self.child = Some(child);
-        let addr = self.url.trim_start_matches("http://").to_owned();
-        let until = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                Instant::now() < until,
-                "etcd did not listen; its log:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 async fn start_node(dir: &Path, name: &str, etcd: &Etcd) -> Daemon {
     let home = dir.join(name);

@@ -294,6 +294,13 @@ pub struct CheckpointRow {
     /// What keeps it from being deleted.
     #[serde(default)]
     pub in_use_by: Vec<String>,
+    /// Its manifest is in the node's object store (`--store`): any node of the
+    /// fleet can claim from it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub stored: bool,
+    /// Only in the object store, not on this node: a claim downloads it first.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub remote: bool,
 }
 
 /// The answer to a checkpoint.
@@ -307,13 +314,25 @@ pub struct CheckpointReply {
     /// How long the whole capture took.
     #[serde(default)]
     pub took_ms: u64,
+    /// How long its upload to the object store took (`--store`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub upload_ms: u64,
+    /// Data bytes of its files (holes excluded, uncompressed), with `--store`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub data_bytes: u64,
+    /// Bytes sent to the store (compressed blobs it lacked).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub uploaded_bytes: u64,
 }
 
 /// `GET /v1/checkpoints`
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointList {
-    /// Newest first.
+    /// Newest first (those only in the object store last).
     pub checkpoints: Vec<CheckpointRow>,
+    /// Why the object store could not be listed (the local checkpoints still are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_error: Option<String>,
 }
 
 /// `POST /v1/checkpoints/{id}/claim`

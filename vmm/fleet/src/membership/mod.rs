@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
 use tokio::sync::Notify;
 
-pub use record::{Keys, LostSandbox, NodeRecord, SandboxRecord, Stored};
+pub use record::{CheckpointRecord, Keys, LostSandbox, NodeRecord, SandboxRecord, Stored};
 
 /// How often the record is re-put and the lease renewed.
 pub const REFRESH: Duration = Duration::from_secs(1);
@@ -313,6 +313,58 @@ impl Membership {
             .await
             .map(|_| ())
             .map_err(|why| self.unreachable(why))
+    }
+
+    /// The connected client, or a new connection.
+    async fn client(&self) -> Result<Client, FleetError> {
+        let client = lock(&self.shared.client).clone();
+        match client {
+            Some(client) => Ok(client),
+            None => connect(&self.shared.config)
+                .await
+                .map_err(|why| self.unreachable(why)),
+        }
+    }
+
+    /// Puts checkpoint `id`'s durable record (its manifest is in the store).
+    pub async fn put_checkpoint(
+        &self,
+        id: &str,
+        record: &CheckpointRecord,
+    ) -> Result<(), FleetError> {
+        let mut client = self.client().await?;
+        timed(
+            "put a checkpoint record",
+            client.put(self.shared.keys.checkpoint(id), record.encode(), None),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|why| self.unreachable(why))
+    }
+
+    /// Checkpoint `id`'s durable record, when there is one.
+    pub async fn checkpoint(&self, id: &str) -> Result<Option<CheckpointRecord>, FleetError> {
+        let mut client = self.client().await?;
+        let key = self.shared.keys.checkpoint(id);
+        let found = timed("read a checkpoint record", client.get(key.clone(), None))
+            .await
+            .map_err(|why| self.unreachable(why))?;
+        match found.kvs().first() {
+            Some(kv) => Ok(Some(CheckpointRecord::decode(&key, kv.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Removes checkpoint `id`'s durable record.
+    pub async fn delete_checkpoint(&self, id: &str) -> Result<(), FleetError> {
+        let mut client = self.client().await?;
+        timed(
+            "delete a checkpoint record",
+            client.delete(self.shared.keys.checkpoint(id), None),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|why| self.unreachable(why))
     }
 
     /// Stops the task and revokes the lease: the node's records go at once.

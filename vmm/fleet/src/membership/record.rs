@@ -5,6 +5,9 @@
 //! - `P/owners/<sandbox id>` → the owning node's id, on the same lease.
 //! - `P/sandboxes/<sandbox id>` → [`SandboxRecord`] (JSON), no lease: removed on
 //!   release. Present without its owner record means the sandbox is lost.
+//! - `P/checkpoints/<checkpoint id>` → [`CheckpointRecord`] (JSON), no lease: put
+//!   once the checkpoint's manifest is in the object store, removed when it is
+//!   deleted fleet-wide.
 
 use std::collections::BTreeMap;
 
@@ -48,6 +51,23 @@ pub struct SandboxRecord {
     pub template: String,
     /// When it was claimed (Unix seconds).
     pub created_unix: u64,
+}
+
+/// A checkpoint whose manifest is in the object store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    /// The node that took and uploaded it.
+    pub node_id: String,
+    /// Its manifest's key in the store (`PREFIX/checkpoints/<id>.json`).
+    pub manifest_key: String,
+    /// The QEMU version that made it.
+    pub qemu_version: String,
+    /// The machine type it ran on.
+    pub machine: String,
+    /// Data bytes of its files (holes excluded, uncompressed).
+    pub data_bytes: u64,
+    /// When it was stored (Unix seconds).
+    pub stored_unix: u64,
 }
 
 /// A record that does not decode.
@@ -103,6 +123,16 @@ impl Keys {
     pub fn sandbox(&self, sandbox: &str) -> String {
         format!("{}{sandbox}", self.sandboxes())
     }
+
+    /// `P/checkpoints/`.
+    pub fn checkpoints(&self) -> String {
+        format!("{}/checkpoints/", self.prefix)
+    }
+
+    /// `P/checkpoints/<checkpoint id>`.
+    pub fn checkpoint(&self, id: &str) -> String {
+        format!("{}{id}", self.checkpoints())
+    }
 }
 
 /// A record kept in etcd as JSON: node and sandbox records alike.
@@ -123,6 +153,7 @@ pub trait Stored: Serialize + serde::de::DeserializeOwned {
 
 impl Stored for NodeRecord {}
 impl Stored for SandboxRecord {}
+impl Stored for CheckpointRecord {}
 
 /// A sandbox whose node vanished: its durable record outlived its owner record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,6 +205,24 @@ mod tests {
         assert_eq!(NodeRecord::decode(&key, &record.encode()).unwrap(), record);
         let error = NodeRecord::decode(&key, b"{nope").unwrap_err();
         assert!(error.to_string().contains("/sandbox/nodes/n1"), "{error}");
+    }
+
+    #[test]
+    fn a_checkpoint_record_lives_under_its_own_key_and_round_trips() {
+        let record = CheckpointRecord {
+            node_id: "a".into(),
+            manifest_key: "fleet/checkpoints/c1.json".into(),
+            qemu_version: "7.2.22".into(),
+            machine: "x86_64".into(),
+            data_bytes: 70 << 20,
+            stored_unix: 9,
+        };
+        let key = Keys::new("/sandbox").checkpoint("c1");
+        assert_eq!(key, "/sandbox/checkpoints/c1");
+        assert_eq!(
+            CheckpointRecord::decode(&key, &record.encode()).unwrap(),
+            record
+        );
     }
 
     #[test]

@@ -15,7 +15,11 @@ use sandbox_engine::image_build::ImageBuildError;
 use sandbox_engine::pool::ClaimError;
 use sandbox_engine::registry::Lookup;
 use sandbox_engine::sandbox::{HibernateError, Unreachable};
+use sandbox_fleet::membership::FleetError;
+use sandbox_fleet::store::StoreError;
 use sandbox_vmm::error_chain;
+
+use crate::store::NodeStoreError;
 use sandbox_vmm::launcher::snapshot::SnapshotError;
 use serde::Serialize;
 
@@ -310,6 +314,60 @@ impl From<DeleteCheckpointError> for ApiError {
                 ),
             ),
         }
+    }
+}
+
+impl From<FleetError> for ApiError {
+    fn from(error: FleetError) -> Self {
+        match error {
+            FleetError::Unreachable { .. } => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "etcd_unreachable",
+                error.to_string(),
+            ),
+            FleetError::Decode(_) => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "fleet_record",
+                error_chain(&error),
+            ),
+        }
+    }
+}
+
+/// The object store's failures: unreachable is a 503 `store_unreachable` (the
+/// operations that need the store fail; local claims and execs go on); a blob that
+/// fails its digest a 502 `store_digest_mismatch`; a checkpoint of another QEMU or
+/// machine a 409 `checkpoint_incompatible`.
+impl From<NodeStoreError> for ApiError {
+    fn from(error: NodeStoreError) -> Self {
+        let message = error_chain(&error);
+        if let NodeStoreError::Record { error: fleet, .. } | NodeStoreError::Fleet(fleet) = &error {
+            return match fleet {
+                FleetError::Unreachable { .. } => {
+                    Self::new(StatusCode::SERVICE_UNAVAILABLE, "etcd_unreachable", message)
+                }
+                FleetError::Decode(_) => {
+                    Self::new(StatusCode::INTERNAL_SERVER_ERROR, "fleet_record", message)
+                }
+            };
+        }
+        let (status, code) = match error.store_error() {
+            Some(StoreError::Unreachable { .. }) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "store_unreachable")
+            }
+            Some(StoreError::NotFound { .. }) => (StatusCode::NOT_FOUND, "not_found"),
+            Some(StoreError::Tampered { .. }) => (StatusCode::BAD_GATEWAY, "store_digest_mismatch"),
+            Some(StoreError::Manifest { .. }) => {
+                (StatusCode::BAD_GATEWAY, "store_manifest_invalid")
+            }
+            Some(StoreError::Incompatible { .. }) => {
+                (StatusCode::CONFLICT, "checkpoint_incompatible")
+            }
+            Some(StoreError::Config { .. } | StoreError::Local { .. }) | None => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
+        };
+        Self::new(status, code, message)
     }
 }
 

@@ -9,7 +9,7 @@
 //! | `POST /v1/sandboxes/{id}/release` | operator or its token | destroy it |
 //! | `POST /v1/sandboxes/{id}/renew` | operator or its token | `{ttl_seconds}` → `{deadline}` |
 //! | `POST /v1/sandboxes/{id}/fork` | operator or its token | `{count, ttl_seconds}` → `{children: [claim...]}` |
-//! | `POST /v1/sandboxes/{id}/checkpoint` | operator or its token | `{name}` → `{checkpoint: {id, name, sandbox_id, created_at}}` |
+//! | `POST /v1/sandboxes/{id}/checkpoint` | operator or its token | `{name}` → `{checkpoint: {id, name, sandbox_id, created_at, stored}}`; with `--store`, answered once uploaded |
 //! | `POST /v1/sandboxes/{id}/hibernate` | operator or its token | snapshot and stop; the next agent connection wakes it |
 //! | `POST /v1/sandboxes/{id}/promote` | operator or its token | `{template}` → `{key: {template}, content_digest}` |
 //! | `GET /v1/sandboxes/{id}/egress-log?tail=N` | operator or its token | `{id, allowlist, records}`: its egress connections |
@@ -17,9 +17,9 @@
 //! | `GET /v1/sandboxes/{id}/agent` | operator or its token | `Upgrade: sandbox-agent`: the agent protocol; `Upgrade: silkd`: seed 000's frames (`crate::silkd`) |
 //! | `POST /v1/sandboxes/{id}/preview` | operator or its token | `{port, ttl_seconds}` → `{url, port, expires_at}` |
 //! | any `/preview/{secret}/...` | whoever holds the URL | HTTP and WebSocket to the guest port |
-//! | `GET /v1/checkpoints` | operator | the checkpoints |
-//! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds}` → claim |
-//! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used) |
+//! | `GET /v1/checkpoints` | operator | the checkpoints; with `--store`, `stored` on each, and those only in the store (`remote`) |
+//! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds}` → claim; with `--store`, one this node lacks is downloaded first |
+//! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used); with `--store`, from the store and etcd too |
 //! | `DELETE /v1/templates?template=NAME` | operator | delete a promoted template (refused while used) |
 //! | `GET /v1/info` | operator | pool, templates, capacity, claims, drain |
 //! | `POST` / `DELETE /v1/drain` | operator | refuse claims / take them again |
@@ -70,6 +70,8 @@ pub struct AppState {
     pub previews: Arc<crate::preview::Previews>,
     /// Fleet membership, when the node is in one (`--etcd`).
     pub membership: Option<sandbox_fleet::membership::Membership>,
+    /// The object store checkpoints go to (`--store`).
+    pub store: Option<Arc<crate::store::NodeStore>>,
 }
 
 impl AppState {

@@ -1,10 +1,10 @@
 //! The node itself: info, drain, peers, health and metrics.
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
 use axum::Json;
-use sandbox_fleet::membership::{Fleet, FleetError, LostSandbox, Peer};
+use sandbox_fleet::membership::{Fleet, LostSandbox, Peer};
 use sandbox_vmm::node_api::wire::{CapacityRow, DrainReply, InfoReply, PoolRow, TemplateRow};
 
 use super::{ApiError, AppState};
@@ -116,18 +116,7 @@ pub async fn peers(
     let Some(membership) = &state.membership else {
         return Ok(Json(FleetPeersReply::default()));
     };
-    let fleet = membership.fleet().await.map_err(|error| match error {
-        FleetError::Unreachable { .. } => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "etcd_unreachable",
-            error.to_string(),
-        ),
-        FleetError::Decode(_) => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "fleet_record",
-            sandbox_vmm::error_chain(&error),
-        ),
-    })?;
+    let fleet = membership.fleet().await?;
     Ok(Json(FleetPeersReply {
         peers: other_addrs(&fleet),
         node_id: Some(membership.node_id().to_owned()),

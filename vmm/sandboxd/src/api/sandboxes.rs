@@ -389,11 +389,23 @@ pub async fn checkpoint(
     authorized(&state, &headers, Some(&body.token), &id).await?;
     let name = Some(body.name).filter(|name| !name.trim().is_empty());
     let taken = state.node.checkpoint(&id, name).await?;
-    Ok(Json(CheckpointReply {
+    let mut reply = CheckpointReply {
         checkpoint: super::checkpoints::checkpoint_row(&taken.manifest, Vec::new()),
         pause_ms: sandbox_engine::util::millis(taken.pause),
         took_ms: sandbox_engine::util::millis(taken.took),
-    }))
+        ..CheckpointReply::default()
+    };
+    // With a store, the answer waits for the upload: a caller told the id can
+    // branch it on any node at once, and a failed upload is this call's error
+    // (the checkpoint stays on this node, as the error says).
+    if let Some(store) = &state.store {
+        let uploaded = store.upload(&taken.manifest).await?;
+        reply.checkpoint.stored = true;
+        reply.upload_ms = uploaded.took_ms;
+        reply.data_bytes = uploaded.data_bytes;
+        reply.uploaded_bytes = uploaded.sent_bytes;
+    }
+    Ok(Json(reply))
 }
 
 pub async fn hibernate(

@@ -265,7 +265,7 @@ impl Launcher {
 }
 
 /// `7.2.22` from `QEMU emulator version 7.2.22 (Debian 1:7.2+dfsg-7+deb12u18)`.
-fn parse_qemu_version(text: &str) -> Option<String> {
+pub fn parse_qemu_version(text: &str) -> Option<String> {
     let rest = text.split("version ").nth(1)?;
     let version: String = rest
         .chars()

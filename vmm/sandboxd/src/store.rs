@@ -1,0 +1,426 @@
+//! Checkpoints in the object store (`--store`): what of a checkpoint folder goes up,
+//! and how a checkpoint this node does not hold comes down
+//! (`sandbox_fleet::store` moves the bytes).
+//!
+//! **Upload** ([`NodeStore::upload`]), after a capture: every file of the folder
+//! (device state, the sparse RAM image, the frozen disk, kernel, initramfs, the
+//! snapshot's agent token, its egress policy, `manifest.json`) and, for a machine
+//! with a disk, the images the disk is based on (`backing-1`, `backing-2`, ...,
+//! nearest first: the template's disk, or earlier checkpoints' disks), so a node
+//! without the template can branch it. Then, with `--etcd`, the durable record
+//! `P/checkpoints/<id>`.
+//!
+//! **Download** ([`NodeStore::fetch`]), before a claim of an id this node does not
+//! hold: one at a time per id (a second claim waits for the first's download and
+//! finds the folder), refused before any blob moves when the QEMU version or
+//! machine type differs, written into `.tmp-<id>` (with its `maker`, so a sweep
+//! removes what a killed daemon left), every blob checked by digest, the disk chain
+//! re-pointed at the downloaded images (relative names: `qemu-img rebase -u`), and
+//! renamed into place. A failure removes the temporary folder: nothing is left.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sandbox_fleet::membership::{CheckpointRecord, FleetError, Membership};
+use sandbox_fleet::store::{CheckpointStore, DownloadReport, StoreError, Upload, UploadReport};
+use sandbox_vmm::launcher::snapshot::manifest::{
+    read_manifest, DISK_FILE, MAKER_FILE, MANIFEST_FILE,
+};
+use sandbox_vmm::launcher::snapshot::users::backing_chain;
+use sandbox_vmm::launcher::snapshot::Manifest;
+use serde::{Deserialize, Serialize};
+
+/// The log event of each download (the e2e test counts them).
+pub const DOWNLOADED_EVENT: &str = "checkpoint downloaded from the store";
+
+/// What goes with a checkpoint's manifest into the store's `meta`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Meta {
+    /// The checkpoint's `manifest.json`.
+    manifest: Manifest,
+    /// The disk's backing images, nearest first.
+    #[serde(default)]
+    backing: Vec<Backing>,
+}
+
+/// One image of the disk's backing chain.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Backing {
+    /// Its file name in the checkpoint folder (`backing-N`).
+    name: String,
+    /// `qcow2` or `raw`.
+    format: String,
+}
+
+/// A store operation of this node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeStoreError {
+    /// The store refused or did not answer.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The checkpoint was taken and kept here, but its upload failed.
+    #[error("Checkpoint {id} was taken and is kept on this node, but its upload failed")]
+    Upload {
+        /// The checkpoint.
+        id: String,
+        /// Why.
+        #[source]
+        error: StoreError,
+    },
+    /// The checkpoint is in the store, but its etcd record could not be put.
+    #[error("Checkpoint {id} is in the store, but its fleet record could not be written")]
+    Record {
+        /// The checkpoint.
+        id: String,
+        /// Why.
+        #[source]
+        error: FleetError,
+    },
+    /// etcd failed otherwise.
+    #[error(transparent)]
+    Fleet(#[from] FleetError),
+    /// The local checkpoint folder could not be read or prepared.
+    #[error("Checkpoint {id}: cannot {what}: {why}")]
+    Local {
+        /// The checkpoint.
+        id: String,
+        /// What was being done.
+        what: &'static str,
+        /// What failed.
+        why: String,
+    },
+}
+
+impl NodeStoreError {
+    /// The store error at the root, if any.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            Self::Store(error) | Self::Upload { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// This node's view of the object store.
+#[derive(Debug)]
+pub struct NodeStore {
+    store: CheckpointStore,
+    membership: Option<Membership>,
+    node_id: String,
+    checkpoint_root: PathBuf,
+    qemu_img: PathBuf,
+    qemu_version: Option<String>,
+    machine: String,
+    /// One lock per checkpoint id being downloaded.
+    flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Checkpoints downloaded since start.
+    downloads: AtomicU64,
+}
+
+impl NodeStore {
+    /// The store of a node whose checkpoints live in `checkpoint_root`.
+    pub fn new(
+        store: CheckpointStore,
+        membership: Option<Membership>,
+        node_id: String,
+        launcher: &sandbox_vmm::launcher::LauncherConfig,
+    ) -> Self {
+        let qemu_version = std::process::Command::new(&launcher.qemu_path)
+            .arg("--version")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .ok()
+            .and_then(|out| {
+                sandbox_vmm::launcher::snapshot::restore::parse_qemu_version(
+                    &String::from_utf8_lossy(&out.stdout),
+                )
+            });
+        Self {
+            store,
+            membership,
+            node_id,
+            checkpoint_root: launcher.checkpoint_root.clone(),
+            qemu_img: launcher.qemu_img_path.clone(),
+            qemu_version,
+            machine: std::env::consts::ARCH.to_owned(),
+            flights: Mutex::new(HashMap::new()),
+            downloads: AtomicU64::new(0),
+        }
+    }
+
+    /// The store's name (`s3://BUCKET/PREFIX at ENDPOINT`).
+    pub fn name(&self) -> &str {
+        self.store.name()
+    }
+
+    /// Checkpoints downloaded since start.
+    pub fn downloads(&self) -> u64 {
+        self.downloads.load(Ordering::Relaxed)
+    }
+
+    /// The ids of the checkpoints in the store.
+    pub async fn list(&self) -> Result<Vec<String>, NodeStoreError> {
+        Ok(self.store.list().await?)
+    }
+
+    /// Uploads the local checkpoint `manifest` describes, then records it in etcd.
+    pub async fn upload(&self, manifest: &Manifest) -> Result<UploadReport, NodeStoreError> {
+        let id = manifest.id.clone();
+        let folder = &self.checkpoint_root.join(&id);
+        let local = |what: &'static str| {
+            let id = id.clone();
+            move |why: String| NodeStoreError::Local { id, what, why }
+        };
+        let mut files = Vec::new();
+        let entries =
+            std::fs::read_dir(folder).map_err(|e| local("list its files")(e.to_string()))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+            // `maker` is this host's writer pid: meaningless elsewhere.
+            if is_file && name != MAKER_FILE {
+                files.push((name, entry.path()));
+            }
+        }
+        files.sort();
+        let mut backing = Vec::new();
+        if manifest.machine.disk {
+            for (index, image) in backing_chain(&folder.join(DISK_FILE))
+                .into_iter()
+                .enumerate()
+            {
+                let name = format!("backing-{}", index + 1);
+                backing.push(Backing {
+                    name: name.clone(),
+                    format: image_format(&image),
+                });
+                files.push((name, image));
+            }
+        }
+        let meta = serde_json::to_value(Meta {
+            manifest: manifest.clone(),
+            backing,
+        })
+        .map_err(|e| local("describe it")(e.to_string()))?;
+        let report = self
+            .store
+            .upload(Upload {
+                id: id.clone(),
+                qemu_version: manifest.qemu_version.clone(),
+                machine: self.machine.clone(),
+                node_id: self.node_id.clone(),
+                meta,
+                files,
+            })
+            .await
+            .map_err(|error| NodeStoreError::Upload {
+                id: id.clone(),
+                error,
+            })?;
+        if let Some(membership) = &self.membership {
+            let record = CheckpointRecord {
+                node_id: self.node_id.clone(),
+                manifest_key: self.store.manifest_key(&id),
+                qemu_version: manifest.qemu_version.clone(),
+                machine: self.machine.clone(),
+                data_bytes: report.data_bytes,
+                stored_unix: now_unix(),
+            };
+            membership
+                .put_checkpoint(&id, &record)
+                .await
+                .map_err(|error| NodeStoreError::Record { id, error })?;
+        }
+        Ok(report)
+    }
+
+    /// Makes checkpoint `id` local, downloading it when this node lacks it; `None`
+    /// when it was here already (or another claim's download brought it).
+    pub async fn fetch(&self, id: &str) -> Result<Option<DownloadReport>, NodeStoreError> {
+        let flight = {
+            let mut flights = self
+                .flights
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            flights.entry(id.to_owned()).or_default().clone()
+        };
+        let _one = flight.lock().await;
+        let folder = self.checkpoint_root.join(id);
+        let result = if folder.join(MANIFEST_FILE).is_file() {
+            Ok(None)
+        } else {
+            self.download(id, &folder).await.map(Some)
+        };
+        drop(_one);
+        let mut flights = self
+            .flights
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // The last waiter forgets the lock.
+        if Arc::strong_count(&flight) <= 2 {
+            flights.remove(id);
+        }
+        result
+    }
+
+    async fn download(&self, id: &str, folder: &Path) -> Result<DownloadReport, NodeStoreError> {
+        let stored = self
+            .store
+            .manifest(id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound { id: id.to_owned() })?;
+        CheckpointStore::check_compatible(&stored, self.qemu_version.as_deref(), &self.machine)?;
+        let meta: Meta =
+            serde_json::from_value(stored.meta.clone()).map_err(|e| StoreError::Manifest {
+                id: id.to_owned(),
+                error: sandbox_fleet::store::ManifestError::Invalid(format!("its meta: {e}")),
+            })?;
+        let local = |what: &'static str| {
+            let id = id.to_owned();
+            move |why: String| NodeStoreError::Local { id, what, why }
+        };
+        std::fs::create_dir_all(&self.checkpoint_root)
+            .map_err(|e| local("create the checkpoints folder")(e.to_string()))?;
+        let temp = TempFolder::create(&self.checkpoint_root.join(format!(".tmp-{id}")))
+            .map_err(|e| local("create its temporary folder")(e.to_string()))?;
+        let report = self.store.download(&stored, temp.path()).await?;
+        // The disk chain, re-pointed at the downloaded images (relative: valid once
+        // the folder is renamed).
+        let mut overlay = temp.path().join(DISK_FILE);
+        for image in &meta.backing {
+            self.rebase(&overlay, &image.name, &image.format)
+                .await
+                .map_err(local("re-point its disk chain"))?;
+            if image.format != "qcow2" {
+                break;
+            }
+            overlay = temp.path().join(&image.name);
+        }
+        let mut manifest = meta.manifest;
+        manifest.disk_backing = meta.backing.first().map(|b| folder.join(&b.name));
+        let text = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| local("write its manifest")(e.to_string()))?;
+        std::fs::write(temp.path().join(MANIFEST_FILE), text)
+            .map_err(|e| local("write its manifest")(e.to_string()))?;
+        read_manifest(temp.path()).map_err(|e| local("read its manifest back")(e.to_string()))?;
+        temp.commit(folder)
+            .map_err(|e| local("move it into place")(e.to_string()))?;
+        self.downloads.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            checkpoint = %id,
+            data_bytes = report.data_bytes,
+            received_bytes = report.received_bytes,
+            blobs = report.blobs,
+            took_ms = report.took_ms,
+            "{DOWNLOADED_EVENT}"
+        );
+        Ok(report)
+    }
+
+    /// `qemu-img rebase -u`: `overlay`'s header names `backing` (a sibling) instead.
+    async fn rebase(&self, overlay: &Path, backing: &str, format: &str) -> Result<(), String> {
+        let mut command = tokio::process::Command::new(&self.qemu_img);
+        command
+            .args(["rebase", "-u", "-f", "qcow2", "-F", format, "-b", backing])
+            .arg(overlay)
+            .stdin(std::process::Stdio::null());
+        let output = command
+            .output()
+            .await
+            .map_err(|e| format!("{}: {e}", self.qemu_img.display()))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+        }
+    }
+
+    /// Removes checkpoint `id` from the store and its etcd record; true when the
+    /// store had it.
+    pub async fn delete(&self, id: &str) -> Result<bool, NodeStoreError> {
+        let had = self.store.delete(id).await?;
+        if let Some(membership) = &self.membership {
+            membership.delete_checkpoint(id).await?;
+        }
+        Ok(had)
+    }
+}
+
+/// `qcow2` when the image starts with qcow2's magic, else `raw`.
+fn image_format(image: &Path) -> String {
+    let mut magic = [0u8; 4];
+    let qcow2 = std::fs::File::open(image)
+        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut magic))
+        .is_ok()
+        && &magic == b"QFI\xfb";
+    if qcow2 { "qcow2" } else { "raw" }.to_owned()
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A download's folder: removed on drop unless committed. Its `maker` (this pid)
+/// lets the launcher's sweep remove it if the daemon is killed mid-download.
+struct TempFolder {
+    path: PathBuf,
+    committed: bool,
+}
+
+impl TempFolder {
+    fn create(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        // A leftover of a killed download of the same id.
+        let _ = std::fs::remove_dir_all(path);
+        std::fs::DirBuilder::new().mode(0o700).create(path)?;
+        let folder = Self {
+            path: path.to_owned(),
+            committed: false,
+        };
+        std::fs::write(path.join(MAKER_FILE), std::process::id().to_string())?;
+        Ok(folder)
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn commit(mut self, to: &Path) -> std::io::Result<()> {
+        std::fs::rename(&self.path, to)?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for TempFolder {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn images_are_told_apart_by_their_magic() {
+        let dir = tempfile::tempdir().unwrap();
+        let qcow2 = dir.path().join("a.qcow2");
+        std::fs::write(&qcow2, b"QFI\xfb\0\0\0\x03rest").unwrap();
+        let raw = dir.path().join("a.ext4");
+        std::fs::write(&raw, [0u8; 16]).unwrap();
+        assert_eq!(image_format(&qcow2), "qcow2");
+        assert_eq!(image_format(&raw), "raw");
+        assert_eq!(image_format(&dir.path().join("missing")), "raw");
+    }
+}
