@@ -315,17 +315,6 @@ impl Membership {
             .map_err(|why| self.unreachable(why))
     }
 
-    /// The connected client, or a new connection.
-    async fn client(&self) -> Result<Client, FleetError> {
-        let client = lock(&self.shared.client).clone();
-        match client {
-            Some(client) => Ok(client),
-            None => connect(&self.shared.config)
-                .await
-                .map_err(|why| self.unreachable(why)),
-        }
-    }
-
     /// Puts checkpoint `id`'s durable record (its manifest is in the store).
     pub async fn put_checkpoint(
         &self,
