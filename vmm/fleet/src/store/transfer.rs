@@ -294,7 +294,17 @@ impl CheckpointStore {
             sha256,
             why,
         };
+        // A blob larger than its chunk can compress to is refused before it is
+        // read: a hostile store cannot make the node hold a huge object.
+        let capacity = usize::try_from(chunk.bytes).unwrap_or(usize::MAX);
+        let most = u64::try_from(zstd::zstd_safe::compress_bound(capacity)).unwrap_or(u64::MAX);
         let compressed = match self.client.get(&key).await {
+            Ok(found) if found.meta.size > most => {
+                return Err(tampered(format!(
+                    "the blob is {} bytes, more than {most}, the most its {} bytes compress to",
+                    found.meta.size, chunk.bytes
+                )))
+            }
             Ok(found) => found
                 .bytes()
                 .await
@@ -307,7 +317,6 @@ impl CheckpointStore {
         let received = u64::try_from(compressed.len()).unwrap_or(u64::MAX);
         let path = path.to_owned();
         let result = blocking(move || {
-            let capacity = usize::try_from(chunk.bytes).unwrap_or(usize::MAX);
             let data = match zstd::bulk::decompress(&compressed, capacity) {
                 Ok(data) => data,
                 Err(error) => return Ok(Err(format!("it does not decompress: {error}"))),
@@ -446,6 +455,14 @@ mod tests {
                 "{error}"
             );
             assert!(error.to_string().contains("digest"), "{error}");
+            // Larger than the chunk could compress to: refused before it is read.
+            let huge = vec![7u8; usize::try_from(chunk.bytes).unwrap() * 2 + 4096];
+            store.client.put(&key, PutPayload::from(huge)).await.unwrap();
+            let into = dir.path().join("huge");
+            std::fs::create_dir(&into).unwrap();
+            let error = store.download(&manifest, &into).await.unwrap_err();
+            assert!(matches!(&error, StoreError::Tampered { .. }), "{error}");
+            assert!(error.to_string().contains("the most its"), "{error}");
             // Missing altogether: refused too.
             store.client.delete(&key).await.unwrap();
             let into = dir.path().join("again");
