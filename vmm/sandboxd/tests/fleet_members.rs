@@ -285,6 +285,8 @@ async fn lost_and_found() {
     let etcd = Etcd::start(&dir);
     let a = start_node(&dir, "a", &etcd).await;
     let b_dir = dir.join("b");
+    // B's VM outlives B by design: stop it even when an assertion fails below.
+    let _stop_b = support::StopAllOnDrop(b_dir.clone());
     let b_id = format!("lost-b-{}", std::process::id());
     let b = start_vm_node(&b_dir, &etcd, &b_id, "127.0.0.1:0").await;
     let b_addr = b.addr.clone();
