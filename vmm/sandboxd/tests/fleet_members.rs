@@ -144,18 +144,14 @@ async fn fleet() {
 
     // The lost rule as the fleet listing applies it: a durable sandbox record
     // (written here as a vanished node would have left it) with no owner record.
-    let put = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args([
-            "--endpoints",
-            &etcd.url,
+    etcdctl(
+        &etcd,
+        &[
             "put",
             "/sandbox/sandboxes/sbx-ghost",
-        ])
-        .arg(r#"{"node_id":"vanished","template":"default","created_unix":1}"#)
-        .output()
-        .expect("cannot run etcdctl (scripts/setup.sh installs etcd-client)");
-    assert!(put.status.success(), "{put:?}");
+            r#"{"node_id":"vanished","template":"default","created_unix":1}"#,
+        ],
+    );
     let peers = b.get("/v1/peers").await;
     let lost = peers.json["lost"].as_array().unwrap();
     assert_eq!(lost.len(), 1, "{}", peers.json);
