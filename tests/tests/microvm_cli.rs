@@ -91,7 +91,14 @@ fn port_forward_reaches_a_guest_server_of_a_local_vm_until_ctrl_c() {
     let _stop = StopOnDrop(&root, id.clone());
     let served = sandboxctl(&root)
         .args(["--vm", &id, "sh"])
-        .arg("mkdir -p /tmp/www && echo local-port-page > /tmp/www/index.html && (httpd -p 127.0.0.1:8000 -h /tmp/www >/dev/null 2>&1 &)")
+        // `httpd` binds after the shell returns: wait (at most 30 s) until it answers,
+        // or the first forwarded connection races it and finds nothing listening.
+        .arg(
+            "mkdir -p /tmp/www && echo local-port-page > /tmp/www/index.html && \
+             (httpd -p 127.0.0.1:8000 -h /tmp/www >/dev/null 2>&1 &) && i=0 && \
+             until wget -q -O /dev/null http://127.0.0.1:8000/; do \
+             i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.1; done",
+        )
         .output()
         .unwrap();
     assert!(

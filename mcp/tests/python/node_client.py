@@ -242,7 +242,10 @@ async def fleet_and_snapshots():
         await call_ok(c, "exec", {
             "sandbox_id": first,
             "command": "mkdir -p /tmp/www && echo exposed-page > /tmp/www/index.html && "
-                       "(httpd -p 127.0.0.1:8000 -h /tmp/www >/dev/null 2>&1 &)",
+                       "(httpd -p 127.0.0.1:8000 -h /tmp/www >/dev/null 2>&1 &) && "
+                       # httpd binds after the shell returns: wait until it answers.
+                       "i=0 && until wget -q -O /dev/null http://127.0.0.1:8000/; do "
+                       "i=$((i+1)); [ $i -lt 300 ] || exit 1; sleep 0.1; done",
         })
         exposed = await call_ok(c, "expose_port", {"sandbox_id": first, "port": 8000})
         check(exposed["kind"] == "preview" and exposed["port"] == 8000, f"expose_port: {exposed}")
