@@ -15,11 +15,14 @@ use crate::membership::{NodeRecord, Peer};
 pub enum Need<'a> {
     /// A sandbox of this template: only nodes that list it can take the claim.
     Template(&'a str),
-    /// A sandbox from this checkpoint: any node can take it (it downloads what it
-    /// lacks); `held` says which ones hold it already.
+    /// A sandbox from this checkpoint; `held` says which nodes hold it already.
+    /// With `anywhere` (the fleet keeps checkpoints in an object store) any node can
+    /// take it, downloading what it lacks; without, only the nodes that hold it.
     Checkpoint {
         /// Whether a node holds the checkpoint locally.
         held: &'a dyn Fn(&NodeRecord) -> bool,
+        /// Whether a node that lacks it can fetch it.
+        anywhere: bool,
     },
 }
 
@@ -48,40 +51,58 @@ fn can_take(peer: &Peer) -> bool {
 pub fn place<'p>(
     nodes: &'p [Peer],
     need: Need<'_>,
-    mut random: impl FnMut() -> u64,
+    random: impl FnMut() -> u64,
 ) -> Option<&'p Peer> {
+    candidates(nodes, need, random).into_iter().next()
+}
+
+/// Every node that can take a claim needing `need`, best first: [`place`]'s pick,
+/// then the others of its pool (the holders, when some hold what the claim needs)
+/// freest first, then the remaining able nodes freest first. A client told to go
+/// elsewhere tries them in order, so a catalogue that is a moment stale (a node
+/// filled or drained since) costs one refusal, not the claim.
+pub fn candidates<'p>(
+    nodes: &'p [Peer],
+    need: Need<'_>,
+    mut random: impl FnMut() -> u64,
+) -> Vec<&'p Peer> {
     let able: Vec<&Peer> = nodes
         .iter()
         .filter(|peer| can_take(peer))
         .filter(|peer| match need {
             Need::Template(name) => peer.record.templates.iter().any(|t| t == name),
-            Need::Checkpoint { .. } => true,
+            Need::Checkpoint { held, anywhere } => anywhere || held(&peer.record),
         })
         .collect();
-    let holding: Vec<&Peer> = match need {
-        Need::Template(_) => Vec::new(),
-        Need::Checkpoint { held } => able
-            .iter()
-            .copied()
-            .filter(|peer| held(&peer.record))
-            .collect(),
+    let holds = |peer: &Peer| match need {
+        Need::Template(_) => true,
+        Need::Checkpoint { held, .. } => held(&peer.record),
     };
-    let pool = if holding.is_empty() { able } else { holding };
-    match pool.len() {
-        0 => None,
-        1 => pool.first().copied(),
+    let (mut pool, mut rest): (Vec<&Peer>, Vec<&Peer>) =
+        able.into_iter().partition(|peer| holds(peer));
+    if pool.is_empty() {
+        std::mem::swap(&mut pool, &mut rest);
+    }
+    let pick = match pool.len() {
+        0 => return Vec::new(),
+        1 => 0,
         len => {
             let first = index(random(), len);
             // The second is another node: an offset of 1..len from the first.
             let second = (first + 1 + index(random(), len - 1)) % len;
-            let (a, b) = (pool[first], pool[second]);
-            Some(if free(&b.record) > free(&a.record) {
-                b
+            if free(&pool[second].record) > free(&pool[first].record) {
+                second
             } else {
-                a
-            })
+                first
+            }
         }
+    };
+    let mut ranked = vec![pool.remove(pick)];
+    for mut group in [pool, rest] {
+        group.sort_by_key(|peer| std::cmp::Reverse(free(&peer.record)));
+        ranked.extend(group);
     }
+    ranked
 }
 
 /// `value` mapped onto `0..len` (`len` > 0).
@@ -178,7 +199,10 @@ mod tests {
     #[test]
     fn a_node_that_holds_the_checkpoint_is_preferred_while_it_has_room() {
         let held = |record: &NodeRecord| record.id == "holder";
-        let need = Need::Checkpoint { held: &held };
+        let need = Need::Checkpoint {
+            held: &held,
+            anywhere: true,
+        };
         let nodes = [peer("holder", 8, 7), peer("empty", 8, 0)];
         assert_eq!(counts(&nodes, need, 100)["holder"], 100);
         // Full, it is skipped: another node downloads the checkpoint.
@@ -188,5 +212,53 @@ mod tests {
         let mut bare = peer("bare", 8, 0);
         bare.record.templates.clear();
         assert!(place(&[bare], need, || 3).is_some());
+    }
+
+    #[test]
+    fn without_a_store_only_a_holder_can_take_a_checkpoint() {
+        let held = |record: &NodeRecord| record.id == "holder";
+        let need = Need::Checkpoint {
+            held: &held,
+            anywhere: false,
+        };
+        let nodes = [peer("holder", 8, 7), peer("empty", 8, 0)];
+        assert_eq!(counts(&nodes, need, 100)["holder"], 100);
+        let nodes = [peer("holder", 8, 8), peer("empty", 8, 0)];
+        assert!(place(&nodes, need, || 1).is_none());
+    }
+
+    #[test]
+    fn candidates_start_with_the_pick_then_go_freest_first() {
+        let nodes = [
+            peer("a", 8, 6),
+            peer("b", 8, 1),
+            peer("c", 8, 3),
+            peer("full", 8, 8),
+        ];
+        let mut rng = SplitMix::new(3);
+        for _ in 0..50 {
+            let ranked = candidates(&nodes, Need::Template("default"), || rng.next_u64());
+            let ids: Vec<&str> = ranked.iter().map(|p| p.record.id.as_str()).collect();
+            assert_eq!(ids.len(), 3, "{ids:?}");
+            let mut rest = ids[1..].to_vec();
+            let frees: Vec<usize> = rest
+                .iter()
+                .map(|id| nodes.iter().find(|p| p.record.id == *id).unwrap())
+                .map(|p| free(&p.record))
+                .collect();
+            assert!(frees.windows(2).all(|w| w[0] >= w[1]), "{ids:?}");
+            rest.push(ids[0]);
+            rest.sort_unstable();
+            assert_eq!(rest, ["a", "b", "c"]);
+        }
+        // Holders first; a node that must download comes after them.
+        let held = |record: &NodeRecord| record.id == "a";
+        let need = Need::Checkpoint {
+            held: &held,
+            anywhere: true,
+        };
+        let ranked = candidates(&nodes, need, || 0);
+        let ids: Vec<&str> = ranked.iter().map(|p| p.record.id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
     }
 }

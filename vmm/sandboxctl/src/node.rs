@@ -128,25 +128,28 @@ pub(crate) async fn vm(command: &VmCommand, api: &NodeApi) -> anyhow::Result<u8>
         VmCommand::Start(args) => {
             let claimed = claim(api, args).await?;
             print_claims(std::slice::from_ref(&claimed), false)?;
+            // In a fleet the claim may have landed on another node: its calls go there.
+            let owner = api.at(&claimed.owner_addr)?;
             eprintln!(
                 "sandboxctl: {} claimed until {}; its token is shown once, above \
                  (sandboxctl --node {} --vm {} --token TOKEN exec ...)",
                 claimed.id,
                 claimed.deadline,
-                api.base(),
+                owner.base(),
                 claimed.id
             );
             Ok(0)
         }
         VmCommand::Run(args) => {
             let claimed = claim(api, &args.boot).await?;
+            let owner = api.at(&claimed.owner_addr)?;
             let result = async {
-                let client = connect(api, &claimed).await?;
+                let client = connect(&owner, &claimed).await?;
                 let spec = process_spec(Cmd::Argv(args.command.clone()), args.process.clone());
                 exec::exec(&client, spec, &args.run).await
             }
             .await;
-            if let Err(error) = api.release(&claimed.id).await {
+            if let Err(error) = owner.release(&claimed.id).await {
                 tracing::warn!(sandbox = %claimed.id, %error, "release after vm run failed");
             }
             result
@@ -201,7 +204,8 @@ pub(crate) async fn vm(command: &VmCommand, api: &NodeApi) -> anyhow::Result<u8>
                     Err(error) => {
                         // All or nothing, as a local branch: release what was made.
                         for child in &children {
-                            let _ = api.release(&child.id).await;
+                            let owner = api.at(&child.owner_addr)?;
+                            let _ = owner.release(&child.id).await;
                         }
                         return Err(error).with_context(|| {
                             format!("Cannot branch the checkpoint {}", args.checkpoint)

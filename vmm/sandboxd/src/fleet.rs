@@ -11,6 +11,7 @@ use std::time::UNIX_EPOCH;
 
 use anyhow::Context as _;
 use sandbox_engine::Node;
+use sandbox_fleet::membership::record::MAX_LISTED_CHECKPOINTS;
 use sandbox_fleet::membership::{LocalState, Membership, MembershipConfig, NodeRecord};
 
 use crate::config::FleetConfig;
@@ -77,6 +78,24 @@ fn qemu_version(machine: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The ids of the checkpoints `node` holds, newest first, at most
+/// [`MAX_LISTED_CHECKPOINTS`].
+fn held_checkpoints(node: &Node) -> Vec<String> {
+    let mut entries = match node.list_checkpoints() {
+        Ok(entries) => entries,
+        Err(error) => {
+            tracing::debug!(error = %error, "cannot list checkpoints for the node record");
+            return Vec::new();
+        }
+    };
+    entries.sort_by_key(|entry| std::cmp::Reverse(entry.manifest.created_at_unix_ms));
+    entries
+        .into_iter()
+        .take(MAX_LISTED_CHECKPOINTS)
+        .map(|entry| entry.manifest.id)
+        .collect()
+}
+
 fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str) -> LocalState {
     let status = node.status();
     let mut warm = BTreeMap::new();
@@ -104,7 +123,14 @@ fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str) -> Local
             capacity: status.capacity.max_sandboxes,
             used: status.capacity.live_claims,
             warm,
-            templates: status.templates.into_iter().map(|t| t.name).collect(),
+            // Only those that load: a claim placed here must be able to boot.
+            templates: status
+                .templates
+                .into_iter()
+                .filter(|t| t.error.is_none())
+                .map(|t| t.name)
+                .collect(),
+            checkpoints: held_checkpoints(node),
             draining: status.draining,
             qemu: qemu.to_owned(),
             machine: machine.to_owned(),

@@ -24,6 +24,7 @@
 //! - [`config`]: command line → [`Config`].
 //! - [`fleet`]: membership in a fleet on etcd (`--etcd`).
 //! - [`store`]: checkpoints in an S3-compatible object store (`--store`).
+//! - [`placement`]: which node of the fleet a claim sent here lands on.
 //! - [`auth`]: the operator token and the callers it tells apart.
 //! - [`api`]: routes, handlers, the error mapping.
 //! - [`metrics`]: counters for `/metrics`.
@@ -40,6 +41,7 @@ pub mod config;
 pub mod fleet;
 pub mod metrics;
 pub mod node_lock;
+pub mod placement;
 pub mod preview;
 pub mod server;
 pub mod silkd;

@@ -133,7 +133,12 @@ async fn fleet_store() {
     let c = start_node(&dir, "c", Some(&dir.join("c-home")), &s3, &prefix, &etcd).await;
 
     // On A: a sandbox with a file written and a process spawned, checkpointed.
-    let claimed = a.post("/v1/claim", &json!({"ttl_seconds": 600})).await;
+    let claimed = a
+        .post(
+            "/v1/claim",
+            &json!({"ttl_seconds": 600, "no_redirect": true}),
+        )
+        .await;
     assert_eq!(claimed.status, 201, "{claimed:?}\n{}", a.log());
     let sandbox = field(&claimed.json, "id");
     let client = a
@@ -213,8 +218,9 @@ async fn fleet_store() {
     );
     let started = Instant::now();
     let path = format!("/v1/checkpoints/{checkpoint}/claim");
-    let empty = json!({});
-    let (first, second) = tokio::join!(c.post(&path, &empty), c.post(&path, &empty));
+    // On C itself: placement would send the claims to A, which holds it.
+    let here = json!({"no_redirect": true});
+    let (first, second) = tokio::join!(c.post(&path, &here), c.post(&path, &here));
     eprintln!(
         "two claims on C of a checkpoint it did not hold: {} ms",
         started.elapsed().as_millis()
@@ -285,7 +291,7 @@ async fn fleet_store() {
     let altered = zstd::bulk::compress(&content, 3).unwrap();
     store.put(&blob_key, altered.into()).await.unwrap();
     let d = start_node(&dir, "d", Some(&dir.join("d-home")), &s3, &prefix, &etcd).await;
-    let refused = d.post(&path, &json!({})).await;
+    let refused = d.post(&path, &here).await;
     assert_eq!(refused.status, 502, "{refused:?}\n{}", d.log());
     assert_eq!(refused.json["code"], "store_digest_mismatch", "{refused:?}");
     let message = field(&refused.json, "error");
@@ -334,7 +340,12 @@ async fn fleet_store() {
 
     // The store stopped: a checkpoint on A fails saying so and stays local; the
     // listing says why; execs on A go on.
-    let claimed = a.post("/v1/claim", &json!({"ttl_seconds": 600})).await;
+    let claimed = a
+        .post(
+            "/v1/claim",
+            &json!({"ttl_seconds": 600, "no_redirect": true}),
+        )
+        .await;
     assert_eq!(claimed.status, 201, "{claimed:?}\n{}", a.log());
     let sandbox = field(&claimed.json, "id");
     let client = a

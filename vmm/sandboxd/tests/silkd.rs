@@ -15,6 +15,8 @@
 // Test code: a failed unwrap is a failed test, with the value in the message.
 #![allow(clippy::unwrap_used)]
 
+#[path = "support/sdk.rs"]
+mod sdk;
 mod support;
 
 use std::path::PathBuf;
@@ -23,13 +25,11 @@ use std::time::Duration;
 
 use sandbox_tests::eventually;
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
+use sdk::python_with_sdk;
 use serde_json::{json, Value};
 use support::{test_dir, Daemon, StopAllOnDrop};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-
-/// The SDK release the test drives (the brief's reference client).
-const SDK: &str = "cocoonstack-sandbox==0.1.19";
 
 /// How long the whole SDK script may take (TCG on a busy 2-core host is slow).
 const SCRIPT_WITHIN: Duration = Duration::from_secs(900);
@@ -45,51 +45,6 @@ fn main() -> std::process::ExitCode {
             run: || block_on(hostile_frames()),
         },
     ])
-}
-
-/// `target/silkd-python`, the venv `scripts/setup.sh` makes.
-fn venv() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/silkd-python")
-}
-
-/// The venv's Python with the SDK importable, made (python3 -m venv, pip install)
-/// when it is not; panics with what failed.
-fn python_with_sdk() -> PathBuf {
-    let python = venv().join("bin/python");
-    let importable = |python: &PathBuf| {
-        std::process::Command::new(python)
-            .args(["-c", "import cocoonsandbox"])
-            .output()
-            .is_ok_and(|out| out.status.success())
-    };
-    if importable(&python) {
-        return python;
-    }
-    let made = std::process::Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(venv())
-        .status();
-    assert!(
-        made.as_ref().is_ok_and(|status| status.success()),
-        "cannot make the SDK venv with python3 -m venv ({made:?}); run scripts/setup.sh"
-    );
-    let installed = std::process::Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            SDK,
-        ])
-        .status();
-    assert!(
-        installed.as_ref().is_ok_and(|status| status.success()) && importable(&python),
-        "cannot pip install {SDK} into {} ({installed:?}): PyPI must be reachable, or run \
-         scripts/setup.sh where it is",
-        venv().display()
-    );
-    python
 }
 
 async fn the_sdk_drives_a_node() {

@@ -71,6 +71,12 @@ pub enum NodeApiError {
         /// Its message.
         message: String,
     },
+    /// A node sent a call elsewhere a second time (a claim with `no_redirect`, or a sandbox whose owner is this node by its own account).
+    #[error("The node at {base} sent the call elsewhere again: the fleet's nodes disagree on where it goes")]
+    RedirectedAgain {
+        /// The node.
+        base: String,
+    },
     /// The answer is not what this client expects (another daemon, another version).
     #[error("The node's answer to {what} is not what this client understands")]
     Decode {
@@ -193,9 +199,100 @@ impl NodeApi {
     }
 
     /// `POST /v1/claim`
+    ///
+    /// In a fleet the node may answer where to claim instead ([`ClaimRedirect`]):
+    /// the claim is then sent to each node named, in order, and last to this one,
+    /// each time with `no_redirect`. The reply's `owner_addr` says which node made
+    /// it; that sandbox's calls go there ([`NodeApi::at`]).
     pub async fn claim(&self, body: &ClaimBody) -> Result<ClaimReply, NodeApiError> {
-        self.call(Method::POST, "/v1/claim".into(), Some(body), "claim")
-            .await
+        let path = "/v1/claim";
+        let answer: ClaimAnswer = self
+            .call(Method::POST, path.into(), Some(body), "claim")
+            .await?;
+        let redirect = match answer {
+            ClaimAnswer::Claimed(reply) => return Ok(reply),
+            ClaimAnswer::Redirect(redirect) => redirect,
+        };
+        let mut body = body.clone();
+        body.no_redirect = true;
+        self.follow(&redirect, path, &body, "claim").await
+    }
+
+    /// The same client (token, timeout, CA) for the node at `addr`, e.g. a
+    /// claim's `owner_addr`; this one when `addr` is empty or this node's.
+    pub fn at(&self, addr: &str) -> Result<Self, NodeApiError> {
+        if addr.trim().is_empty() {
+            return Ok(self.clone());
+        }
+        let (base, ca) = node_base(addr)?;
+        if base == self.base {
+            return Ok(self.clone());
+        }
+        let endpoint = NodeEndpoint::parse(&base)?;
+        Ok(Self {
+            ca: ca.or_else(|| self.ca.clone().filter(|_| endpoint.tls)),
+            base,
+            endpoint,
+            token: self.token.clone(),
+            timeout: self.timeout,
+        })
+    }
+
+    /// Follows a claim's `redirect` once: `body` (with `no_redirect` set) to each
+    /// node named, then to this one. A node that times out ends it (the claim may
+    /// have been made there); any other failure moves on to the next.
+    async fn follow<B: Serialize>(
+        &self,
+        redirect: &ClaimRedirect,
+        path: &str,
+        body: &B,
+        what: &'static str,
+    ) -> Result<ClaimReply, NodeApiError> {
+        let mut failed = Vec::new();
+        for addr in &redirect.redirect {
+            let attempt = match self.at(addr) {
+                Ok(peer) => peer.claim_once(path, body, what).await,
+                Err(error) => Err(error),
+            };
+            match attempt {
+                Ok(reply) => return Ok(reply),
+                Err(error @ NodeApiError::Timeout { .. }) => return Err(error),
+                Err(error) => failed.push(format!("{addr}: {error}")),
+            }
+        }
+        match self.claim_once(path, body, what).await {
+            Err(NodeApiError::Refused {
+                status,
+                code,
+                message,
+            }) if !failed.is_empty() => Err(NodeApiError::Refused {
+                status,
+                code,
+                message: format!(
+                    "{message} (after the nodes placement chose failed: {})",
+                    failed.join("; ")
+                ),
+            }),
+            other => other,
+        }
+    }
+
+    /// One claim with `no_redirect` set in `body`: a second redirect is refused.
+    async fn claim_once<B: Serialize>(
+        &self,
+        path: &str,
+        body: &B,
+        what: &'static str,
+    ) -> Result<ClaimReply, NodeApiError> {
+        match self
+            .call::<B, ClaimAnswer>(Method::POST, path.into(), Some(body), what)
+            .await?
+        {
+            ClaimAnswer::Claimed(reply) => Ok(reply),
+            ClaimAnswer::Redirect(_) => Err(NodeApiError::RedirectedAgain {
+                base: self.base.clone(),
+            }),
+        }
     }
 
     /// `GET /v1/sandboxes`: every sandbox for the operator, its own for a sandbox token.
@@ -208,26 +305,21 @@ impl NodeApi {
 
     /// `GET /v1/sandboxes/{id}`
     pub async fn sandbox(&self, id: &str) -> Result<SandboxRow, NodeApiError> {
-        self.call(Method::GET, sandbox_path(id, ""), None::<&()>, "show")
+        self.call_sandbox(id, Method::GET, "".into(), None::<&()>, "show")
             .await
     }
 
     /// `GET /v1/sandboxes/{id}/egress-log?tail=N`
     pub async fn egress_log(&self, id: &str, tail: usize) -> Result<EgressLogReply, NodeApiError> {
-        let path = format!("{}?tail={tail}", sandbox_path(id, "/egress-log"));
-        self.call(Method::GET, path, None::<&()>, "egress log")
+        let verb = format!("/egress-log?tail={tail}");
+        self.call_sandbox(id, Method::GET, verb, None::<&()>, "egress log")
             .await
     }
 
     /// `POST /v1/sandboxes/{id}/release`
     pub async fn release(&self, id: &str) -> Result<Released, NodeApiError> {
-        self.call(
-            Method::POST,
-            sandbox_path(id, "/release"),
-            None::<&()>,
-            "release",
-        )
-        .await
+        self.call_sandbox(id, Method::POST, "/release".into(), None::<&()>, "release")
+            .await
     }
 
     /// `POST /v1/sandboxes/{id}/renew`: `ttl_seconds` from now (0 for one hour).
@@ -236,13 +328,8 @@ impl NodeApi {
             ttl_seconds,
             ..RenewBody::default()
         };
-        self.call(
-            Method::POST,
-            sandbox_path(id, "/renew"),
-            Some(&body),
-            "renew",
-        )
-        .await
+        self.call_sandbox(id, Method::POST, "/renew".into(), Some(&body), "renew")
+            .await
     }
 
     /// `POST /v1/sandboxes/{id}/preview`: a URL proxying to guest `port`, for
@@ -258,13 +345,8 @@ impl NodeApi {
             port,
             ttl_seconds,
         };
-        self.call(
-            Method::POST,
-            sandbox_path(id, "/preview"),
-            Some(&body),
-            "preview",
-        )
-        .await
+        self.call_sandbox(id, Method::POST, "/preview".into(), Some(&body), "preview")
+            .await
     }
 
     /// `POST /v1/sandboxes/{id}/fork`: `count` children living `ttl_seconds`.
@@ -279,7 +361,7 @@ impl NodeApi {
             count,
             ttl_seconds,
         };
-        self.call(Method::POST, sandbox_path(id, "/fork"), Some(&body), "fork")
+        self.call_sandbox(id, Method::POST, "/fork".into(), Some(&body), "fork")
             .await
     }
 
@@ -293,9 +375,10 @@ impl NodeApi {
             token: String::new(),
             name: name.unwrap_or_default().to_owned(),
         };
-        self.call(
+        self.call_sandbox(
+            id,
             Method::POST,
-            sandbox_path(id, "/checkpoint"),
+            "/checkpoint".into(),
             Some(&body),
             "checkpoint",
         )
@@ -304,9 +387,10 @@ impl NodeApi {
 
     /// `POST /v1/sandboxes/{id}/hibernate`
     pub async fn hibernate(&self, id: &str) -> Result<HibernateReply, NodeApiError> {
-        self.call(
+        self.call_sandbox(
+            id,
             Method::POST,
-            sandbox_path(id, "/hibernate"),
+            "/hibernate".into(),
             None::<&()>,
             "hibernate",
         )
@@ -319,13 +403,8 @@ impl NodeApi {
             token: String::new(),
             template: template.to_owned(),
         };
-        self.call(
-            Method::POST,
-            sandbox_path(id, "/promote"),
-            Some(&body),
-            "promote",
-        )
-        .await
+        self.call_sandbox(id, Method::POST, "/promote".into(), Some(&body), "promote")
+            .await
     }
 
     /// `GET /v1/checkpoints`, newest first.
@@ -347,13 +426,21 @@ impl NodeApi {
         id: &str,
         ttl_seconds: u64,
     ) -> Result<ClaimReply, NodeApiError> {
-        let body = CheckpointClaimBody {
+        let what = "claim from a checkpoint";
+        let mut body = CheckpointClaimBody {
             ttl_seconds,
             no_redirect: false,
         };
         let path = format!("/v1/checkpoints/{}/claim", segment(id));
-        self.call(Method::POST, path, Some(&body), "claim from a checkpoint")
-            .await
+        let answer: ClaimAnswer = self
+            .call(Method::POST, path.clone(), Some(&body), what)
+            .await?;
+        let redirect = match answer {
+            ClaimAnswer::Claimed(reply) => return Ok(reply),
+            ClaimAnswer::Redirect(redirect) => redirect,
+        };
+        body.no_redirect = true;
+        self.follow(&redirect, &path, &body, what).await
     }
 
     /// `DELETE /v1/checkpoints/{id}`
@@ -394,6 +481,36 @@ impl NodeApi {
             .call(Method::GET, "/v1/peers".into(), None::<&()>, "peers")
             .await?;
         Ok(reply.peers)
+    }
+
+    /// A call on sandbox `id` (`verb` after its path, query included). In a fleet,
+    /// an operator's call that reached a node which does not hold the sandbox is
+    /// answered 421 `elsewhere`: it is then asked for the owner and the call is
+    /// sent there, once.
+    async fn call_sandbox<B: Serialize, R: DeserializeOwned>(
+        &self,
+        id: &str,
+        method: Method,
+        verb: String,
+        body: Option<&B>,
+        what: &'static str,
+    ) -> Result<R, NodeApiError> {
+        let path = sandbox_path(id, &verb);
+        match self.call(method.clone(), path.clone(), body, what).await {
+            Err(NodeApiError::Refused { status: 421, .. }) => {
+                let owner: OwnerReply = self
+                    .call(Method::GET, sandbox_path(id, "/owner"), None::<&()>, what)
+                    .await?;
+                let owner = self.at(&owner.owner_addr)?;
+                if owner.base == self.base {
+                    return Err(NodeApiError::RedirectedAgain {
+                        base: self.base.clone(),
+                    });
+                }
+                owner.call(method, path, body, what).await
+            }
+            other => other,
+        }
     }
 
     /// One request and its decoded answer, within the timeout.

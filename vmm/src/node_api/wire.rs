@@ -40,11 +40,12 @@ pub struct ClaimBody {
     /// The caller's own label for the claim, echoed in listings.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub claim_ref: String,
-    /// Seed 000's clients set these for its mesh; a single node has no peer to
-    /// redirect to, so both are accepted and change nothing.
+    /// Claim on this node, whatever the fleet's placement says: what a client sends
+    /// when it follows a [`ClaimRedirect`] (seed 000's flag). A single node claims
+    /// locally anyway.
     #[serde(default, skip_serializing_if = "is_false")]
     pub no_redirect: bool,
-    /// See `no_redirect`.
+    /// Seed 000's flag for promoted templates: accepted, changes nothing here.
     #[serde(default, skip_serializing_if = "is_false")]
     pub require_promoted: bool,
     /// Volumes: not offered by this node (refused when non-empty).
@@ -82,6 +83,26 @@ pub struct ClaimReply {
     /// The checkpoint it started from, if it did.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub from_checkpoint: String,
+}
+
+/// The answer to a claim that placement sends elsewhere (seed 000's shape, HTTP
+/// 200): the nodes to claim on instead, best first. A client re-sends the claim
+/// to each in turn with `no_redirect` until one makes it, then to the node it
+/// asked first; it follows once (a node asked with `no_redirect` never redirects).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRedirect {
+    /// Node addresses (`owner_addr` form), best first.
+    pub redirect: Vec<String>,
+}
+
+/// What a claim answers: a sandbox, or where to claim it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ClaimAnswer {
+    /// Claim elsewhere.
+    Redirect(ClaimRedirect),
+    /// Claimed here.
+    Claimed(ClaimReply),
 }
 
 /// A sandbox in a listing: never its token.
@@ -342,7 +363,7 @@ pub struct CheckpointClaimBody {
     /// The new sandbox's lifetime; 0 for one hour.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ttl_seconds: u64,
-    /// Seed 000's mesh flag: accepted, changes nothing on one node.
+    /// Claim on this node, whatever placement says (see [`ClaimBody::no_redirect`]).
     #[serde(default, skip_serializing_if = "is_false")]
     pub no_redirect: bool,
 }
@@ -593,5 +614,23 @@ mod tests {
         .unwrap();
         assert_eq!(body.template, "t");
         assert_eq!(body.ttl_seconds, 60);
+    }
+
+    #[test]
+    fn a_claim_answer_is_a_sandbox_or_a_redirect() {
+        let claimed: ClaimAnswer = serde_json::from_str(
+            r#"{"id": "sb-1", "token": "t", "deadline": "", "owner_addr": "10.0.0.5:7777"}"#,
+        )
+        .unwrap();
+        assert!(matches!(claimed, ClaimAnswer::Claimed(reply) if reply.id == "sb-1"));
+        let redirect: ClaimAnswer =
+            serde_json::from_str(r#"{"redirect": ["10.0.0.6:7777", "10.0.0.7:7777"]}"#).unwrap();
+        assert_eq!(
+            redirect,
+            ClaimAnswer::Redirect(ClaimRedirect {
+                redirect: vec!["10.0.0.6:7777".into(), "10.0.0.7:7777".into()]
+            })
+        );
+        assert!(serde_json::from_str::<ClaimAnswer>(r#"{"id": 3}"#).is_err());
     }
 }

@@ -59,6 +59,12 @@ pub fn node_error(
              address with sandbox-mcp --addr (or SANDBOXD_ADDR / SANDSTORM_URL).",
             error_chain(error)
         )),
+        NodeApiError::RedirectedAgain { .. } => ToolError::new(format!(
+            "The fleet behind {base} sent {} on in a loop: {}. Its nodes disagree on \
+             placement; the operator should check that every node runs the same sandboxd.",
+            call.tool(),
+            error_chain(error)
+        )),
         NodeApiError::Decode { .. } => ToolError::new(format!(
             "The node at {base} answered {} with something that is not sandboxd's API: {}. \
              Check that --addr names a sandboxd, not another service.",

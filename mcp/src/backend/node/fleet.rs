@@ -83,7 +83,7 @@ impl Session {
     /// data plane would wake it.
     pub async fn ping(&self, id: &str) -> Result<PingResult, ToolError> {
         let held = self.sandbox(id)?;
-        let row = match self.api.sandbox(id).await {
+        let row = match held.api().sandbox(id).await {
             Ok(row) => row,
             Err(error) => return Err(self.fail(Call::Sandbox("ping_sandbox", id), &error).await),
         };
@@ -203,7 +203,9 @@ async fn claim_all(
 /// (the node still destroys the sandbox at its deadline).
 async fn release_all(api: &NodeApi, made: &[ClaimReply]) {
     let releases = made.iter().map(|reply| {
-        let (api, id) = (api.clone(), reply.id.clone());
+        // Each at the node that made it (placement may spread a batch).
+        let api = api.at(&reply.owner_addr).unwrap_or_else(|_| api.clone());
+        let id = reply.id.clone();
         async move {
             if let Err(error) = api.release(&id).await {
                 tracing::warn!(sandbox = %id, %error, "cannot release a failed batch's sandbox on the node");

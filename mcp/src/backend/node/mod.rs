@@ -54,6 +54,10 @@ pub struct Held {
     pub claimed_at: SystemTime,
     token: String,
     url: AgentUrl,
+    /// The control plane of the node that holds it (the claim's `owner_addr`: in a
+    /// fleet, not always the node this session talks to). Shared: a handle is
+    /// cloned per call.
+    api: std::sync::Arc<NodeApi>,
 }
 
 impl std::fmt::Debug for Held {
@@ -93,6 +97,11 @@ impl Held {
     /// Its token (sandstorm's `sandbox_token`).
     pub fn token(&self) -> &str {
         &self.token
+    }
+
+    /// The control plane of its node.
+    pub fn api(&self) -> &NodeApi {
+        &self.api
     }
 }
 
@@ -162,8 +171,18 @@ impl Session {
         held
     }
 
+    /// The control plane of the node that made `reply` (this session's node when
+    /// the reply names none, or names it in a form that does not parse).
+    fn owner_api(&self, reply: &ClaimReply) -> NodeApi {
+        self.api.at(&reply.owner_addr).unwrap_or_else(|error| {
+            tracing::warn!(owner = %reply.owner_addr, %error, "unusable owner_addr: using the session's node");
+            self.api.clone()
+        })
+    }
+
     /// Keeps a sandbox the node made for this session.
     fn keep(&self, reply: &ClaimReply) -> Held {
+        let api = self.owner_api(reply);
         let held = Held {
             id: reply.id.clone(),
             template: reply.template.clone(),
@@ -171,7 +190,8 @@ impl Session {
             deadline: reply.deadline.clone(),
             claimed_at: SystemTime::now(),
             token: reply.token.clone(),
-            url: self.api.agent_url(&reply.id),
+            url: api.agent_url(&reply.id),
+            api: std::sync::Arc::new(api),
         };
         lock(&self.held).insert(held.id.clone(), held.clone());
         held
@@ -180,6 +200,13 @@ impl Session {
     /// A failure of `call`, in this server's words; a sandbox the node no longer
     /// has is forgotten.
     async fn fail(&self, call: Call<'_>, error: &NodeApiError) -> ToolError {
+        // A sandbox's own calls went to the node that holds it.
+        let base = match call {
+            Call::Sandbox(_, id) => lock(&self.held)
+                .get(id)
+                .map(|held| held.api.base().to_owned()),
+            _ => None,
+        };
         if let (Call::Sandbox(_, id), Some("not_found" | "gone")) = (call, error.code()) {
             self.bury(id, Gone::Expired(SystemTime::now()));
         }
@@ -190,7 +217,12 @@ impl Session {
             },
             _ => Vec::new(),
         };
-        node_error(self.api.base(), call, error, &templates)
+        node_error(
+            base.as_deref().unwrap_or(self.api.base()),
+            call,
+            error,
+            &templates,
+        )
     }
 
     /// `create_sandbox`
@@ -229,8 +261,8 @@ impl Session {
 
     /// `release`
     pub async fn release(&self, id: &str) -> Result<ReleaseResult, ToolError> {
-        self.sandbox(id)?;
-        match self.api.release(id).await {
+        let held = self.sandbox(id)?;
+        match held.api.release(id).await {
             Ok(_) => {
                 self.bury(id, Gone::Released);
                 Ok(ReleaseResult {
@@ -257,14 +289,33 @@ impl Session {
         &self,
         tool: &str,
     ) -> Result<Vec<sandbox_vmm::node_api::wire::SandboxRow>, ToolError> {
-        let rows = match self.api.sandboxes().await {
+        let mut rows = match self.api.sandboxes().await {
             Ok(rows) => rows,
             Err(error) => return Err(self.fail(Call::Node(tool), &error).await),
         };
+        // In a fleet some are on other nodes: each of those is asked once. One that
+        // does not answer leaves its sandboxes out of the listing, not forgotten.
+        let mut others: BTreeMap<String, NodeApi> = BTreeMap::new();
+        for held in self.held() {
+            if held.api.base() != self.api.base() {
+                others.insert(held.api.base().to_owned(), NodeApi::clone(&held.api));
+            }
+        }
+        let mut unanswered = Vec::new();
+        for (base, api) in others {
+            match api.sandboxes().await {
+                Ok(more) => rows.extend(more),
+                Err(error) => {
+                    tracing::warn!(node = %base, %error, "cannot list a peer's sandboxes");
+                    unanswered.push(base);
+                }
+            }
+        }
         let mine = self.ids();
-        for id in &mine {
-            if !rows.iter().any(|row| &row.id == id) {
-                self.bury(id, Gone::Expired(SystemTime::now()));
+        for held in self.held() {
+            let listed = rows.iter().any(|row| row.id == held.id);
+            if !listed && !unanswered.iter().any(|base| base == held.api.base()) {
+                self.bury(&held.id, Gone::Expired(SystemTime::now()));
             }
         }
         Ok(rows
@@ -293,8 +344,8 @@ impl Session {
 
     /// `get_sandbox`
     pub async fn get_sandbox(&self, id: &str) -> Result<SandboxRow, ToolError> {
-        self.sandbox(id)?;
-        match self.api.sandbox(id).await {
+        let held = self.sandbox(id)?;
+        match held.api.sandbox(id).await {
             Ok(row) => Ok(convert::sandbox_row(&row)),
             Err(error) => Err(self.fail(Call::Sandbox("get_sandbox", id), &error).await),
         }
@@ -302,8 +353,8 @@ impl Session {
 
     /// `fork`: the children are this session's.
     pub async fn fork(&self, id: &str, count: u64) -> Result<ForkResult, ToolError> {
-        self.sandbox(id)?;
-        let reply = match self.api.fork(id, count.max(1), 0).await {
+        let held = self.sandbox(id)?;
+        let reply = match held.api.fork(id, count.max(1), 0).await {
             Ok(reply) => reply,
             Err(error) => return Err(self.fail(Call::Sandbox("fork", id), &error).await),
         };
@@ -319,8 +370,8 @@ impl Session {
         id: &str,
         name: Option<String>,
     ) -> Result<CheckpointResult, ToolError> {
-        self.sandbox(id)?;
-        match self.api.checkpoint(id, name.as_deref()).await {
+        let held = self.sandbox(id)?;
+        match held.api.checkpoint(id, name.as_deref()).await {
             Ok(reply) => Ok(convert::checkpointed(&reply)),
             Err(error) => Err(self.fail(Call::Sandbox("checkpoint", id), &error).await),
         }
@@ -365,9 +416,9 @@ impl Session {
 
     /// `hibernate`
     pub async fn hibernate(&self, id: &str) -> Result<HibernateResult, ToolError> {
-        self.sandbox(id)?;
+        let held = self.sandbox(id)?;
         let started = Instant::now();
-        match self.api.hibernate(id).await {
+        match held.api.hibernate(id).await {
             Ok(reply) => Ok(convert::hibernated(&reply, started.elapsed())),
             Err(error) => Err(self.fail(Call::Sandbox("hibernate", id), &error).await),
         }
@@ -380,8 +431,8 @@ impl Session {
         id: &str,
         tail: usize,
     ) -> Result<sandbox_vmm::node_api::wire::EgressLogReply, ToolError> {
-        self.sandbox(id)?;
-        match self.api.egress_log(id, tail).await {
+        let held = self.sandbox(id)?;
+        match held.api.egress_log(id, tail).await {
             Ok(reply) => Ok(reply),
             Err(error) => Err(self.fail(Call::Sandbox("egress_log", id), &error).await),
         }
@@ -394,8 +445,8 @@ impl Session {
         port: u16,
         ttl_secs: u64,
     ) -> Result<crate::ports::tools::ExposePortResult, ToolError> {
-        self.sandbox(id)?;
-        match self.api.preview(id, port, ttl_secs).await {
+        let held = self.sandbox(id)?;
+        match held.api.preview(id, port, ttl_secs).await {
             Ok(reply) => Ok(crate::ports::tools::ExposePortResult {
                 sandbox_id: id.to_owned(),
                 port: reply.port,
@@ -409,8 +460,8 @@ impl Session {
 
     /// `promote`
     pub async fn promote(&self, id: &str, template: &str) -> Result<PromoteResult, ToolError> {
-        self.sandbox(id)?;
-        match self.api.promote(id, template).await {
+        let held = self.sandbox(id)?;
+        match held.api.promote(id, template).await {
             Ok(reply) => Ok(PromoteResult {
                 template: reply.key.template,
                 sandbox_id: id.to_owned(),
@@ -472,8 +523,8 @@ impl Session {
         id: &str,
         name: &str,
     ) -> Result<sandbox_vmm::node_api::wire::CheckpointReply, ToolError> {
-        self.sandbox(id)?;
-        match self.api.checkpoint(id, Some(name)).await {
+        let held = self.sandbox(id)?;
+        match held.api.checkpoint(id, Some(name)).await {
             Ok(reply) => Ok(reply),
             Err(error) => Err(self.fail(Call::Sandbox("branch_sandbox", id), &error).await),
         }
@@ -483,10 +534,13 @@ impl Session {
     /// stay) and records their ids as an ended session's. Later calls are refused.
     pub async fn shutdown(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        let held: Vec<String> = std::mem::take(&mut *lock(&self.held)).into_keys().collect();
-        self.ended.record(&held);
-        let releases = held.iter().map(|id| {
-            let (api, id) = (self.api.clone(), id.clone());
+        let held: Vec<Held> = std::mem::take(&mut *lock(&self.held))
+            .into_values()
+            .collect();
+        let ids: Vec<String> = held.iter().map(|held| held.id.clone()).collect();
+        self.ended.record(&ids);
+        let releases = held.iter().map(|held| {
+            let (api, id) = (std::sync::Arc::clone(&held.api), held.id.clone());
             async move {
                 if let Err(error) = api.release(&id).await {
                     tracing::warn!(sandbox = %id, %error, "cannot release the session's sandbox on the node");

@@ -213,6 +213,33 @@ impl Membership {
         }
     }
 
+    /// The registered nodes as etcd holds them now (one read: what placement needs).
+    pub async fn nodes(&self) -> Result<Vec<Peer>, FleetError> {
+        let mut client = self.client().await?;
+        let prefix = Some(GetOptions::new().with_prefix());
+        let nodes = timed("read nodes", client.get(self.shared.keys.nodes(), prefix))
+            .await
+            .map_err(|why| self.unreachable(why))?;
+        self.peers_of(&nodes)
+    }
+
+    fn peers_of(&self, nodes: &etcd_client::GetResponse) -> Result<Vec<Peer>, FleetError> {
+        let now = now_unix();
+        nodes
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let record = NodeRecord::decode(&key, kv.value())?;
+                Ok(Peer {
+                    this_node: record.id == self.shared.config.node_id,
+                    alive: is_fresh(record.updated_unix, now),
+                    record,
+                })
+            })
+            .collect()
+    }
+
     /// The fleet as etcd holds it now.
     pub async fn fleet(&self) -> Result<Fleet, FleetError> {
         let mut client = self.client().await?;
@@ -227,17 +254,10 @@ impl Membership {
         let sandboxes = timed("read sandboxes", client.get(keys.sandboxes(), prefix))
             .await
             .map_err(|why| self.unreachable(why))?;
-        let mut fleet = Fleet::default();
-        let now = now_unix();
-        for kv in nodes.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let record = NodeRecord::decode(&key, kv.value())?;
-            fleet.nodes.push(Peer {
-                this_node: record.id == self.shared.config.node_id,
-                alive: is_fresh(record.updated_unix, now),
-                record,
-            });
-        }
+        let mut fleet = Fleet {
+            nodes: self.peers_of(&nodes)?,
+            ..Fleet::default()
+        };
         let owner_map: BTreeMap<String, String> = owners
             .kvs()
             .iter()

@@ -30,6 +30,11 @@ pub struct NodeRecord {
     /// Templates it can claim.
     #[serde(default)]
     pub templates: Vec<String>,
+    /// Checkpoints it holds locally (the newest [`MAX_LISTED_CHECKPOINTS`]): a claim
+    /// from one prefers these nodes, and without an object store only they can
+    /// take it.
+    #[serde(default)]
+    pub checkpoints: Vec<String>,
     /// Whether it refuses claims.
     pub draining: bool,
     /// The host's QEMU (`qemu-system-x86_64 --version` first line), when known.
@@ -41,6 +46,10 @@ pub struct NodeRecord {
     /// When the record was written (Unix seconds).
     pub updated_unix: u64,
 }
+
+/// The most checkpoint ids a node record lists: enough for placement to find the
+/// holders of those in use, small enough for etcd's value limit (1.5 MiB) by far.
+pub const MAX_LISTED_CHECKPOINTS: usize = 512;
 
 /// A claimed sandbox's durable record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,6 +204,7 @@ mod tests {
             used: 2,
             warm: BTreeMap::from([("default".into(), 1)]),
             templates: vec!["default".into()],
+            checkpoints: vec!["c1".into()],
             draining: true,
             qemu: "QEMU emulator version 7.2".into(),
             machine: "x86_64".into(),

@@ -19,6 +19,7 @@ use sandbox_vmm::node_api::wire::{
 
 use super::sandboxes::{claim_reply, rfc3339};
 use super::{ApiError, AppState, Body};
+use crate::placement::{self, Wanted};
 
 /// The row of `manifest`, used by `users`.
 pub fn checkpoint_row(manifest: &Manifest, users: Vec<CheckpointUser>) -> CheckpointRow {
@@ -98,14 +99,19 @@ pub async fn claim(
     Body(body): Body<CheckpointClaimBody>,
 ) -> Result<impl IntoResponse, ApiError> {
     state.require_operator(&headers)?;
-    let _ = body.no_redirect;
     if body.ttl_seconds > 0 {
         sandbox_engine::node::claim_ttl_secs(body.ttl_seconds)
             .map_err(|error| ApiError::bad_request(error.to_string()))?;
     }
+    if !body.no_redirect {
+        if let Some(redirect) = placement::elsewhere(&state, Wanted::Checkpoint(&id)).await {
+            return Ok((StatusCode::OK, Json(redirect)).into_response());
+        }
+    }
     let started = Instant::now();
     make_local(&state, &id).await?;
     let branched = state.node.branch(&id, 1).await?;
+    state.use_changed();
     state.metrics.restored(started.elapsed());
     let child = branched
         .children
@@ -116,7 +122,7 @@ pub async fn claim(
     } else {
         child.clone()
     };
-    Ok((StatusCode::CREATED, Json(claim_reply(&state, &child))))
+    Ok((StatusCode::CREATED, Json(claim_reply(&state, &child))).into_response())
 }
 
 pub async fn delete(

@@ -3,7 +3,7 @@
 //!
 //! | method and path | who | what |
 //! | --- | --- | --- |
-//! | `POST /v1/claim` | operator | a sandbox: `{template, net, size, ttl_seconds}` → `{id, token, deadline, owner_addr, ...}` |
+//! | `POST /v1/claim` | operator | a sandbox: `{template, net, size, ttl_seconds, no_redirect}` → `{id, token, deadline, owner_addr, ...}`; in a fleet, 200 `{redirect: [ADDR...]}` when placement picks another node ([`crate::placement`]) |
 //! | `GET /v1/sandboxes` | operator: all; sandbox token: its own | the live sandboxes (never tokens) |
 //! | `GET /v1/sandboxes/{id}` | operator or its token | one sandbox |
 //! | `POST /v1/sandboxes/{id}/release` | operator or its token | destroy it |
@@ -18,7 +18,7 @@
 //! | `POST /v1/sandboxes/{id}/preview` | operator or its token | `{port, ttl_seconds}` → `{url, port, expires_at}` |
 //! | any `/preview/{secret}/...` | whoever holds the URL | HTTP and WebSocket to the guest port |
 //! | `GET /v1/checkpoints` | operator | the checkpoints; with `--store`, `stored` on each, and those only in the store (`remote`) |
-//! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds}` → claim; with `--store`, one this node lacks is downloaded first |
+//! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds, no_redirect}` → claim (or a redirect, as `/v1/claim`); with `--store`, one this node lacks is downloaded first |
 //! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used); with `--store`, from the store and etcd too |
 //! | `DELETE /v1/templates?template=NAME` | operator | delete a promoted template (refused while used) |
 //! | `GET /v1/info` | operator | pool, templates, capacity, claims, drain |
@@ -75,6 +75,15 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Tells the fleet this node's use changed (a claim, a release), so its record
+    /// is re-published now rather than at the next refresh: placement elsewhere
+    /// reads it.
+    pub fn use_changed(&self) {
+        if let Some(membership) = &self.membership {
+            membership.changed();
+        }
+    }
+
     /// Refuses anything but the operator.
     pub fn require_operator(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         match caller(&self.operator, headers) {

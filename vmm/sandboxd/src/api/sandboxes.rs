@@ -23,6 +23,7 @@ use sandbox_vmm::node_api::wire::{
 
 use super::{ApiError, AppState, Body};
 use crate::auth::{caller, may_use, Caller};
+use crate::placement::{self, Wanted};
 
 /// The reply for `sandbox`, newly made: the one answer that carries its token.
 pub fn claim_reply(state: &AppState, sandbox: &Sandbox) -> ClaimReply {
@@ -149,11 +150,6 @@ pub async fn claim(
     Body(body): Body<ClaimBody>,
 ) -> Result<impl IntoResponse, ApiError> {
     state.require_operator(&headers)?;
-    tracing::debug!(
-        no_redirect = body.no_redirect,
-        require_promoted = body.require_promoted,
-        "mesh flags of a claim (a single node has no peer: ignored)"
-    );
     if !body.volumes.is_empty() || body.volumes_attach_only {
         return Err(ApiError::bad_request(
             "volumes are not offered by this node; claim without them",
@@ -168,6 +164,12 @@ pub async fn claim(
             )))
         }
     };
+    if !body.no_redirect {
+        let wanted = Wanted::Template(Some(body.template.as_str()));
+        if let Some(redirect) = placement::elsewhere(&state, wanted).await {
+            return Ok((StatusCode::OK, Json(redirect)).into_response());
+        }
+    }
     let request = ClaimRequest {
         progress: Some(build_log(&body.claim_ref)),
         template: Some(body.template).filter(|t| !t.trim().is_empty()),
@@ -180,11 +182,13 @@ pub async fn claim(
     let claimed = state.node.create(request).await;
     state.metrics.claimed(&claimed, started.elapsed());
     let claimed = claimed?;
+    state.use_changed();
     tracing::info!(sandbox = %claimed.sandbox.id, claim_ref = %body.claim_ref, "claim served");
     Ok((
         StatusCode::CREATED,
         Json(claim_reply(&state, &claimed.sandbox)),
-    ))
+    )
+        .into_response())
 }
 
 /// A claim-time build's progress as log events of the claim (an HTTP claim gets
@@ -328,6 +332,7 @@ pub async fn release(
 ) -> Result<Json<Released>, ApiError> {
     authorized(&state, &headers, Some(&body.token), &id).await?;
     let sandbox = state.node.release(&id).await?;
+    state.use_changed();
     Ok(Json(Released {
         id: sandbox.id.to_string(),
         released: true,
@@ -362,6 +367,7 @@ pub async fn fork(
             .map_err(|error| ApiError::bad_request(error.to_string()))?;
     }
     let forked = state.node.fork(&id, count).await?;
+    state.use_changed();
     let mut children = Vec::with_capacity(forked.children.len());
     for child in &forked.children {
         let child = if body.ttl_seconds > 0 {

@@ -1,0 +1,96 @@
+//! Where a claim sent to this node lands, in a fleet: here, or on the peers the
+//! fleet's catalogue names (`sandbox_fleet::placement`), which the client is told
+//! to claim on instead (a [`ClaimRedirect`], seed 000's shape).
+//!
+//! The node answers with the addresses rather than forwarding the claim itself:
+//! the sandbox's token then goes from the node that made it straight to the
+//! client, and a node that cannot reach a peer does not turn into a relay for it.
+//! Placement never blocks a claim: without a fleet, with etcd slow or down, or
+//! when no node can take it by the catalogue, the claim is served here, and this
+//! node's own answer (made, full, draining, no such template) stands.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sandbox_fleet::placement::{candidates, Need, SplitMix};
+use sandbox_vmm::node_api::wire::ClaimRedirect;
+
+use crate::api::AppState;
+
+/// How long placement waits for the catalogue before claiming here.
+const CATALOGUE_WITHIN: Duration = Duration::from_secs(1);
+
+/// The most nodes a redirect names: the pick and two to fall back on.
+const MAX_REDIRECT: usize = 3;
+
+/// What a claim needs, as placement asks it.
+#[derive(Debug, Clone, Copy)]
+pub enum Wanted<'a> {
+    /// A template by name (`None`: the node's default).
+    Template(Option<&'a str>),
+    /// A checkpoint by id.
+    Checkpoint(&'a str),
+}
+
+/// Where the claim should be made: `None` for here, else the redirect to answer.
+pub async fn elsewhere(state: &AppState, wanted: Wanted<'_>) -> Option<ClaimRedirect> {
+    let membership = state.membership.as_ref()?;
+    let nodes = match tokio::time::timeout(CATALOGUE_WITHIN, membership.nodes()).await {
+        Ok(Ok(nodes)) => nodes,
+        Ok(Err(error)) => {
+            tracing::warn!(error = %error, "cannot read the fleet's catalogue: claiming here");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(
+                "the fleet's catalogue did not answer within {CATALOGUE_WITHIN:?}: claiming here"
+            );
+            return None;
+        }
+    };
+    let default_template = state.node.default_template().map(ToString::to_string);
+    let mut random = SplitMix::new(seed());
+    let ranked = match wanted {
+        Wanted::Template(name) => {
+            let name = name
+                .map(str::trim)
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned)
+                .or(default_template)?;
+            candidates(&nodes, Need::Template(&name), || random.next_u64())
+        }
+        Wanted::Checkpoint(id) => {
+            let id = id.trim();
+            let held = |record: &sandbox_fleet::membership::NodeRecord| {
+                record.checkpoints.iter().any(|held| held == id)
+            };
+            let need = Need::Checkpoint {
+                held: &held,
+                anywhere: state.store.is_some(),
+            };
+            candidates(&nodes, need, || random.next_u64())
+        }
+    };
+    let pick = ranked.first()?;
+    if pick.this_node {
+        return None;
+    }
+    let redirect: Vec<String> = ranked
+        .iter()
+        .filter(|peer| !peer.this_node && !peer.record.addr.is_empty())
+        .take(MAX_REDIRECT)
+        .map(|peer| peer.record.addr.clone())
+        .collect();
+    tracing::info!(to = ?redirect, ?wanted, "claim placed on a peer");
+    Some(ClaimRedirect { redirect })
+}
+
+/// A seed for one placement's samples: two claims at once draw different pairs.
+fn seed() -> u64 {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let clock = since_epoch.as_secs() ^ u64::from(since_epoch.subsec_nanos()).rotate_left(32);
+    clock ^ CALLS.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+}
