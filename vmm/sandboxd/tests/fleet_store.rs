@@ -24,17 +24,15 @@
 mod services;
 mod support;
 
-use std::path::Path;
 use std::time::Instant;
 
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt as _};
+use object_store::ObjectStoreExt as _;
 use sandbox_protocol::{Command, ProcessSpec};
 use sandbox_tests::sh;
 use sandbox_tests::suite::{block_on, vm_main, VmTest};
 use serde_json::{json, Value};
-use services::{Etcd, S3, S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY};
+use services::{s3_client, store_node, Etcd, S3};
 use support::{test_dir, Daemon, StopAllOnDrop};
 
 /// What a download logs (`sandboxd::store::DOWNLOADED_EVENT`).
@@ -52,63 +50,6 @@ fn field(value: &Value, name: &str) -> String {
         .as_str()
         .unwrap_or_else(|| panic!("no {name} in {value}"))
         .to_owned()
-}
-
-/// A node on the store (and etcd), its run folders and checkpoints under
-/// `dir/NAME`; `home`: its SANDBOX_HOME (`None`: the caller's, with the templates).
-async fn start_node(
-    dir: &Path,
-    name: &str,
-    home: Option<&Path>,
-    s3: &S3,
-    prefix: &str,
-    etcd: &Etcd,
-) -> Daemon {
-    let node_dir = dir.join(name);
-    let store = format!("s3://{S3_BUCKET}/{prefix}");
-    let mut args = vec![
-        "--pool",
-        "0",
-        "--max-sandboxes",
-        "2",
-        "--node-id",
-        name,
-        "--etcd",
-        &etcd.url,
-        "--store",
-        &store,
-        "--store-endpoint",
-        &s3.endpoint,
-    ];
-    let home_arg;
-    if let Some(home) = home {
-        std::fs::create_dir_all(home).unwrap();
-        home_arg = home.to_str().unwrap().to_owned();
-        args.extend(["--sandbox-home", &home_arg]);
-    }
-    Daemon::start(
-        &node_dir,
-        &args,
-        &[
-            ("AWS_ACCESS_KEY_ID", S3_ACCESS_KEY),
-            ("AWS_SECRET_ACCESS_KEY", S3_SECRET_KEY),
-            ("RUST_LOG", "info"),
-        ],
-    )
-    .await
-}
-
-/// The test's own S3 client, to alter what the nodes stored.
-fn s3_client(s3: &S3) -> impl ObjectStore {
-    AmazonS3Builder::new()
-        .with_bucket_name(S3_BUCKET)
-        .with_region("us-east-1")
-        .with_endpoint(&s3.endpoint)
-        .with_allow_http(true)
-        .with_access_key_id(S3_ACCESS_KEY)
-        .with_secret_access_key(S3_SECRET_KEY)
-        .build()
-        .unwrap()
 }
 
 fn mib_per_s(bytes: u64, millis: u64) -> f64 {
@@ -129,8 +70,8 @@ async fn fleet_store() {
     let mut s3 = S3::start(&dir);
     let etcd = Etcd::start(&dir);
     let prefix = format!("fleet-{}", std::process::id());
-    let a = start_node(&dir, "a", None, &s3, &prefix, &etcd).await;
-    let c = start_node(&dir, "c", Some(&dir.join("c-home")), &s3, &prefix, &etcd).await;
+    let a = store_node(&dir, "a", None, &s3, &prefix, &etcd, 2).await;
+    let c = store_node(&dir, "c", Some(&dir.join("c-home")), &s3, &prefix, &etcd, 2).await;
 
     // On A: a sandbox with a file written and a process spawned, checkpointed.
     let claimed = a
@@ -290,7 +231,7 @@ async fn fleet_store() {
     content[0] ^= 0xff;
     let altered = zstd::bulk::compress(&content, 3).unwrap();
     store.put(&blob_key, altered.into()).await.unwrap();
-    let d = start_node(&dir, "d", Some(&dir.join("d-home")), &s3, &prefix, &etcd).await;
+    let d = store_node(&dir, "d", Some(&dir.join("d-home")), &s3, &prefix, &etcd, 2).await;
     let refused = d.post(&path, &here).await;
     assert_eq!(refused.status, 502, "{refused:?}\n{}", d.log());
     assert_eq!(refused.json["code"], "store_digest_mismatch", "{refused:?}");

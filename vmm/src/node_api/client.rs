@@ -71,6 +71,14 @@ pub enum NodeApiError {
         /// Its message.
         message: String,
     },
+    /// A node reached over TLS named a plain-HTTP node to go on to.
+    #[error("The node at {base} sent this client on to {to}, without TLS: refused (the operator token would cross the network in the clear)")]
+    Downgrade {
+        /// The node that named it.
+        base: String,
+        /// Where it pointed.
+        to: String,
+    },
     /// A node sent a call elsewhere a second time (a claim with `no_redirect`, or a sandbox whose owner is this node by its own account).
     #[error("The node at {base} sent the call elsewhere again: the fleet's nodes disagree on where it goes")]
     RedirectedAgain {
@@ -219,16 +227,31 @@ impl NodeApi {
     }
 
     /// The same client (token, timeout, CA) for the node at `addr`, e.g. a
-    /// claim's `owner_addr`; this one when `addr` is empty or this node's.
+    /// claim's `owner_addr`; this one when `addr` is empty or this node's. An
+    /// `addr` without a scheme takes this node's (a fleet on TLS advertises
+    /// `HOST:PORT` as often as `https://...`), and a node reached over TLS never
+    /// sends its token on to a plain `http://` one.
     pub fn at(&self, addr: &str) -> Result<Self, NodeApiError> {
-        if addr.trim().is_empty() {
+        let addr = addr.trim();
+        if addr.is_empty() {
             return Ok(self.clone());
         }
-        let (base, ca) = node_base(addr)?;
+        let addr = if !addr.contains("://") && self.endpoint.tls {
+            format!("https://{addr}")
+        } else {
+            addr.to_owned()
+        };
+        let (base, ca) = node_base(&addr)?;
         if base == self.base {
             return Ok(self.clone());
         }
         let endpoint = NodeEndpoint::parse(&base)?;
+        if self.endpoint.tls && !endpoint.tls {
+            return Err(NodeApiError::Downgrade {
+                base: self.base.clone(),
+                to: base,
+            });
+        }
         Ok(Self {
             ca: ca.or_else(|| self.ca.clone().filter(|_| endpoint.tls)),
             base,
@@ -668,6 +691,25 @@ mod tests {
     fn path_segments_cannot_escape() {
         assert_eq!(sandbox_path("sb-1", "/fork"), "/v1/sandboxes/sb-1/fork");
         assert_eq!(sandbox_path("../info?x", ""), "/v1/sandboxes/..%2Finfo%3Fx");
+    }
+
+    #[test]
+    fn another_node_inherits_the_scheme_and_tls_is_never_dropped() {
+        let plain = NodeApi::new("10.0.0.5:7777", Some("t".into())).unwrap();
+        assert_eq!(
+            plain.at("10.0.0.6:7777").unwrap().base(),
+            "http://10.0.0.6:7777"
+        );
+        assert_eq!(plain.at("").unwrap().base(), "http://10.0.0.5:7777");
+        let tls = NodeApi::new("https://a.internal:7777?ca=/etc/ca.pem", Some("t".into())).unwrap();
+        let peer = tls.at("b.internal:7777").unwrap();
+        assert_eq!(peer.base(), "https://b.internal:7777");
+        assert_eq!(peer.ca, Some(PathBuf::from("/etc/ca.pem")));
+        assert_eq!(peer.token(), Some("t"));
+        assert!(matches!(
+            tls.at("http://b.internal:7777"),
+            Err(NodeApiError::Downgrade { .. })
+        ));
     }
 
     #[test]

@@ -59,6 +59,11 @@ pub fn node_error(
              address with sandbox-mcp --addr (or SANDBOXD_ADDR / SANDSTORM_URL).",
             error_chain(error)
         )),
+        NodeApiError::Downgrade { .. } => ToolError::new(format!(
+            "{}. The operator should advertise every node of the fleet over HTTPS \
+             (sandboxd --advertise https://HOST:PORT).",
+            error_chain(error)
+        )),
         NodeApiError::RedirectedAgain { .. } => ToolError::new(format!(
             "The fleet behind {base} sent {} on in a loop: {}. Its nodes disagree on \
              placement; the operator should check that every node runs the same sandboxd.",

@@ -119,15 +119,27 @@ impl Session {
 }
 
 /// `count` as a number of claims when the node has room for all of them now;
-/// otherwise why not, before anything is claimed.
+/// otherwise why not, before anything is claimed. A node in a fleet (it lists
+/// peers) places claims on its peers too: only the bound is checked, at one node's
+/// limit per node, and a batch that does not fit fails at its first refused claim
+/// (all or nothing still, by releasing what was made).
 fn room(info: &InfoReply, count: u64) -> Result<usize, ToolError> {
-    let max = info.capacity.max_sandboxes;
+    let nodes = info.peers.len().saturating_add(1);
+    let max = info.capacity.max_sandboxes.saturating_mul(nodes);
     let wanted = usize::try_from(count).unwrap_or(usize::MAX);
     if wanted == 0 || wanted > max {
+        let limit = if nodes > 1 {
+            "the fleet's sandbox limit: the node's times its nodes"
+        } else {
+            "the node's sandbox limit"
+        };
         return Err(ToolError::new(format!(
-            "count must be between 1 and {max} (the node's sandbox limit); got {count}. \
+            "count must be between 1 and {max} ({limit}); got {count}. \
              node_info shows how many more can be claimed now."
         )));
+    }
+    if nodes > 1 {
+        return Ok(wanted);
     }
     if info.draining {
         return Err(ToolError::new(
@@ -250,5 +262,14 @@ mod tests {
         assert!(error.is_some_and(|m| m.contains("between 1 and 5")));
         let draining = room(&info(5, 5, true), 1).err().map(|e| e.message);
         assert!(draining.is_some_and(|m| m.contains("draining")));
+    }
+
+    #[test]
+    fn in_a_fleet_only_the_bound_is_checked_since_peers_take_claims_too() {
+        let mut drained = info(5, 0, true);
+        drained.peers = vec!["10.0.0.6:7777".into(), "10.0.0.7:7777".into()];
+        assert_eq!(room(&drained, 12).ok(), Some(12));
+        let error = room(&drained, 16).err().map(|e| e.message);
+        assert!(error.is_some_and(|m| m.contains("between 1 and 15")));
     }
 }

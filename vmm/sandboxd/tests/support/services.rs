@@ -219,3 +219,63 @@ impl Drop for S3 {
         self.stop();
     }
 }
+
+/// A node on the store (and etcd), its run folders and checkpoints under
+/// `dir/NAME`, node id `NAME`, no warm pool, at most `max` sandboxes; `home`: its
+/// SANDBOX_HOME (`None`: the caller's, with the templates).
+pub async fn store_node(
+    dir: &Path,
+    name: &str,
+    home: Option<&Path>,
+    s3: &S3,
+    prefix: &str,
+    etcd: &Etcd,
+    max: usize,
+) -> crate::support::Daemon {
+    let max = max.to_string();
+    let node_dir = dir.join(name);
+    let store = format!("s3://{S3_BUCKET}/{prefix}");
+    let mut args = vec![
+        "--pool",
+        "0",
+        "--max-sandboxes",
+        &max,
+        "--node-id",
+        name,
+        "--etcd",
+        &etcd.url,
+        "--store",
+        &store,
+        "--store-endpoint",
+        &s3.endpoint,
+    ];
+    let home_arg;
+    if let Some(home) = home {
+        std::fs::create_dir_all(home).unwrap();
+        home_arg = home.to_str().unwrap().to_owned();
+        args.extend(["--sandbox-home", &home_arg]);
+    }
+    crate::support::Daemon::start(
+        &node_dir,
+        &args,
+        &[
+            ("AWS_ACCESS_KEY_ID", S3_ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", S3_SECRET_KEY),
+            ("RUST_LOG", "info"),
+        ],
+    )
+    .await
+}
+
+/// The test's own S3 client, to read or alter what the nodes stored.
+pub fn s3_client(s3: &S3) -> impl object_store::ObjectStore {
+    object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(S3_BUCKET)
+        .with_region("us-east-1")
+        .with_endpoint(&s3.endpoint)
+        .with_allow_http(true)
+        .with_access_key_id(S3_ACCESS_KEY)
+        .with_secret_access_key(S3_SECRET_KEY)
+        .build()
+        .unwrap()
+}
