@@ -16,13 +16,11 @@ pub enum Need<'a> {
     /// A sandbox of this template: only nodes that list it can take the claim.
     Template(&'a str),
     /// A sandbox from this checkpoint; `held` says which nodes hold it already.
-    /// With `anywhere` (the fleet keeps checkpoints in an object store) any node can
-    /// take it, downloading what it lacks; without, only the nodes that hold it.
+    /// Those are preferred; a node on an object store (`store` in its record) can
+    /// take it too, downloading it; any other node cannot.
     Checkpoint {
         /// Whether a node holds the checkpoint locally.
         held: &'a dyn Fn(&NodeRecord) -> bool,
-        /// Whether a node that lacks it can fetch it.
-        anywhere: bool,
     },
 }
 
@@ -71,12 +69,12 @@ pub fn candidates<'p>(
         .filter(|peer| can_take(peer))
         .filter(|peer| match need {
             Need::Template(name) => peer.record.templates.iter().any(|t| t == name),
-            Need::Checkpoint { held, anywhere } => anywhere || held(&peer.record),
+            Need::Checkpoint { held } => peer.record.store || held(&peer.record),
         })
         .collect();
     let holds = |peer: &Peer| match need {
         Need::Template(_) => true,
-        Need::Checkpoint { held, .. } => held(&peer.record),
+        Need::Checkpoint { held } => held(&peer.record),
     };
     let (mut pool, mut rest): (Vec<&Peer>, Vec<&Peer>) =
         able.into_iter().partition(|peer| holds(peer));
@@ -153,6 +151,11 @@ mod tests {
         }
     }
 
+    fn stored(mut peer: Peer) -> Peer {
+        peer.record.store = true;
+        peer
+    }
+
     fn counts(nodes: &[Peer], need: Need<'_>, rounds: usize) -> BTreeMap<String, usize> {
         let mut rng = SplitMix::new(7);
         let mut counts = BTreeMap::new();
@@ -199,17 +202,14 @@ mod tests {
     #[test]
     fn a_node_that_holds_the_checkpoint_is_preferred_while_it_has_room() {
         let held = |record: &NodeRecord| record.id == "holder";
-        let need = Need::Checkpoint {
-            held: &held,
-            anywhere: true,
-        };
-        let nodes = [peer("holder", 8, 7), peer("empty", 8, 0)];
+        let need = Need::Checkpoint { held: &held };
+        let nodes = [stored(peer("holder", 8, 7)), stored(peer("empty", 8, 0))];
         assert_eq!(counts(&nodes, need, 100)["holder"], 100);
-        // Full, it is skipped: another node downloads the checkpoint.
-        let nodes = [peer("holder", 8, 8), peer("empty", 8, 0)];
+        // Full, it is skipped: another node on the store downloads the checkpoint.
+        let nodes = [stored(peer("holder", 8, 8)), stored(peer("empty", 8, 0))];
         assert_eq!(counts(&nodes, need, 100)["empty"], 100);
         // A checkpoint needs no template on the node.
-        let mut bare = peer("bare", 8, 0);
+        let mut bare = stored(peer("bare", 8, 0));
         bare.record.templates.clear();
         assert!(place(&[bare], need, || 3).is_some());
     }
@@ -217,14 +217,18 @@ mod tests {
     #[test]
     fn without_a_store_only_a_holder_can_take_a_checkpoint() {
         let held = |record: &NodeRecord| record.id == "holder";
-        let need = Need::Checkpoint {
-            held: &held,
-            anywhere: false,
-        };
+        let need = Need::Checkpoint { held: &held };
         let nodes = [peer("holder", 8, 7), peer("empty", 8, 0)];
         assert_eq!(counts(&nodes, need, 100)["holder"], 100);
         let nodes = [peer("holder", 8, 8), peer("empty", 8, 0)];
         assert!(place(&nodes, need, || 1).is_none());
+        // A node on the store can; one without cannot, even when emptier.
+        let nodes = [
+            peer("holder", 8, 8),
+            stored(peer("stored", 8, 4)),
+            peer("empty", 8, 0),
+        ];
+        assert_eq!(counts(&nodes, need, 100)["stored"], 100);
     }
 
     #[test]
@@ -253,10 +257,8 @@ mod tests {
         }
         // Holders first; a node that must download comes after them.
         let held = |record: &NodeRecord| record.id == "a";
-        let need = Need::Checkpoint {
-            held: &held,
-            anywhere: true,
-        };
+        let need = Need::Checkpoint { held: &held };
+        let nodes = nodes.map(stored);
         let ranked = candidates(&nodes, need, || 0);
         let ids: Vec<&str> = ranked.iter().map(|p| p.record.id.as_str()).collect();
         assert_eq!(ids, ["a", "b", "c"]);

@@ -129,7 +129,7 @@ pub(crate) async fn vm(command: &VmCommand, api: &NodeApi) -> anyhow::Result<u8>
             let claimed = claim(api, args).await?;
             print_claims(std::slice::from_ref(&claimed), false)?;
             // In a fleet the claim may have landed on another node: its calls go there.
-            let owner = api.at(&claimed.owner_addr)?;
+            let owner = owner_of(api, &claimed);
             eprintln!(
                 "sandboxctl: {} claimed until {}; its token is shown once, above \
                  (sandboxctl --node {} --vm {} --token TOKEN exec ...)",
@@ -142,7 +142,7 @@ pub(crate) async fn vm(command: &VmCommand, api: &NodeApi) -> anyhow::Result<u8>
         }
         VmCommand::Run(args) => {
             let claimed = claim(api, &args.boot).await?;
-            let owner = api.at(&claimed.owner_addr)?;
+            let owner = owner_of(api, &claimed);
             let result = async {
                 let client = connect(&owner, &claimed).await?;
                 let spec = process_spec(Cmd::Argv(args.command.clone()), args.process.clone());
@@ -204,8 +204,7 @@ pub(crate) async fn vm(command: &VmCommand, api: &NodeApi) -> anyhow::Result<u8>
                     Err(error) => {
                         // All or nothing, as a local branch: release what was made.
                         for child in &children {
-                            let owner = api.at(&child.owner_addr)?;
-                            let _ = owner.release(&child.id).await;
+                            let _ = owner_of(api, child).release(&child.id).await;
                         }
                         return Err(error).with_context(|| {
                             format!("Cannot branch the checkpoint {}", args.checkpoint)
@@ -335,6 +334,20 @@ async fn claim(api: &NodeApi, args: &VmBootArgs) -> anyhow::Result<ClaimReply> {
     api.claim(&body)
         .await
         .with_context(|| format!("The node at {} refused the claim", api.base()))
+}
+
+/// The node that made `claimed` (its `owner_addr`), or `api`'s when that address is
+/// unusable (said on stderr): a claim already made is still released.
+fn owner_of(api: &NodeApi, claimed: &ClaimReply) -> NodeApi {
+    api.at(&claimed.owner_addr).unwrap_or_else(|error| {
+        eprintln!(
+            "sandboxctl: {} names its node as {:?}, which cannot be used ({error}); going on with {}",
+            claimed.id,
+            claimed.owner_addr,
+            api.base()
+        );
+        api.clone()
+    })
 }
 
 async fn connect(api: &NodeApi, claimed: &ClaimReply) -> anyhow::Result<Client> {

@@ -429,7 +429,7 @@ impl Config {
             store,
             command: args.command,
             listen: args.listen,
-            advertise: args.advertise.unwrap_or_else(|| args.listen.to_string()),
+            advertise: advertised(args.advertise, args.listen, tls.is_some()),
             token_file,
             token_file_is_default,
             tls,
@@ -557,6 +557,18 @@ fn store_config(
     }))
 }
 
+/// What claims report as `owner_addr`: `--advertise`, else the listen address; on
+/// TLS, an address without a scheme is `https://`, so clients and peers that read
+/// it never send a token to this node in the clear.
+fn advertised(given: Option<String>, listen: std::net::SocketAddr, tls: bool) -> String {
+    let addr = given.unwrap_or_else(|| listen.to_string());
+    if tls && !addr.contains("://") {
+        format!("https://{addr}")
+    } else {
+        addr
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -602,6 +614,22 @@ mod tests {
         );
         let half = Args::try_parse_from(["sandboxd", "--tls-cert", "/c.pem"]);
         assert!(half.is_err(), "a certificate without its key is refused");
+    }
+
+    #[test]
+    fn a_node_on_tls_advertises_https() {
+        let tls = ["--tls-cert", "/c.pem", "--tls-key", "/k.pem"];
+        let listen = ["--listen", "0.0.0.0:7777"];
+        let both = [&listen[..], &tls[..]].concat();
+        assert_eq!(config(&both).unwrap().advertise, "https://0.0.0.0:7777");
+        let named = [&both[..], &["--advertise", "node-1.internal:7777"][..]].concat();
+        assert_eq!(
+            config(&named).unwrap().advertise,
+            "https://node-1.internal:7777"
+        );
+        let given = [&both[..], &["--advertise", "https://node-1:7777"][..]].concat();
+        assert_eq!(config(&given).unwrap().advertise, "https://node-1:7777");
+        assert_eq!(config(&[]).unwrap().advertise, DEFAULT_LISTEN);
     }
 
     #[test]

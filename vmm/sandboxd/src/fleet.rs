@@ -16,11 +16,13 @@ use sandbox_fleet::membership::{LocalState, Membership, MembershipConfig, NodeRe
 
 use crate::config::FleetConfig;
 
-/// Starts the membership of `node`, reachable at `advertise`.
+/// Starts the membership of `node`, reachable at `advertise`; `store`: whether it
+/// keeps checkpoints in an object store (`--store`).
 pub fn join(
     config: &FleetConfig,
     node: Arc<Node>,
     advertise: String,
+    store: bool,
 ) -> anyhow::Result<Membership> {
     let node_id = match &config.node_id {
         Some(id) => id.clone(),
@@ -28,7 +30,7 @@ pub fn join(
     };
     let machine = std::env::consts::ARCH.to_owned();
     let qemu = qemu_version(&machine);
-    let source = Arc::new(move || local_state(&node, &advertise, &qemu, &machine));
+    let source = Arc::new(move || local_state(&node, &advertise, &qemu, &machine, store));
     tracing::info!(node = %node_id, etcd = %config.endpoints.join(","), "joining the fleet");
     Ok(Membership::start(
         MembershipConfig {
@@ -78,8 +80,8 @@ fn qemu_version(machine: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The ids of the checkpoints `node` holds, newest first, at most
-/// [`MAX_LISTED_CHECKPOINTS`].
+/// The checkpoints `node` holds, newest first, at most [`MAX_LISTED_CHECKPOINTS`]:
+/// each one's id, and its name when it has one (claims name either).
 fn held_checkpoints(node: &Node) -> Vec<String> {
     let mut entries = match node.list_checkpoints() {
         Ok(entries) => entries,
@@ -92,11 +94,12 @@ fn held_checkpoints(node: &Node) -> Vec<String> {
     entries
         .into_iter()
         .take(MAX_LISTED_CHECKPOINTS)
-        .map(|entry| entry.manifest.id)
+        .flat_map(|entry| [Some(entry.manifest.id), entry.manifest.name])
+        .flatten()
         .collect()
 }
 
-fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str) -> LocalState {
+fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str, store: bool) -> LocalState {
     let status = node.status();
     let mut warm = BTreeMap::new();
     if let Some(pool) = &status.pool {
@@ -131,6 +134,7 @@ fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str) -> Local
                 .map(|t| t.name)
                 .collect(),
             checkpoints: held_checkpoints(node),
+            store,
             draining: status.draining,
             qemu: qemu.to_owned(),
             machine: machine.to_owned(),

@@ -91,17 +91,30 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         .with_context(|| format!("Cannot listen on {}", config.listen))?;
     let local = listener.local_addr()?;
     let node = sandbox_engine::Node::start(config.mode).await;
-    let advertise = if config.advertise.ends_with(":0") {
-        local.to_string()
-    } else {
-        config.advertise
+    // Listening on port 0: the port bound, with the scheme the address had.
+    let advertise = match config.advertise.strip_suffix(":0") {
+        Some(_) if config.advertise.starts_with("https://") => format!("https://{local}"),
+        Some(_) => local.to_string(),
+        None => config.advertise,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let previews = Arc::new(preview::Previews::new(format!("{scheme}://{advertise}")));
+    let preview_base = if advertise.contains("://") {
+        advertise.clone()
+    } else {
+        format!("{scheme}://{advertise}")
+    };
+    let previews = Arc::new(preview::Previews::new(preview_base));
     let membership = config
         .fleet
         .as_ref()
-        .map(|fleet| fleet::join(fleet, node.clone(), advertise.clone()))
+        .map(|fleet| {
+            fleet::join(
+                fleet,
+                node.clone(),
+                advertise.clone(),
+                config.store.is_some(),
+            )
+        })
         .transpose()?;
     let store = match (&config.store, &launcher) {
         (Some(store), Some(launcher)) => {

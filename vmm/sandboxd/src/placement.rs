@@ -64,25 +64,59 @@ pub async fn elsewhere(state: &AppState, wanted: Wanted<'_>) -> Option<ClaimRedi
             let held = |record: &sandbox_fleet::membership::NodeRecord| {
                 record.checkpoints.iter().any(|held| held == id)
             };
-            let need = Need::Checkpoint {
-                held: &held,
-                anywhere: state.store.is_some(),
-            };
-            candidates(&nodes, need, || random.next_u64())
+            candidates(&nodes, Need::Checkpoint { held: &held }, || {
+                random.next_u64()
+            })
         }
     };
-    let pick = ranked.first()?;
+    let usable = |peer: &sandbox_fleet::membership::Peer| {
+        peer.this_node || reachable_from_elsewhere(&peer.record.addr, &state.advertise)
+    };
+    let pick = ranked.iter().find(|peer| usable(peer))?;
     if pick.this_node {
         return None;
     }
     let redirect: Vec<String> = ranked
         .iter()
-        .filter(|peer| !peer.this_node && !peer.record.addr.is_empty())
+        .filter(|peer| !peer.this_node && usable(peer))
         .take(MAX_REDIRECT)
         .map(|peer| peer.record.addr.clone())
         .collect();
+    if redirect.is_empty() {
+        return None;
+    }
     tracing::info!(to = ?redirect, ?wanted, "claim placed on a peer");
     Some(ClaimRedirect { redirect })
+}
+
+/// Whether a client of this node can reach a peer at `addr`: not empty, not an
+/// unspecified address (`0.0.0.0`, `[::]`: a node listening on every interface
+/// without `--advertise`), and loopback only when this node's own address is
+/// loopback too (a fleet on one machine); anything else would send the client,
+/// with its token, to its own machine.
+fn reachable_from_elsewhere(addr: &str, own: &str) -> bool {
+    let host = |addr: &str| -> Option<String> {
+        let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+        let authority = rest.split('/').next()?;
+        let host = match authority.rsplit_once(':') {
+            Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+            _ => authority,
+        };
+        Some(
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+        )
+    };
+    let Some(peer) = host(addr).filter(|host| !host.is_empty()) else {
+        return false;
+    };
+    let ip = |host: &str| host.parse::<std::net::IpAddr>().ok();
+    let loopback = |host: &str| host == "localhost" || ip(host).is_some_and(|ip| ip.is_loopback());
+    if ip(&peer).is_some_and(|ip| ip.is_unspecified()) {
+        return false;
+    }
+    !loopback(&peer) || host(own).is_some_and(|own| loopback(&own))
 }
 
 /// A seed for one placement's samples: two claims at once draw different pairs.
@@ -93,4 +127,30 @@ fn seed() -> u64 {
         .unwrap_or_default();
     let clock = since_epoch.as_secs() ^ u64::from(since_epoch.subsec_nanos()).rotate_left(32);
     clock ^ CALLS.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reachable_from_elsewhere as reachable;
+
+    #[test]
+    fn addresses_a_client_elsewhere_could_not_use_are_never_handed_out() {
+        let own = "https://node-1.internal:7777";
+        assert!(reachable("https://node-2.internal:7777", own));
+        assert!(reachable("10.0.0.6:7777", own));
+        assert!(reachable("[fd00::6]:7777", own));
+        for bad in [
+            "",
+            "0.0.0.0:7777",
+            "[::]:7777",
+            "127.0.0.1:7777",
+            "localhost:7777",
+            "http://[::1]:7777",
+        ] {
+            assert!(!reachable(bad, own), "{bad}");
+        }
+        // A fleet on one machine: loopback peers are fine.
+        assert!(reachable("127.0.0.1:7778", "127.0.0.1:7777"));
+        assert!(!reachable("0.0.0.0:7778", "127.0.0.1:7777"));
+    }
 }

@@ -303,7 +303,11 @@ async fn https_serves_the_api_to_clients_that_trust_the_certificate() {
     .await;
     let base = format!("https://{}?ca={}", daemon.addr, cert_file.display());
     let api = sandbox_vmm::node_api::NodeApi::new(&base, Some(daemon.token.clone())).unwrap();
-    assert_eq!(api.info().await.unwrap().addr, daemon.addr);
+    // A node on TLS advertises its scheme: peers and clients never reach it in the clear.
+    assert_eq!(
+        api.info().await.unwrap().addr,
+        format!("https://{}", daemon.addr)
+    );
     // The data plane rides the same TLS: an unknown sandbox is refused by the daemon
     // (an HTTP answer through TLS), not by the handshake.
     let url = api.agent_url("sbx-000000000000");

@@ -241,7 +241,9 @@ impl NodeApi {
         } else {
             addr.to_owned()
         };
-        let (base, ca) = node_base(&addr)?;
+        // A `?ca=` in an address a node handed out is ignored: the CA to trust is
+        // this client's, never one the other side names.
+        let (base, _) = node_base(&addr)?;
         if base == self.base {
             return Ok(self.clone());
         }
@@ -253,7 +255,7 @@ impl NodeApi {
             });
         }
         Ok(Self {
-            ca: ca.or_else(|| self.ca.clone().filter(|_| endpoint.tls)),
+            ca: self.ca.clone().filter(|_| endpoint.tls),
             base,
             endpoint,
             token: self.token.clone(),
@@ -262,8 +264,10 @@ impl NodeApi {
     }
 
     /// Follows a claim's `redirect` once: `body` (with `no_redirect` set) to each
-    /// node named, then to this one. A node that times out ends it (the claim may
-    /// have been made there); any other failure moves on to the next.
+    /// node named (the first [`MAX_REDIRECT`], each once), then to this one. It
+    /// moves on only when nothing can have been made: no connection, or the node's
+    /// own refusal. A node that took the request and then failed (timeout, broken
+    /// answer) ends it, since the sandbox may exist there.
     async fn follow<B: Serialize>(
         &self,
         redirect: &ClaimRedirect,
@@ -272,15 +276,28 @@ impl NodeApi {
         what: &'static str,
     ) -> Result<ClaimReply, NodeApiError> {
         let mut failed = Vec::new();
+        let mut tried: Vec<&str> = Vec::new();
         for addr in &redirect.redirect {
+            if tried.len() == MAX_REDIRECT {
+                break;
+            }
+            if tried.contains(&addr.as_str()) {
+                continue;
+            }
+            tried.push(addr);
             let attempt = match self.at(addr) {
                 Ok(peer) => peer.claim_once(path, body, what).await,
                 Err(error) => Err(error),
             };
             match attempt {
-                Ok(reply) => return Ok(reply),
-                Err(error @ NodeApiError::Timeout { .. }) => return Err(error),
-                Err(error) => failed.push(format!("{addr}: {error}")),
+                Ok(reply) => {
+                    if !failed.is_empty() {
+                        tracing::warn!(failed = %failed.join("; "), "placed a claim after refusals");
+                    }
+                    return Ok(reply);
+                }
+                Err(error) if nothing_made(&error) => failed.push(format!("{addr}: {error}")),
+                Err(error) => return Err(error),
             }
         }
         match self.claim_once(path, body, what).await {
@@ -520,10 +537,13 @@ impl NodeApi {
     ) -> Result<R, NodeApiError> {
         let path = sandbox_path(id, &verb);
         match self.call(method.clone(), path.clone(), body, what).await {
-            Err(NodeApiError::Refused { status: 421, .. }) => {
+            Err(misdirected @ NodeApiError::Refused { status: 421, .. }) => {
                 let owner: OwnerReply = self
                     .call(Method::GET, sandbox_path(id, "/owner"), None::<&()>, what)
                     .await?;
+                if owner.owner_addr.trim().is_empty() {
+                    return Err(misdirected);
+                }
                 let owner = self.at(&owner.owner_addr)?;
                 if owner.base == self.base {
                     return Err(NodeApiError::RedirectedAgain {
@@ -638,6 +658,24 @@ impl NodeApi {
     }
 }
 
+/// The most nodes of a redirect a client tries (the daemon names at most three).
+pub const MAX_REDIRECT: usize = 3;
+
+/// Whether a claim that failed with `error` certainly made nothing: nothing was
+/// sent, or the node answered with its refusal.
+fn nothing_made(error: &NodeApiError) -> bool {
+    match error {
+        NodeApiError::Address(_)
+        | NodeApiError::Connect { .. }
+        | NodeApiError::Downgrade { .. }
+        | NodeApiError::RedirectedAgain { .. }
+        | NodeApiError::Refused { .. } => true,
+        NodeApiError::Transport { .. }
+        | NodeApiError::Timeout { .. }
+        | NodeApiError::Decode { .. } => false,
+    }
+}
+
 /// Aborts the connection's task when the call ends or is dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -705,6 +743,9 @@ mod tests {
         let peer = tls.at("b.internal:7777").unwrap();
         assert_eq!(peer.base(), "https://b.internal:7777");
         assert_eq!(peer.ca, Some(PathBuf::from("/etc/ca.pem")));
+        // The CA is this client's, whatever the address handed out says.
+        let planted = tls.at("https://evil:7777?ca=/etc/ssl/certs/ca-certificates.crt");
+        assert_eq!(planted.unwrap().ca, Some(PathBuf::from("/etc/ca.pem")));
         assert_eq!(peer.token(), Some("t"));
         assert!(matches!(
             tls.at("http://b.internal:7777"),

@@ -311,6 +311,9 @@ impl Session {
                 }
             }
         }
+        // One node reached under two spellings answers twice: one row per id.
+        let mut seen = std::collections::BTreeSet::new();
+        rows.retain(|row| seen.insert(row.id.clone()));
         let mine = self.ids();
         for held in self.held() {
             let listed = rows.iter().any(|row| row.id == held.id);

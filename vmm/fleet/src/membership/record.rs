@@ -30,11 +30,15 @@ pub struct NodeRecord {
     /// Templates it can claim.
     #[serde(default)]
     pub templates: Vec<String>,
-    /// Checkpoints it holds locally (the newest [`MAX_LISTED_CHECKPOINTS`]): a claim
-    /// from one prefers these nodes, and without an object store only they can
-    /// take it.
+    /// Checkpoints it holds locally, by id and by name (the newest
+    /// [`MAX_LISTED_CHECKPOINTS`]): a claim from one prefers these nodes, and only
+    /// they and nodes on an object store can take it.
     #[serde(default)]
     pub checkpoints: Vec<String>,
+    /// Whether it keeps checkpoints in an object store (`--store`), so that it can
+    /// fetch one it does not hold.
+    #[serde(default)]
+    pub store: bool,
     /// Whether it refuses claims.
     pub draining: bool,
     /// The host's QEMU (`qemu-system-x86_64 --version` first line), when known.
@@ -47,9 +51,10 @@ pub struct NodeRecord {
     pub updated_unix: u64,
 }
 
-/// The most checkpoint ids a node record lists: enough for placement to find the
-/// holders of those in use, small enough for etcd's value limit (1.5 MiB) by far.
-pub const MAX_LISTED_CHECKPOINTS: usize = 512;
+/// The most checkpoints a node record lists: enough for placement to find the
+/// holders of those in use, small enough that re-putting the record every second
+/// keeps etcd's history small.
+pub const MAX_LISTED_CHECKPOINTS: usize = 64;
 
 /// A claimed sandbox's durable record.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -205,6 +210,7 @@ mod tests {
             warm: BTreeMap::from([("default".into(), 1)]),
             templates: vec!["default".into()],
             checkpoints: vec!["c1".into()],
+            store: true,
             draining: true,
             qemu: "QEMU emulator version 7.2".into(),
             machine: "x86_64".into(),
