@@ -59,6 +59,10 @@ impl ToolError {
                  ttl_seconds if you need longer).",
                 rfc3339(*at)
             ),
+            Lookup::Gone(Gone::Moved) => format!(
+                "Sandbox {id:?} was hibernated and handed to another node of the fleet, which \
+                 wakes it on its next call. Live sandboxes here: {live}."
+            ),
             Lookup::Closed => "The server is shutting down; no sandbox is available.".to_owned(),
         };
         Self::new(message)

@@ -34,6 +34,10 @@ pub fn lookup(id: &str, why: &Lookup, live: &[String]) -> ToolError {
              sandboxes: {live}. Call spawn_sandboxes for new ones.",
             rfc3339(*at)
         ),
+        Lookup::Gone(Gone::Moved) => format!(
+            "Sandbox {id:?} was hibernated and handed to another node of the fleet. Live \
+             sandboxes here: {live}."
+        ),
         Lookup::Closed => "The server is shutting down; no sandbox is available.".to_owned(),
     })
 }

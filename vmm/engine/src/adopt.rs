@@ -35,7 +35,7 @@ use crate::token::SandboxToken;
 
 /// What became of one run folder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Found {
+pub(crate) enum Found {
     /// A running sandbox, adopted.
     Adopted,
     /// A hibernated sandbox, registered asleep.
@@ -133,7 +133,7 @@ impl Node {
         );
     }
 
-    async fn adopt_claimed(
+    pub(crate) async fn adopt_claimed(
         &self,
         pool: &Pool<LauncherFactory>,
         snapshots: &std::sync::Arc<SnapshotHost>,

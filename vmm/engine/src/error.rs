@@ -32,6 +32,11 @@ fn describe_lookup(id: &str, why: &Lookup) -> String {
         Lookup::Gone(crate::registry::Gone::Expired(_)) => {
             format!("Sandbox {id:?} reached its deadline and was destroyed")
         }
+        Lookup::Gone(crate::registry::Gone::Moved) => {
+            format!(
+                "Sandbox {id:?} was handed to the fleet while hibernated: another node wakes it"
+            )
+        }
         Lookup::Closed => "The node is shutting down".to_owned(),
     }
 }

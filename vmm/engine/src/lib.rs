@@ -42,6 +42,7 @@ pub mod batch;
 pub mod config;
 pub mod error;
 pub mod image_build;
+pub mod moving;
 pub mod node;
 pub mod pool;
 pub mod record;

@@ -26,6 +26,8 @@ pub enum Gone {
     Released,
     /// Its TTL ran out at this time.
     Expired(SystemTime),
+    /// Handed to the fleet while hibernated: another node wakes it.
+    Moved,
 }
 
 /// Why a lookup failed.
@@ -185,6 +187,12 @@ impl<V: Machine> Registry<V> {
         let sandbox = self.remove(&SandboxId::new(id), Gone::Released)?;
         sandbox.destroy().await;
         Ok(sandbox)
+    }
+
+    /// Removes `id` without destroying it: its VM was handed elsewhere
+    /// ([`crate::sandbox::Sandbox::hand_off`]).
+    pub fn remove_moved(&self, id: &str) -> Result<Arc<Sandbox<V>>, Lookup> {
+        self.remove(&SandboxId::new(id), Gone::Moved)
     }
 
     /// Destroys every sandbox and refuses new ones.

@@ -171,6 +171,17 @@ pub enum HibernateError {
     },
 }
 
+/// Why [`Sandbox::hand_off`] did not hand the sandbox off.
+#[derive(Debug, thiserror::Error)]
+pub enum HandOffError<E> {
+    /// Only a hibernated sandbox moves.
+    #[error("Only a hibernated sandbox can be handed off: {0}")]
+    NotHibernated(&'static str),
+    /// The sending failed; the sandbox stays hibernated here.
+    #[error(transparent)]
+    Send(E),
+}
+
 /// What [`Sandbox::hibernate`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Slept {
@@ -523,6 +534,34 @@ impl<V: Machine> Sandbox<V> {
             }
             VmState::Destroyed => Err(HibernateError::Destroyed),
         }
+    }
+
+    /// Hands the hibernated VM's image to `send` while nothing can wake it (the
+    /// state lock is held throughout: calls that need the guest wait, then find it
+    /// destroyed). When `send` succeeds the image is someone else's copy: this
+    /// sandbox is destroyed here and its image removed. When it fails, the sandbox
+    /// stays hibernated, as it was.
+    pub async fn hand_off<T, E, F, Fut>(&self, send: F) -> Result<T, HandOffError<E>>
+    where
+        F: FnOnce(Image) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let Backing::Vm(vm) = &self.backing else {
+            return Err(HandOffError::NotHibernated("it is the attached agent"));
+        };
+        let mut state = vm.state.lock().await;
+        let image = match &*state {
+            VmState::Hibernated(image) => image.clone(),
+            VmState::Running(_) => return Err(HandOffError::NotHibernated("it is running")),
+            VmState::Destroyed => return Err(HandOffError::NotHibernated("it was destroyed")),
+        };
+        let sent = send(image.clone()).await.map_err(HandOffError::Send)?;
+        self.agent.forget().await;
+        *state = VmState::Destroyed;
+        if let Some(hibernator) = &vm.hibernator {
+            hibernator.discard(image).await;
+        }
+        Ok(sent)
     }
 
     /// What it is doing now, without waiting for a wake or capture in progress.

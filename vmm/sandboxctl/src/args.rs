@@ -120,12 +120,22 @@ pub enum Command {
 pub enum NodeCommand {
     /// Warm pool, templates, capacity, claims and drain state.
     Info(VmLsArgs),
-    /// Refuse new claims; claimed sandboxes run out their deadlines.
-    Drain,
+    /// Refuse new claims; claimed sandboxes run out their deadlines. In a fleet
+    /// with an object store, hibernated sandboxes move to other nodes.
+    Drain(NodeDrainArgs),
     /// Take claims again after a drain.
     Uncordon,
     /// Delete a promoted template.
     RmTemplate(NodeTemplateArgs),
+}
+
+/// `node drain`
+#[derive(Debug, Args)]
+pub struct NodeDrainArgs {
+    /// Hibernate the running sandboxes too, so that every sandbox moves to another
+    /// node of the fleet (the node empties itself; needs --store and --etcd on it).
+    #[arg(long)]
+    pub hibernate: bool,
 }
 
 /// `node rm-template`

@@ -95,13 +95,25 @@ pub(crate) async fn node(command: &NodeCommand, api: &NodeApi) -> anyhow::Result
             output::print(&text)?;
             Ok(0)
         }
-        NodeCommand::Drain => {
-            let reply = api.drain().await.context("node drain failed")?;
-            output::print(&format!(
-                "draining: new claims are refused; {} claimed sandboxes run out\n",
+        NodeCommand::Drain(args) => {
+            let reply = api
+                .drain(args.hibernate)
+                .await
+                .context("node drain failed")?;
+            let mut text = format!(
+                "draining: new claims are refused; {} claimed sandboxes run out here\n",
                 reply.live_claims
-            ))?;
-            Ok(0)
+            );
+            for id in &reply.parked {
+                text.push_str(&format!(
+                    "{id}: handed to the fleet, wakes on another node\n"
+                ));
+            }
+            for stayed in &reply.not_parked {
+                text.push_str(&format!("{}: stays here: {}\n", stayed.id, stayed.error));
+            }
+            output::print(&text)?;
+            Ok(if reply.not_parked.is_empty() { 0 } else { 1 })
         }
         NodeCommand::Uncordon => {
             api.uncordon().await.context("node uncordon failed")?;

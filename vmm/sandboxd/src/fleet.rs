@@ -12,7 +12,9 @@ use std::time::UNIX_EPOCH;
 use anyhow::Context as _;
 use sandbox_engine::Node;
 use sandbox_fleet::membership::record::MAX_LISTED_CHECKPOINTS;
-use sandbox_fleet::membership::{LocalState, Membership, MembershipConfig, NodeRecord};
+use sandbox_fleet::membership::{
+    token_sha256, LocalSandbox, LocalState, Membership, MembershipConfig, NodeRecord,
+};
 
 use crate::config::FleetConfig;
 
@@ -105,19 +107,24 @@ fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str, store: b
     if let Some(pool) = &status.pool {
         warm.insert(pool.template.clone(), pool.warm);
     }
-    let sandboxes = status
-        .sandboxes
+    // Attached agents are no claims; every other sandbox has its durable record.
+    let sandboxes = node
+        .registry()
+        .list()
         .iter()
+        .filter(|sandbox| !sandbox.is_attached())
         .map(|sandbox| {
             let created = sandbox
                 .claimed_at
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0);
-            (
-                sandbox.id.as_str().to_owned(),
-                (sandbox.template.clone(), created),
-            )
+            let local = LocalSandbox {
+                template: sandbox.template.clone(),
+                created_unix: created,
+                token_sha256: token_sha256(sandbox.token.reveal()),
+            };
+            (sandbox.id.as_str().to_owned(), local)
         })
         .collect();
     LocalState {

@@ -41,6 +41,7 @@ pub mod config;
 pub mod fleet;
 pub mod metrics;
 pub mod node_lock;
+pub mod parking;
 pub mod placement;
 pub mod preview;
 pub mod server;
@@ -141,6 +142,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::
         metrics: Arc::new(metrics::Metrics::default()),
         previews,
         membership: membership.clone(),
+        takes: Arc::default(),
     };
     tracing::info!(addr = %local, scheme, token_file = %config.token_file.display(), "sandboxd listening");
     // The test harness and scripts read this line to learn the port.

@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use sandbox_fleet::membership::Peer;
 use sandbox_fleet::placement::{candidates, Need, SplitMix};
 use sandbox_vmm::node_api::wire::ClaimRedirect;
 
@@ -32,22 +33,45 @@ pub enum Wanted<'a> {
     Checkpoint(&'a str),
 }
 
-/// Where the claim should be made: `None` for here, else the redirect to answer.
-pub async fn elsewhere(state: &AppState, wanted: Wanted<'_>) -> Option<ClaimRedirect> {
+/// The fleet's nodes, read within [`CATALOGUE_WITHIN`]; `None` without a fleet or
+/// when etcd fails (logged).
+async fn catalogue(state: &AppState) -> Option<Vec<Peer>> {
     let membership = state.membership.as_ref()?;
-    let nodes = match tokio::time::timeout(CATALOGUE_WITHIN, membership.nodes()).await {
-        Ok(Ok(nodes)) => nodes,
+    match tokio::time::timeout(CATALOGUE_WITHIN, membership.nodes()).await {
+        Ok(Ok(nodes)) => Some(nodes),
         Ok(Err(error)) => {
-            tracing::warn!(error = %error, "cannot read the fleet's catalogue: claiming here");
-            return None;
+            tracing::warn!(error = %error, "cannot read the fleet's catalogue: placing here");
+            None
         }
         Err(_) => {
             tracing::warn!(
-                "the fleet's catalogue did not answer within {CATALOGUE_WITHIN:?}: claiming here"
+                "the fleet's catalogue did not answer within {CATALOGUE_WITHIN:?}: placing here"
             );
-            return None;
+            None
         }
-    };
+    }
+}
+
+/// Another node that can wake a parked sandbox (for a node that cannot: draining
+/// or full): the freer of two sampled nodes with an object store and room.
+pub async fn waker(state: &AppState) -> Option<String> {
+    let nodes = catalogue(state).await?;
+    let mut random = SplitMix::new(seed());
+    let none_held = |_: &sandbox_fleet::membership::NodeRecord| false;
+    let ranked = candidates(&nodes, Need::Checkpoint { held: &none_held }, || {
+        random.next_u64()
+    });
+    ranked
+        .iter()
+        .find(|peer| {
+            !peer.this_node && reachable_from_elsewhere(&peer.record.addr, &state.advertise)
+        })
+        .map(|peer| peer.record.addr.clone())
+}
+
+/// Where the claim should be made: `None` for here, else the redirect to answer.
+pub async fn elsewhere(state: &AppState, wanted: Wanted<'_>) -> Option<ClaimRedirect> {
+    let nodes = catalogue(state).await?;
     let default_template = state.node.default_template().map(ToString::to_string);
     let mut random = SplitMix::new(seed());
     let ranked = match wanted {

@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use sandbox_engine::moving::Parcel;
+use sandbox_engine::record::ClaimRecord;
 use sandbox_fleet::membership::{CheckpointRecord, FleetError, Membership};
 use sandbox_fleet::store::{CheckpointStore, DownloadReport, StoreError, Upload, UploadReport};
 use sandbox_vmm::launcher::snapshot::manifest::{
@@ -35,6 +37,9 @@ use serde::{Deserialize, Serialize};
 
 /// The log event of each download (the e2e test counts them).
 pub const DOWNLOADED_EVENT: &str = "checkpoint downloaded from the store";
+
+/// The log event of each parked sandbox's image download.
+pub const PARKED_DOWNLOADED_EVENT: &str = "parked sandbox image downloaded from the store";
 
 /// What goes with a checkpoint's manifest into the store's `meta`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -55,6 +60,36 @@ struct Backing {
     name: String,
     /// `qcow2` or `raw`.
     format: String,
+}
+
+/// What goes with a parked sandbox's hibernation image into the store's `meta`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParkedMeta {
+    /// The image's `manifest.json`.
+    manifest: Manifest,
+    /// The disk's backing images, nearest first.
+    #[serde(default)]
+    backing: Vec<Backing>,
+    /// The image's folder name in the run folder (`hibernation-...`).
+    image: String,
+    /// The sandbox's claim: id, token, template, size, deadline, lineage.
+    claim: ClaimRecord,
+    /// The token of the agent inside the VM.
+    vm_token: String,
+}
+
+/// A parked sandbox's image, arrived in a run folder.
+#[derive(Debug)]
+pub struct Arrived {
+    /// The image's folder name in the run folder.
+    pub image: String,
+    /// The sandbox's claim.
+    pub claim: ClaimRecord,
+    /// The agent's token.
+    pub vm_token: String,
+    /// What moved.
+    pub report: DownloadReport,
 }
 
 /// A store operation of this node failed.
@@ -110,6 +145,8 @@ impl NodeStoreError {
 #[derive(Debug)]
 pub struct NodeStore {
     store: CheckpointStore,
+    /// The same store's parked sandbox images.
+    parked: CheckpointStore,
     membership: Option<Membership>,
     node_id: String,
     checkpoint_root: PathBuf,
@@ -141,6 +178,7 @@ impl NodeStore {
                 )
             });
         Self {
+            parked: store.parked(),
             store,
             membership,
             node_id,
@@ -156,6 +194,11 @@ impl NodeStore {
     /// The store's name (`s3://BUCKET/PREFIX at ENDPOINT`).
     pub fn name(&self) -> &str {
         self.store.name()
+    }
+
+    /// This node's QEMU version (`major.minor.micro`), when it could be told.
+    pub fn qemu_version(&self) -> Option<&str> {
+        self.qemu_version.as_deref()
     }
 
     /// Checkpoints downloaded since start.
@@ -176,32 +219,7 @@ impl NodeStore {
             let id = id.clone();
             move |why: String| NodeStoreError::Local { id, what, why }
         };
-        let mut files = Vec::new();
-        let entries =
-            std::fs::read_dir(folder).map_err(|e| local("list its files")(e.to_string()))?;
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-            // `maker` is this host's writer pid: meaningless elsewhere.
-            if is_file && name != MAKER_FILE {
-                files.push((name, entry.path()));
-            }
-        }
-        files.sort();
-        let mut backing = Vec::new();
-        if manifest.machine.disk {
-            for (index, image) in backing_chain(&folder.join(DISK_FILE))
-                .into_iter()
-                .enumerate()
-            {
-                let name = format!("backing-{}", index + 1);
-                backing.push(Backing {
-                    name: name.clone(),
-                    format: image_format(&image),
-                });
-                files.push((name, image));
-            }
-        }
+        let (files, backing) = folder_files(folder, manifest).map_err(local("list its files"))?;
         let meta = serde_json::to_value(Meta {
             manifest: manifest.clone(),
             backing,
@@ -340,6 +358,123 @@ impl NodeStore {
         }
     }
 
+    /// The store key of parked sandbox `id`'s image manifest.
+    pub fn parked_manifest_key(&self, id: &str) -> String {
+        self.parked.manifest_key(id)
+    }
+
+    /// Uploads the hibernation image of the sandbox leaving in `parcel` (its files,
+    /// its disk's backing chain, its claim and agent token in the manifest's meta),
+    /// manifest last.
+    pub async fn upload_parked(&self, parcel: &Parcel) -> Result<UploadReport, NodeStoreError> {
+        let id = parcel.sandbox_id.clone();
+        let local = |what: &'static str| {
+            let id = id.clone();
+            move |why: String| NodeStoreError::Local { id, what, why }
+        };
+        let folder = parcel.run_folder.join(&parcel.image);
+        let manifest =
+            read_manifest(&folder).map_err(|e| local("read its image")(e.to_string()))?;
+        let (files, backing) = folder_files(&folder, &manifest).map_err(local("list its image"))?;
+        let meta = serde_json::to_value(ParkedMeta {
+            manifest: manifest.clone(),
+            backing,
+            image: parcel.image.clone(),
+            claim: parcel.claim.clone(),
+            vm_token: parcel.vm_token.clone(),
+        })
+        .map_err(|e| local("describe it")(e.to_string()))?;
+        self.parked
+            .upload(Upload {
+                id: id.clone(),
+                qemu_version: manifest.qemu_version.clone(),
+                machine: self.machine.clone(),
+                node_id: self.node_id.clone(),
+                meta,
+                files,
+            })
+            .await
+            .map_err(|error| NodeStoreError::Upload { id, error })
+    }
+
+    /// Downloads parked sandbox `id`'s image into the run folder `run` (made by
+    /// `Launcher::receive_hibernated`): the image in its `hibernation-...` folder,
+    /// every blob checked by digest, its disk chain beside it and re-pointed there
+    /// (absolute paths: the woken disk's overlay lives in the run folder, the image
+    /// folder goes after the wake). Refused before any blob moves when the QEMU
+    /// version or machine type differs. A failure leaves files in `run`: the caller
+    /// drops the run folder.
+    pub async fn download_parked(&self, id: &str, run: &Path) -> Result<Arrived, NodeStoreError> {
+        let stored = self
+            .parked
+            .manifest(id)
+            .await?
+            .ok_or_else(|| StoreError::NotFound { id: id.to_owned() })?;
+        CheckpointStore::check_compatible(&stored, self.qemu_version.as_deref(), &self.machine)?;
+        let invalid = |why: String| StoreError::Manifest {
+            id: id.to_owned(),
+            error: sandbox_fleet::store::ManifestError::Invalid(why),
+        };
+        let meta: ParkedMeta = serde_json::from_value(stored.meta.clone())
+            .map_err(|e| invalid(format!("its meta: {e}")))?;
+        let image_ok = meta.image.starts_with("hibernation-")
+            && sandbox_fleet::store::manifest::safe_name(&meta.image);
+        let backing_ok = meta.backing.iter().all(|b| {
+            b.name.starts_with("backing-") && sandbox_fleet::store::manifest::safe_name(&b.name)
+        });
+        if !image_ok || !backing_ok || meta.claim.id != id {
+            return Err(
+                invalid("its image, backing or claim names are not this sandbox's".into()).into(),
+            );
+        }
+        let local = |what: &'static str| {
+            let id = id.to_owned();
+            move |why: String| NodeStoreError::Local { id, what, why }
+        };
+        let folder = run.join(&meta.image);
+        std::fs::create_dir(&folder)
+            .map_err(|e| local("create its image folder")(e.to_string()))?;
+        let report = self.parked.download(&stored, &folder).await?;
+        let mut overlay = folder.join(DISK_FILE);
+        for image in &meta.backing {
+            let beside = run.join(&image.name);
+            std::fs::rename(folder.join(&image.name), &beside)
+                .map_err(|e| local("move its disk chain")(e.to_string()))?;
+            self.rebase(&overlay, &beside.to_string_lossy(), &image.format)
+                .await
+                .map_err(local("re-point its disk chain"))?;
+            if image.format != "qcow2" {
+                break;
+            }
+            overlay = beside;
+        }
+        let mut manifest = meta.manifest;
+        manifest.disk_backing = meta.backing.first().map(|b| run.join(&b.name));
+        let text = serde_json::to_vec_pretty(&manifest)
+            .map_err(|e| local("write its manifest")(e.to_string()))?;
+        std::fs::write(folder.join(MANIFEST_FILE), text)
+            .map_err(|e| local("write its manifest")(e.to_string()))?;
+        read_manifest(&folder).map_err(|e| local("read its manifest back")(e.to_string()))?;
+        tracing::info!(
+            sandbox = %id,
+            data_bytes = report.data_bytes,
+            received_bytes = report.received_bytes,
+            took_ms = report.took_ms,
+            "{PARKED_DOWNLOADED_EVENT}"
+        );
+        Ok(Arrived {
+            image: meta.image,
+            claim: meta.claim,
+            vm_token: meta.vm_token,
+            report,
+        })
+    }
+
+    /// Removes parked sandbox `id`'s image manifest (its blobs stay).
+    pub async fn delete_parked(&self, id: &str) -> Result<bool, NodeStoreError> {
+        Ok(self.parked.delete(id).await?)
+    }
+
     /// Removes checkpoint `id` from the store and its etcd record; true when the
     /// store had it.
     pub async fn delete(&self, id: &str) -> Result<bool, NodeStoreError> {
@@ -349,6 +484,40 @@ impl NodeStore {
         }
         Ok(had)
     }
+}
+
+/// Files to upload: each one's name in the store and its path here.
+type Files = Vec<(String, PathBuf)>;
+
+/// The files of the checkpoint or image `folder` that `manifest` describes, and of
+/// its disk's backing chain (`backing-N`, nearest first).
+fn folder_files(folder: &Path, manifest: &Manifest) -> Result<(Files, Vec<Backing>), String> {
+    let mut files = Vec::new();
+    let entries = std::fs::read_dir(folder).map_err(|e| e.to_string())?;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        // `maker` is this host's writer pid: meaningless elsewhere.
+        if is_file && name != MAKER_FILE {
+            files.push((name, entry.path()));
+        }
+    }
+    files.sort();
+    let mut backing = Vec::new();
+    if manifest.machine.disk {
+        for (index, image) in backing_chain(&folder.join(DISK_FILE))
+            .into_iter()
+            .enumerate()
+        {
+            let name = format!("backing-{}", index + 1);
+            backing.push(Backing {
+                name: name.clone(),
+                format: image_format(&image),
+            });
+            files.push((name, image));
+        }
+    }
+    Ok((files, backing))
 }
 
 /// `qcow2` when the image starts with qcow2's magic, else `raw`.

@@ -235,7 +235,7 @@ async fn the_typed_client_reads_every_node_endpoint() {
     assert!(api.sandboxes().await.unwrap().is_empty());
     assert!(api.checkpoints().await.unwrap().is_empty());
     assert!(api.peers().await.unwrap().is_empty());
-    assert!(api.drain().await.unwrap().draining);
+    assert!(api.drain(false).await.unwrap().draining);
     assert!(!api.uncordon().await.unwrap().draining);
 
     let unknown = api.sandbox("sbx-000000000000").await.unwrap_err();

@@ -242,33 +242,66 @@ impl RunDir {
                     max: UNIX_SOCKET_PATH_MAX_BYTES,
                 });
             }
-            // 0700: the sockets inside reach the agent, the token file proves it.
-            match fs::DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => {}
-                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(error) => return Err(RunDirError::Create { path, error }),
+            match Self::make(path, id)? {
+                Some(dir) => return Ok(dir),
+                None => continue,
             }
-            let lock = lock_file(&path).and_then(|file| {
-                if sys::try_lock_exclusive(&file)? {
-                    Ok(file)
-                } else {
-                    Err(io::Error::new(io::ErrorKind::WouldBlock, "already locked"))
-                }
-            });
-            let lock = match lock {
-                Ok(lock) => lock,
-                Err(error) => {
-                    let _ = fs::remove_dir_all(&path);
-                    return Err(RunDirError::Lock { path, error });
-                }
-            };
-            return Ok(Self {
-                id,
+        }
+    }
+
+    /// Creates `root/<id>/` for a VM that keeps the id it had elsewhere (one moved
+    /// here from another host), locked by this process; refused when it exists.
+    pub(crate) fn create_named(root: &Path, id: &VmId) -> Result<Self, RunDirError> {
+        fs::create_dir_all(root).map_err(|error| RunDirError::Create {
+            path: root.to_owned(),
+            error,
+        })?;
+        let root = root.canonicalize().map_err(|error| RunDirError::Create {
+            path: root.to_owned(),
+            error,
+        })?;
+        let path = root.join(id.as_str());
+        let longest = socket_path(&path, &format!("vm.vsock_{READY_PORT}"));
+        if longest.as_os_str().len() > UNIX_SOCKET_PATH_MAX_BYTES {
+            return Err(RunDirError::PathTooLong {
                 path,
-                lock: Some(lock),
-                keep: false,
+                max: UNIX_SOCKET_PATH_MAX_BYTES,
             });
         }
+        Self::make(path.clone(), id.clone())?.ok_or_else(|| RunDirError::Create {
+            path,
+            error: io::Error::new(io::ErrorKind::AlreadyExists, "a VM with this id is here"),
+        })
+    }
+
+    /// Makes and locks the folder `path`; `None` when it exists.
+    fn make(path: PathBuf, id: VmId) -> Result<Option<Self>, RunDirError> {
+        // 0700: the sockets inside reach the agent, the token file proves it.
+        match fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => return Ok(None),
+            Err(error) => return Err(RunDirError::Create { path, error }),
+        }
+        let lock = lock_file(&path).and_then(|file| {
+            if sys::try_lock_exclusive(&file)? {
+                Ok(file)
+            } else {
+                Err(io::Error::new(io::ErrorKind::WouldBlock, "already locked"))
+            }
+        });
+        let lock = match lock {
+            Ok(lock) => lock,
+            Err(error) => {
+                let _ = fs::remove_dir_all(&path);
+                return Err(RunDirError::Lock { path, error });
+            }
+        };
+        Ok(Some(Self {
+            id,
+            path,
+            lock: Some(lock),
+            keep: false,
+        }))
     }
 
     /// Takes over the existing folder of VM `id` (to wake it), locked by this
@@ -603,7 +636,7 @@ fn inspect(path: &Path) -> (RunDirEntry, Option<File>) {
 }
 
 /// Reads `dir/vm.json`, if present and well-formed.
-pub(crate) fn read_record(dir: &Path) -> Option<VmRecord> {
+pub fn read_record(dir: &Path) -> Option<VmRecord> {
     let bytes = fs::read(dir.join(RECORD_FILE)).ok()?;
     match serde_json::from_slice(&bytes) {
         Ok(record) => Some(record),

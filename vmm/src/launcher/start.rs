@@ -114,6 +114,16 @@ pub(crate) struct Start {
     pub ready_timeout: Duration,
 }
 
+/// Where the agent of a VM whose run folder is `run` is reached over `transport`.
+pub(crate) fn agent_url_in(run: &Path, transport: AgentTransport) -> String {
+    match transport {
+        AgentTransport::Vsock => {
+            format!("hvsock://{}:{AGENT_PORT}", run.join(VSOCK_SOCKET).display())
+        }
+        AgentTransport::Serial => format!("unix://{}", run.join(AGENT_SOCKET).display()),
+    }
+}
+
 impl Launcher {
     /// Starts `start` and waits for its agent: the boot sequence of the module docs
     /// of `launcher`, plus the incoming migration of a restore.
@@ -141,12 +151,7 @@ impl Launcher {
             (None, Some((id, _))) => RunDir::adopt(&self.config.run_root, id)?,
             (None, None) => RunDir::create(&self.config.run_root)?,
         };
-        let agent_url = match transport {
-            AgentTransport::Vsock => {
-                format!("hvsock://{}:{AGENT_PORT}", dir.file(VSOCK_SOCKET).display())
-            }
-            AgentTransport::Serial => format!("unix://{}", dir.file(AGENT_SOCKET).display()),
-        };
+        let agent_url = agent_url_in(dir.path(), transport);
         let mut record = VmRecord {
             id: dir.id().clone(),
             owner_pid: std::process::id(),

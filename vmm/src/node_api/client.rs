@@ -503,9 +503,12 @@ impl NodeApi {
             .await
     }
 
-    /// `POST /v1/drain`: refuse new claims.
-    pub async fn drain(&self) -> Result<DrainReply, NodeApiError> {
-        self.call(Method::POST, "/v1/drain".into(), None::<&()>, "drain")
+    /// `POST /v1/drain`: refuse new claims; in a fleet with an object store, hand the
+    /// hibernated sandboxes (with `hibernate`, every sandbox, hibernated first) to
+    /// other nodes.
+    pub async fn drain(&self, hibernate: bool) -> Result<DrainReply, NodeApiError> {
+        let body = super::wire::DrainBody { hibernate };
+        self.call(Method::POST, "/v1/drain".into(), Some(&body), "drain")
             .await
     }
 

@@ -392,6 +392,9 @@ pub struct HibernateReply {
     /// Its deadline, which runs on while it sleeps (RFC 3339).
     #[serde(default)]
     pub deadline: String,
+    /// Handed to the fleet (this node is draining): another node wakes it.
+    #[serde(default)]
+    pub parked: bool,
 }
 
 /// `POST /v1/sandboxes/{id}/promote`
@@ -561,6 +564,32 @@ pub struct DrainReply {
     /// Claimed sandboxes still running out.
     #[serde(default)]
     pub live_claims: usize,
+    /// Hibernated sandboxes this drain handed to the fleet (a node with an
+    /// object store in a fleet): another node wakes each on its next call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parked: Vec<String>,
+    /// Those it could not hand over, and why: they stay here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_parked: Vec<NotParked>,
+}
+
+/// `POST /v1/drain`: `{"hibernate": true}` also hibernates every running
+/// sandbox so that it can be handed to the fleet (the node empties itself).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainBody {
+    /// Hibernate running sandboxes too.
+    #[serde(default)]
+    pub hibernate: bool,
+}
+
+/// A sandbox a drain could not hand to the fleet.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotParked {
+    /// Its id.
+    pub id: String,
+    /// Why.
+    pub error: String,
 }
 
 /// `GET /v1/peers`

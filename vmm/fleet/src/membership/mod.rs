@@ -9,16 +9,21 @@
 //! lease: the node never runs without a record silently, it logs and retries.
 //! [`Membership::leave`] revokes the lease, so the node's records go at once.
 
+pub mod parked;
 pub mod record;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 use tokio::sync::Notify;
 
-pub use record::{CheckpointRecord, Keys, LostSandbox, NodeRecord, SandboxRecord, Stored};
+pub use parked::{ParkedSandbox, Take};
+pub use record::{
+    token_sha256, CheckpointRecord, Keys, LostSandbox, NodeRecord, ParkedRecord, SandboxRecord,
+    Stored,
+};
 
 /// How often the record is re-put and the lease renewed.
 pub const REFRESH: Duration = Duration::from_secs(1);
@@ -48,8 +53,19 @@ pub struct MembershipConfig {
 pub struct LocalState {
     /// The node's record (its `id` and `updated_unix` are filled in here).
     pub record: NodeRecord,
-    /// Claimed sandboxes: id → template and claim time (Unix seconds).
-    pub sandboxes: BTreeMap<String, (String, u64)>,
+    /// Claimed sandboxes, by id.
+    pub sandboxes: BTreeMap<String, LocalSandbox>,
+}
+
+/// One claimed sandbox of this node, as its durable record says it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LocalSandbox {
+    /// Its template.
+    pub template: String,
+    /// When it was claimed (Unix seconds).
+    pub created_unix: u64,
+    /// The SHA-256 of its token ([`token_sha256`]).
+    pub token_sha256: String,
 }
 
 /// Reads the node's current state.
@@ -91,6 +107,9 @@ pub struct Fleet {
     pub nodes: Vec<Peer>,
     /// Sandboxes whose node vanished.
     pub lost: Vec<LostSandbox>,
+    /// Hibernated sandboxes handed to the fleet, waiting for a node to wake them.
+    #[serde(default)]
+    pub parked: Vec<ParkedSandbox>,
 }
 
 /// Where the fleet says one sandbox is.
@@ -103,7 +122,13 @@ pub enum Location {
         /// Where clients reach the owner (empty when its node record is gone,
         /// the instant between its lease's keys expiring).
         addr: String,
+        /// The SHA-256 of the sandbox's token, from its durable record (empty
+        /// while that is not written yet).
+        token_sha256: String,
     },
+    /// Hibernated, its image in the object store, owned by no node: the first node
+    /// with room that is asked for it takes it.
+    Parked(ParkedRecord),
     /// Its durable record outlived its owner: its node vanished.
     Lost(SandboxRecord),
     /// The fleet holds no record of it.
@@ -251,7 +276,13 @@ impl Membership {
         let owners = timed("read owners", client.get(keys.owners(), prefix.clone()))
             .await
             .map_err(|why| self.unreachable(why))?;
-        let sandboxes = timed("read sandboxes", client.get(keys.sandboxes(), prefix))
+        let sandboxes = timed(
+            "read sandboxes",
+            client.get(keys.sandboxes(), prefix.clone()),
+        )
+        .await
+        .map_err(|why| self.unreachable(why))?;
+        let parked = timed("read parked sandboxes", client.get(keys.parked(), prefix))
             .await
             .map_err(|why| self.unreachable(why))?;
         let mut fleet = Fleet {
@@ -276,6 +307,13 @@ impl Membership {
             durable.insert(key.trim_start_matches(&keys.sandboxes()).to_owned(), record);
         }
         fleet.lost = record::lost(&durable, &owner_map);
+        for kv in parked.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            fleet.parked.push(ParkedSandbox {
+                id: key.trim_start_matches(&keys.parked()).to_owned(),
+                record: ParkedRecord::decode(&key, kv.value())?,
+            });
+        }
         Ok(fleet)
     }
 
@@ -298,7 +336,24 @@ impl Membership {
                 }
                 None => String::new(),
             };
-            return Ok(Location::Owned { node_id, addr });
+            let durable = timed("read a sandbox record", client.get(keys.sandbox(id), None))
+                .await
+                .map_err(|why| self.unreachable(why))?;
+            let token_sha256 = match durable.kvs().first() {
+                Some(kv) => {
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    SandboxRecord::decode(&key, kv.value())?.token_sha256
+                }
+                None => String::new(),
+            };
+            return Ok(Location::Owned {
+                node_id,
+                addr,
+                token_sha256,
+            });
+        }
+        if let Some(record) = self.parked(id).await? {
+            return Ok(Location::Parked(record));
         }
         let durable = timed("read a sandbox record", client.get(keys.sandbox(id), None))
             .await
@@ -488,14 +543,15 @@ async fn publish(
         client.put(keys.node(&record.id), record.encode(), on_lease()),
     )
     .await?;
-    for (id, (template, created)) in &state.sandboxes {
+    for (id, sandbox) in &state.sandboxes {
         if published.contains(id) {
             continue;
         }
         let durable = SandboxRecord {
             node_id: record.id.clone(),
-            template: template.clone(),
-            created_unix: *created,
+            template: sandbox.template.clone(),
+            created_unix: sandbox.created_unix,
+            token_sha256: sandbox.token_sha256.clone(),
         };
         timed(
             "put a sandbox record",
@@ -515,16 +571,14 @@ async fn publish(
         .cloned()
         .collect();
     for id in gone {
-        timed(
-            "delete an owner record",
-            client.delete(keys.owner(&id), None),
-        )
-        .await?;
-        timed(
-            "delete a sandbox record",
-            client.delete(keys.sandbox(&id), None),
-        )
-        .await?;
+        // Only while this node still owns it: a sandbox parked from here may be
+        // another node's already, and its records with it.
+        let mine = Compare::value(keys.owner(&id), CompareOp::Equal, record.id.as_bytes());
+        let release = Txn::new().when([mine]).and_then([
+            TxnOp::delete(keys.owner(&id), None),
+            TxnOp::delete(keys.sandbox(&id), None),
+        ]);
+        timed("delete a sandbox's records", client.txn(release)).await?;
         published.remove(&id);
     }
     Ok(())

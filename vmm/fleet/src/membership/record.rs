@@ -8,6 +8,10 @@
 //! - `P/checkpoints/<checkpoint id>` → [`CheckpointRecord`] (JSON), no lease: put
 //!   once the checkpoint's manifest is in the object store, removed when it is
 //!   deleted fleet-wide.
+//! - `P/parked/<sandbox id>` → [`ParkedRecord`] (JSON), no lease: a hibernated
+//!   sandbox whose image is in the object store and which no node owns now; the
+//!   first node asked for it (with its token) with room takes it, downloads the
+//!   image and wakes it (see `super::parked`).
 
 use std::collections::BTreeMap;
 
@@ -65,6 +69,10 @@ pub struct SandboxRecord {
     pub template: String,
     /// When it was claimed (Unix seconds).
     pub created_unix: u64,
+    /// The SHA-256 of its token (see [`token_sha256`]): any node can then tell a
+    /// caller with the sandbox's token, and only such a caller, where it is.
+    #[serde(default)]
+    pub token_sha256: String,
 }
 
 /// A checkpoint whose manifest is in the object store.
@@ -82,6 +90,43 @@ pub struct CheckpointRecord {
     pub data_bytes: u64,
     /// When it was stored (Unix seconds).
     pub stored_unix: u64,
+}
+
+/// A hibernated sandbox handed to the fleet: its image is in the object store, no
+/// node owns it, and any node with room may take it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedRecord {
+    /// The node that parked it.
+    pub node_id: String,
+    /// Its image's manifest key in the store (`PREFIX/parked/<id>.json`).
+    pub manifest_key: String,
+    /// The QEMU version that made the image.
+    pub qemu_version: String,
+    /// The machine type it ran on.
+    pub machine: String,
+    /// The SHA-256 (lowercase hex) of the sandbox's token: a node asked for the
+    /// sandbox checks the caller's token against it before it takes the sandbox.
+    pub token_sha256: String,
+    /// Its template.
+    pub template: String,
+    /// When it was claimed (Unix seconds).
+    pub created_unix: u64,
+    /// When its claim ends (Unix seconds).
+    pub deadline_unix: u64,
+    /// Data bytes of the image (holes excluded, uncompressed).
+    pub data_bytes: u64,
+    /// When it was parked (Unix seconds).
+    pub parked_unix: u64,
+}
+
+/// The SHA-256 of a sandbox token, lowercase hex: what a [`ParkedRecord`] keeps
+/// instead of the token.
+pub fn token_sha256(token: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A record that does not decode.
@@ -147,6 +192,16 @@ impl Keys {
     pub fn checkpoint(&self, id: &str) -> String {
         format!("{}{id}", self.checkpoints())
     }
+
+    /// `P/parked/`.
+    pub fn parked(&self) -> String {
+        format!("{}/parked/", self.prefix)
+    }
+
+    /// `P/parked/<sandbox id>`.
+    pub fn parked_sandbox(&self, sandbox: &str) -> String {
+        format!("{}{sandbox}", self.parked())
+    }
 }
 
 /// A record kept in etcd as JSON: node and sandbox records alike.
@@ -168,6 +223,7 @@ pub trait Stored: Serialize + serde::de::DeserializeOwned {
 impl Stored for NodeRecord {}
 impl Stored for SandboxRecord {}
 impl Stored for CheckpointRecord {}
+impl Stored for ParkedRecord {}
 
 /// A sandbox whose node vanished: its durable record outlived its owner record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -242,11 +298,36 @@ mod tests {
     }
 
     #[test]
+    fn a_parked_record_keeps_a_digest_of_the_token_not_the_token() {
+        let digest = token_sha256("secret-token");
+        assert_eq!(digest.len(), 64);
+        assert!(digest
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(digest, token_sha256("secret-tokem"));
+        let record = ParkedRecord {
+            node_id: "a".into(),
+            token_sha256: digest.clone(),
+            template: "default".into(),
+            ..ParkedRecord::default()
+        };
+        let key = Keys::new("/sandbox").parked_sandbox("s1");
+        assert_eq!(key, "/sandbox/parked/s1");
+        let text = String::from_utf8(record.encode()).unwrap();
+        assert!(
+            !text.contains("secret-token") && text.contains(&digest),
+            "{text}"
+        );
+        assert_eq!(ParkedRecord::decode(&key, text.as_bytes()).unwrap(), record);
+    }
+
+    #[test]
     fn a_sandbox_without_its_owner_record_is_lost() {
         let record = |node: &str| SandboxRecord {
             node_id: node.into(),
             template: "default".into(),
             created_unix: 1,
+            token_sha256: String::new(),
         };
         let sandboxes = BTreeMap::from([
             ("a".to_owned(), record("n1")),

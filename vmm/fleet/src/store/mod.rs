@@ -6,7 +6,8 @@
 //!   is the digest of the *uncompressed* content, so the same bytes from any node or
 //!   checkpoint are one object ([`transfer`] asks with HEAD before it uploads).
 //! - `PREFIX/checkpoints/<id>.json`: a [`StoredCheckpoint`] naming the blobs of
-//!   every file. It is written **last**, after every blob is in: a checkpoint whose
+//!   every file; `PREFIX/parked/<sandbox id>.json` the same for the image of a
+//!   hibernated sandbox handed to the fleet ([`CheckpointStore::parked`]). It is written **last**, after every blob is in: a checkpoint whose
 //!   upload failed halfway has no manifest and is never listed (its blobs stay, as
 //!   garbage for a collector this module does not have).
 //!
@@ -202,6 +203,8 @@ pub struct CheckpointStore {
     /// Shown in errors: `s3://BUCKET/PREFIX at ENDPOINT`.
     name: String,
     prefix: String,
+    /// The manifests' folder: `checkpoints`, or `parked`.
+    kind: &'static str,
 }
 
 impl std::fmt::Debug for CheckpointStore {
@@ -258,6 +261,7 @@ impl CheckpointStore {
             client: Arc::new(client),
             name,
             prefix: config.prefix.clone(),
+            kind: "checkpoints",
         })
     }
 
@@ -268,6 +272,16 @@ impl CheckpointStore {
             client: Arc::new(object_store::memory::InMemory::new()),
             name: "memory".to_owned(),
             prefix: prefix.to_owned(),
+            kind: "checkpoints",
+        }
+    }
+
+    /// The same store's parked sandbox images: manifests under `PREFIX/parked/`,
+    /// blobs shared with the checkpoints.
+    pub fn parked(&self) -> Self {
+        Self {
+            kind: "parked",
+            ..self.clone()
         }
     }
 
@@ -289,9 +303,9 @@ impl CheckpointStore {
         self.key(&format!("blobs/sha256/{sha256}")).to_string()
     }
 
-    /// `PREFIX/checkpoints/<id>.json`.
+    /// `PREFIX/checkpoints/<id>.json` (`PREFIX/parked/<id>.json` for parked images).
     pub fn manifest_key(&self, id: &str) -> String {
-        self.key(&format!("checkpoints/{id}.json")).to_string()
+        self.key(&format!("{}/{id}.json", self.kind)).to_string()
     }
 
     fn unreachable(&self, what: &str, error: &object_store::Error) -> StoreError {
@@ -330,7 +344,7 @@ impl CheckpointStore {
 
     /// The ids of every checkpoint whose manifest is in the store.
     pub async fn list(&self) -> Result<Vec<String>, StoreError> {
-        let prefix = self.key("checkpoints");
+        let prefix = self.key(self.kind);
         let listed: Vec<object_store::ObjectMeta> = self
             .client
             .list(Some(&prefix))

@@ -22,8 +22,8 @@
 //! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used); with `--store`, from the store and etcd too |
 //! | `DELETE /v1/templates?template=NAME` | operator | delete a promoted template (refused while used) |
 //! | `GET /v1/info` | operator | pool, templates, capacity, claims, drain |
-//! | `POST` / `DELETE /v1/drain` | operator | refuse claims / take them again |
-//! | `GET /v1/peers` | operator | `{peers: [ADDR...], nodes: [record + alive...], lost: [...]}`; `{peers: []}` on a single node |
+//! | `POST` / `DELETE /v1/drain` | operator | refuse claims / take them again; `{hibernate}`; in a fleet with a store, hibernated sandboxes are parked for other nodes to wake (`{parked, not_parked}`) |
+//! | `GET /v1/peers` | operator | `{peers: [ADDR...], nodes: [record + alive...], lost: [...], parked: [...]}`; `{peers: []}` on a single node |
 //! | `GET /healthz` | anyone | `ok` |
 //! | `GET /metrics` | anyone on the listen address | Prometheus text |
 //!
@@ -72,6 +72,8 @@ pub struct AppState {
     pub membership: Option<sandbox_fleet::membership::Membership>,
     /// The object store checkpoints go to (`--store`).
     pub store: Option<Arc<crate::store::NodeStore>>,
+    /// Parked sandboxes being taken by this node (see [`crate::parking`]).
+    pub takes: Arc<crate::parking::Takes>,
 }
 
 impl AppState {

@@ -5,9 +5,11 @@ use axum::http::{header, HeaderMap};
 use axum::response::IntoResponse;
 use axum::Json;
 use sandbox_fleet::membership::{Fleet, LostSandbox, Peer};
-use sandbox_vmm::node_api::wire::{CapacityRow, DrainReply, InfoReply, PoolRow, TemplateRow};
+use sandbox_vmm::node_api::wire::{
+    CapacityRow, DrainBody, DrainReply, InfoReply, NotParked, PoolRow, TemplateRow,
+};
 
-use super::{ApiError, AppState};
+use super::{ApiError, AppState, Body};
 
 pub async fn info(
     State(state): State<AppState>,
@@ -73,11 +75,23 @@ fn other_addrs(fleet: &Fleet) -> Vec<String> {
         .collect()
 }
 
+/// `POST /v1/drain`: claims are refused from now; in a fleet with an object store
+/// the hibernated sandboxes (with `{"hibernate": true}` every sandbox, hibernated
+/// first) are parked for other nodes to wake, and the answer comes once they are.
 pub async fn drain(
     State(state): State<AppState>,
     headers: HeaderMap,
+    Body(body): Body<DrainBody>,
 ) -> Result<Json<DrainReply>, ApiError> {
-    set_drain(&state, &headers, true)
+    let Json(mut reply) = set_drain(&state, &headers, true)?;
+    let (parked, stayed) = crate::parking::evacuate(&state, body.hibernate).await;
+    reply.parked = parked;
+    reply.not_parked = stayed
+        .into_iter()
+        .map(|(id, error)| NotParked { id, error })
+        .collect();
+    reply.live_claims = state.node.registry().list().len();
+    Ok(Json(reply))
 }
 
 pub async fn uncordon(
@@ -100,6 +114,7 @@ fn set_drain(
     Ok(Json(DrainReply {
         draining,
         live_claims: state.node.registry().list().len(),
+        ..DrainReply::default()
     }))
 }
 
@@ -123,6 +138,7 @@ pub async fn peers(
         registered: membership.registration().lease.is_some(),
         nodes: fleet.nodes,
         lost: fleet.lost,
+        parked: fleet.parked,
     }))
 }
 
@@ -143,6 +159,9 @@ pub struct FleetPeersReply {
     /// Sandboxes whose node vanished.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub lost: Vec<LostSandbox>,
+    /// Hibernated sandboxes handed to the fleet, waiting for a node to wake them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parked: Vec<sandbox_fleet::membership::ParkedSandbox>,
 }
 
 pub async fn healthz() -> &'static str {

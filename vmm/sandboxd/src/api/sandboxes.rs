@@ -12,9 +12,9 @@ use axum::Json;
 use sandbox_engine::error::LookupError;
 use sandbox_engine::image_build::BuildProgress;
 use sandbox_engine::node::{ClaimRequest, NetRequest};
-use sandbox_engine::registry::Lookup;
+use sandbox_engine::registry::{Gone, Lookup};
 use sandbox_engine::sandbox::{Lineage, Sandbox};
-use sandbox_fleet::membership::{Location, SandboxRecord};
+use sandbox_fleet::membership::{token_sha256, Location, SandboxRecord};
 use sandbox_vmm::node_api::wire::{
     CheckpointBody, CheckpointReply, ClaimBody, ClaimReply, EgressLogQuery, EgressLogReply,
     ForkBody, ForkReply, HibernateReply, OwnerReply, PromoteBody, PromoteReply, Released,
@@ -22,7 +22,7 @@ use sandbox_vmm::node_api::wire::{
 };
 
 use super::{ApiError, AppState, Body};
-use crate::auth::{caller, may_use, Caller};
+use crate::auth::{bearer, caller, may_use, Caller};
 use crate::placement::{self, Wanted};
 
 /// The reply for `sandbox`, newly made: the one answer that carries its token.
@@ -82,30 +82,121 @@ fn deadline(sandbox: &Sandbox) -> String {
         .unwrap_or_default()
 }
 
-/// The sandbox `id` when the caller may use it. An unknown id and a wrong token
-/// answer alike to a caller without the operator token, so ids cannot be probed;
-/// the operator learns, in a fleet, that the id is another node's or lost.
+/// The sandbox `id` when the caller may use it. An id that is not here answers,
+/// in a fleet, by where the fleet says it is, to the operator and to a caller with
+/// the sandbox's own token (checked against the digest in its fleet record): a 421
+/// naming the node that owns it, a 410 when it is lost; a parked sandbox (handed
+/// to the fleet by a draining node) is taken and woken here when this node can, or
+/// redirected to a node that can. Anyone else gets the same 401 for an unknown id
+/// as for a wrong token, so ids cannot be probed.
 pub async fn authorized(
     state: &AppState,
     headers: &HeaderMap,
     body_token: Option<&str>,
     id: &str,
 ) -> Result<Arc<Sandbox>, ApiError> {
-    let operator = caller(&state.operator, headers) == Caller::Operator;
-    match state.node.sandbox(id) {
-        Ok(sandbox) if may_use(&state.operator, headers, body_token, &sandbox) => Ok(sandbox),
-        Ok(_) => Err(ApiError::unauthorized()),
-        Err(error) if operator => Err(match fleet_location(state, id, &error).await {
-            Some(Location::Owned { node_id, addr }) => ApiError::new(
+    let error = match state.node.sandbox(id) {
+        Ok(sandbox) if may_use(&state.operator, headers, body_token, &sandbox) => {
+            return Ok(sandbox)
+        }
+        Ok(_) => return Err(ApiError::unauthorized()),
+        Err(error) => error,
+    };
+    match whereabouts(state, headers, body_token, id, error).await {
+        Whereabouts::Elsewhere { node_id, addr } => Err(elsewhere(id, &node_id, &addr)),
+        Whereabouts::Parked if parked_here(state) => {
+            match crate::parking::take(state, id).await {
+                Ok(sandbox) => Ok(sandbox),
+                Err(crate::parking::TakeError::TakenBy { node, .. }) => Err(ApiError::new(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    "elsewhere",
+                    format!("Sandbox {id} was woken on node {node} meanwhile: ask its owner"),
+                )),
+                Err(error) => Err(error.into()),
+            }
+        }
+        Whereabouts::Parked => Err(match crate::placement::waker(state).await {
+            Some(addr) => ApiError::new(
                 StatusCode::MISDIRECTED_REQUEST,
                 "elsewhere",
-                format!("Sandbox {id} is held by node {node_id} at {addr}: send its calls there"),
+                format!("Sandbox {id} is parked in the fleet; the node at {addr} wakes it: send its calls there"),
             ),
-            Some(Location::Lost(record)) => lost(id, &record),
-            Some(Location::Unknown) | None => error.into(),
+            None => no_waker(id),
         }),
-        Err(_) => Err(ApiError::unauthorized()),
+        Whereabouts::Denied(error) => Err(error),
     }
+}
+
+/// Where the fleet says a sandbox that is not here is, as the caller may learn it.
+enum Whereabouts {
+    /// A live node owns it.
+    Elsewhere { node_id: String, addr: String },
+    /// Handed to the fleet, hibernated; owned by no node.
+    Parked,
+    /// The answer to give (unknown, lost, or not the caller's).
+    Denied(ApiError),
+}
+
+/// What the fleet says of sandbox `id`, which this node does not hold
+/// (`error`), to the operator or a caller holding its token.
+async fn whereabouts(
+    state: &AppState,
+    headers: &HeaderMap,
+    body_token: Option<&str>,
+    id: &str,
+    error: LookupError,
+) -> Whereabouts {
+    let operator = caller(&state.operator, headers) == Caller::Operator;
+    let presented: Vec<&str> = [bearer(headers), body_token]
+        .into_iter()
+        .flatten()
+        .filter(|token| !token.is_empty())
+        .collect();
+    let may = |digest: &str| {
+        operator
+            || (!digest.is_empty() && presented.iter().any(|token| token_sha256(token) == digest))
+    };
+    match fleet_location(state, id, &error).await {
+        Some(Location::Owned {
+            node_id,
+            addr,
+            token_sha256,
+        }) if may(&token_sha256) => Whereabouts::Elsewhere { node_id, addr },
+        Some(Location::Parked(record)) if may(&record.token_sha256) => Whereabouts::Parked,
+        Some(Location::Lost(record)) if may(&record.token_sha256) => {
+            Whereabouts::Denied(lost(id, &record))
+        }
+        _ if operator => Whereabouts::Denied(error.into()),
+        _ => Whereabouts::Denied(ApiError::unauthorized()),
+    }
+}
+
+/// Whether this node takes a parked sandbox asked of it: it keeps a store and
+/// is in the fleet, is not draining, and has room for one more running VM.
+fn parked_here(state: &AppState) -> bool {
+    if !crate::parking::enabled(state) || state.node.is_draining() {
+        return false;
+    }
+    let capacity = state.node.status().capacity;
+    capacity.claimable > 0
+}
+
+/// 421 `elsewhere`: node `node_id` at `addr` owns `id`.
+fn elsewhere(id: &str, node_id: &str, addr: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::MISDIRECTED_REQUEST,
+        "elsewhere",
+        format!("Sandbox {id} is held by node {node_id} at {addr}: send its calls there"),
+    )
+}
+
+/// 503 `no_room`: a parked sandbox no node can wake now.
+fn no_waker(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_room",
+        format!("Sandbox {id} is parked in the fleet and no node with room can wake it now; try again later"),
+    )
 }
 
 /// How long a lookup of an unknown id waits for the fleet before answering as a
@@ -117,7 +208,7 @@ const LOCATE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// time (the local answer stands).
 async fn fleet_location(state: &AppState, id: &str, error: &LookupError) -> Option<Location> {
     let membership = state.membership.as_ref()?;
-    if !matches!(error.why, Lookup::Unknown) {
+    if !matches!(error.why, Lookup::Unknown | Lookup::Gone(Gone::Moved)) {
         return None;
     }
     match tokio::time::timeout(LOCATE_WITHIN, membership.locate(id)).await {
@@ -239,28 +330,32 @@ pub async fn show(
 }
 
 /// `GET /v1/sandboxes/{id}/owner`: seed 000's clients ask each node which one holds
-/// a sandbox; on one node it is this one.
+/// a sandbox; on one node it is this one. A parked sandbox's owner is the node
+/// that would wake it: this one when it can.
 pub async fn owner(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<Json<OwnerReply>, ApiError> {
-    let operator = caller(&state.operator, &headers) == Caller::Operator;
-    if let (true, Err(error)) = (operator, state.node.sandbox(&id)) {
-        return match fleet_location(&state, &id, &error).await {
-            Some(Location::Owned { addr, .. }) => Ok(Json(OwnerReply {
-                id,
-                owner_addr: addr,
-            })),
-            Some(Location::Lost(record)) => Err(lost(&id, &record)),
-            Some(Location::Unknown) | None => Err(error.into()),
-        };
-    }
-    let sandbox = authorized(&state, &headers, None, &id).await?;
-    Ok(Json(OwnerReply {
-        id: sandbox.id.to_string(),
-        owner_addr: state.advertise.clone(),
-    }))
+    let error = match state.node.sandbox(&id) {
+        Ok(sandbox) if may_use(&state.operator, &headers, None, &sandbox) => {
+            return Ok(Json(OwnerReply {
+                id: sandbox.id.to_string(),
+                owner_addr: state.advertise.clone(),
+            }))
+        }
+        Ok(_) => return Err(ApiError::unauthorized()),
+        Err(error) => error,
+    };
+    let owner_addr = match whereabouts(&state, &headers, None, &id, error).await {
+        Whereabouts::Elsewhere { addr, .. } => addr,
+        Whereabouts::Parked if parked_here(&state) => state.advertise.clone(),
+        Whereabouts::Parked => crate::placement::waker(&state)
+            .await
+            .ok_or_else(|| no_waker(&id))?,
+        Whereabouts::Denied(error) => return Err(error),
+    };
+    Ok(Json(OwnerReply { id, owner_addr }))
 }
 
 /// Most records one egress-log request returns.
@@ -330,11 +425,41 @@ pub async fn release(
     Path(id): Path<String>,
     Body(body): Body<TokenBody>,
 ) -> Result<Json<Released>, ApiError> {
+    if let Err(error) = state.node.sandbox(&id) {
+        // Parked: released where it lies, without waking it anywhere.
+        if let Whereabouts::Parked =
+            whereabouts(&state, &headers, Some(&body.token), &id, error).await
+        {
+            return release_parked(&state, &id).await;
+        }
+    }
     authorized(&state, &headers, Some(&body.token), &id).await?;
     let sandbox = state.node.release(&id).await?;
     state.use_changed();
     Ok(Json(Released {
         id: sandbox.id.to_string(),
+        released: true,
+    }))
+}
+
+/// Releases the parked sandbox `id`: its parked record, then its image's manifest.
+async fn release_parked(state: &AppState, id: &str) -> Result<Json<Released>, ApiError> {
+    let (Some(membership), Some(store)) = (&state.membership, &state.store) else {
+        return Err(ApiError::unauthorized());
+    };
+    if !membership.drop_parked(id).await? {
+        return Err(ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "elsewhere",
+            format!("Sandbox {id} was woken on another node meanwhile: release it there"),
+        ));
+    }
+    if let Err(error) = store.delete_parked(id).await {
+        tracing::warn!(sandbox = %id, error = %error, "cannot remove a released parked sandbox's image manifest");
+    }
+    tracing::info!(sandbox = %id, "parked sandbox released");
+    Ok(Json(Released {
+        id: id.to_owned(),
         released: true,
     }))
 }
@@ -422,12 +547,24 @@ pub async fn hibernate(
 ) -> Result<Json<HibernateReply>, ApiError> {
     authorized(&state, &headers, Some(&body.token), &id).await?;
     let done = state.node.hibernate(&id).await?;
-    Ok(Json(HibernateReply {
+    let mut reply = HibernateReply {
         id: done.sandbox.id.to_string(),
         hibernated_now: done.now,
         bytes_on_disk: done.image.bytes_on_disk,
         deadline: deadline(&done.sandbox),
-    }))
+        parked: false,
+    };
+    // A draining node empties itself: the sandbox goes to the fleet, to wake on
+    // another node. A failed park leaves it hibernated here (logged).
+    if state.node.is_draining() && crate::parking::enabled(&state) {
+        match crate::parking::park(&state, &id).await {
+            Ok(_) => reply.parked = true,
+            Err(error) => {
+                tracing::warn!(sandbox = %id, error = %sandbox_vmm::error_chain(&error), "hibernated on a draining node, but not parked: it stays here")
+            }
+        }
+    }
+    Ok(Json(reply))
 }
 
 pub async fn promote(

@@ -39,6 +39,7 @@ pub mod hibernate;
 mod live;
 pub mod manifest;
 pub mod ready;
+pub mod received;
 pub mod restore;
 mod stale_pages;
 pub mod users;
@@ -49,6 +50,7 @@ pub use capture::{CaptureMethod, Checkpoint, CheckpointSpec};
 pub use hibernate::{Hibernation, NotHibernated, Wake};
 pub use manifest::{CheckpointInfo, Manifest, RamImage};
 pub use ready::Promotion;
+pub use received::Received;
 pub use restore::{BranchSpec, Fork};
 
 use super::qmp::QmpError;
