@@ -18,7 +18,7 @@
 //! re-pointed at the downloaded images (relative names: `qemu-img rebase -u`), and
 //! renamed into place. A failure removes the temporary folder: nothing is left.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +37,18 @@ use serde::{Deserialize, Serialize};
 
 /// The log event of each download (the e2e test counts them).
 pub const DOWNLOADED_EVENT: &str = "checkpoint downloaded from the store";
+
+/// The log event of each template download.
+pub const TEMPLATE_DOWNLOADED_EVENT: &str = "template downloaded from the store";
+
+/// What goes with a template's manifest into the store's `meta`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TemplateMeta {
+    /// The disk chains of its snapshot folders, nearest first.
+    #[serde(default)]
+    backing: BTreeMap<String, Vec<Backing>>,
+}
 
 /// The log event of each parked sandbox's image download.
 pub const PARKED_DOWNLOADED_EVENT: &str = "parked sandbox image downloaded from the store";
@@ -147,6 +159,9 @@ pub struct NodeStore {
     store: CheckpointStore,
     /// The same store's parked sandbox images.
     parked: CheckpointStore,
+    /// The same store's published templates.
+    templates: CheckpointStore,
+    templates_root: PathBuf,
     membership: Option<Membership>,
     node_id: String,
     checkpoint_root: PathBuf,
@@ -179,6 +194,8 @@ impl NodeStore {
             });
         Self {
             parked: store.parked(),
+            templates: store.templates(),
+            templates_root: launcher.templates_root(),
             store,
             membership,
             node_id,
@@ -470,6 +487,143 @@ impl NodeStore {
         })
     }
 
+    /// Publishes the local template in `dir` as `name`: every file of its folder and
+    /// of its `snapshot/` and `ready/` folders, and the disk chains those snapshots
+    /// back onto (as `DIR/backing-N`), manifest last. Any node on the store can
+    /// then claim it.
+    pub async fn publish_template(
+        &self,
+        name: &str,
+        dir: &Path,
+    ) -> Result<UploadReport, NodeStoreError> {
+        let local = |what: &'static str| {
+            let id = name.to_owned();
+            move |why: String| NodeStoreError::Local { id, what, why }
+        };
+        let dir = dir.to_owned();
+        let listed = tokio::task::spawn_blocking(move || template_files(&dir))
+            .await
+            .map_err(|e| local("list its files")(e.to_string()))?
+            .map_err(local("list its files"))?;
+        let (files, backing) = listed;
+        let meta = serde_json::to_value(TemplateMeta { backing })
+            .map_err(|e| local("describe it")(e.to_string()))?;
+        self.templates
+            .upload(Upload {
+                id: name.to_owned(),
+                qemu_version: self.qemu_version.clone().unwrap_or_default(),
+                machine: self.machine.clone(),
+                node_id: self.node_id.clone(),
+                meta,
+                files,
+            })
+            .await
+            .map_err(|error| NodeStoreError::Upload {
+                id: name.to_owned(),
+                error,
+            })
+    }
+
+    /// Makes template `name` local when the store has it and this node does not:
+    /// downloaded once (concurrent claims wait for it) into a temporary folder,
+    /// every blob checked by digest, its snapshots' disk chains re-pointed, loaded
+    /// as a template to be sure, then renamed into the templates folder. `Ok(None)`
+    /// when it is here already or the store has no such template.
+    pub async fn fetch_template(
+        &self,
+        name: &str,
+    ) -> Result<Option<DownloadReport>, NodeStoreError> {
+        if !sandbox_fleet::store::manifest::safe_name(name) {
+            return Ok(None);
+        }
+        let flight = {
+            let mut flights = self
+                .flights
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            flights
+                .entry(format!("template/{name}"))
+                .or_default()
+                .clone()
+        };
+        let _one = flight.lock().await;
+        let folder = self.templates_root.join(name);
+        let result = if folder.join("template.json").is_file() {
+            Ok(None)
+        } else {
+            self.download_template(name, &folder).await
+        };
+        drop(_one);
+        let mut flights = self
+            .flights
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if Arc::strong_count(&flight) <= 2 {
+            flights.remove(&format!("template/{name}"));
+        }
+        result
+    }
+
+    async fn download_template(
+        &self,
+        name: &str,
+        folder: &Path,
+    ) -> Result<Option<DownloadReport>, NodeStoreError> {
+        let Some(stored) = self.templates.manifest(name).await? else {
+            return Ok(None);
+        };
+        CheckpointStore::check_compatible(&stored, self.qemu_version.as_deref(), &self.machine)?;
+        let meta: TemplateMeta =
+            serde_json::from_value(stored.meta.clone()).map_err(|e| StoreError::Manifest {
+                id: name.to_owned(),
+                error: sandbox_fleet::store::ManifestError::Invalid(format!("its meta: {e}")),
+            })?;
+        let local = |what: &'static str| {
+            let id = name.to_owned();
+            move |why: String| NodeStoreError::Local { id, what, why }
+        };
+        std::fs::create_dir_all(&self.templates_root)
+            .map_err(|e| local("create the templates folder")(e.to_string()))?;
+        let temp = TempFolder::create(&self.templates_root.join(format!(".tmp-{name}")))
+            .map_err(|e| local("create its temporary folder")(e.to_string()))?;
+        let report = self.templates.download(&stored, temp.path()).await?;
+        for (sub, chain) in &meta.backing {
+            if !SNAPSHOT_FOLDERS.contains(&sub.as_str()) {
+                return Err(local("re-point its disk chain")(format!(
+                    "{sub} is no snapshot folder"
+                )));
+            }
+            let mut overlay = temp.path().join(sub).join(DISK_FILE);
+            for image in chain {
+                self.rebase(&overlay, &image.name, &image.format)
+                    .await
+                    .map_err(local("re-point its disk chain"))?;
+                if image.format != "qcow2" {
+                    break;
+                }
+                overlay = temp.path().join(sub).join(&image.name);
+            }
+        }
+        let _ = std::fs::remove_file(temp.path().join(MAKER_FILE));
+        sandbox_vmm::launcher::template::Template::load(temp.path())
+            .map_err(|e| local("load it")(sandbox_vmm::error_chain(&e)))?;
+        temp.commit(folder)
+            .map_err(|e| local("move it into place")(e.to_string()))?;
+        tracing::info!(
+            template = %name,
+            data_bytes = report.data_bytes,
+            received_bytes = report.received_bytes,
+            took_ms = report.took_ms,
+            "{TEMPLATE_DOWNLOADED_EVENT}"
+        );
+        Ok(Some(report))
+    }
+
+    /// Removes template `name` from the store; true when it was there.
+    pub async fn delete_template(&self, name: &str) -> Result<bool, NodeStoreError> {
+        Ok(self.templates.delete(name).await?)
+    }
+
     /// Removes parked sandbox `id`'s image manifest (its blobs stay).
     pub async fn delete_parked(&self, id: &str) -> Result<bool, NodeStoreError> {
         Ok(self.parked.delete(id).await?)
@@ -488,6 +642,57 @@ impl NodeStore {
 
 /// Files to upload: each one's name in the store and its path here.
 type Files = Vec<(String, PathBuf)>;
+
+/// A template's folders that hold a snapshot (promoted, ready).
+const SNAPSHOT_FOLDERS: [&str; 2] = ["snapshot", "ready"];
+
+/// The files of the template folder `dir`, and the disk chains of its snapshot
+/// folders (uploaded as `DIR/backing-N` beside the snapshot's disk).
+fn template_files(dir: &Path) -> Result<(Files, BTreeMap<String, Vec<Backing>>), String> {
+    let mut files = Vec::new();
+    let mut chains = BTreeMap::new();
+    let plain = |path: &Path| -> Result<Files, String> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(path).map_err(|e| format!("{}: {e}", path.display()))? {
+            let entry = entry.map_err(|e| e.to_string())?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.file_type().is_ok_and(|t| t.is_file())
+                && !name.starts_with('.')
+                && name != MAKER_FILE
+            {
+                found.push((name, entry.path()));
+            }
+        }
+        Ok(found)
+    };
+    files.extend(plain(dir)?);
+    for sub in SNAPSHOT_FOLDERS {
+        let folder = dir.join(sub);
+        if !folder.is_dir() {
+            continue;
+        }
+        for (name, path) in plain(&folder)? {
+            files.push((format!("{sub}/{name}"), path));
+        }
+        let disk = folder.join(DISK_FILE);
+        if disk.is_file() {
+            let mut chain = Vec::new();
+            for (index, image) in backing_chain(&disk).into_iter().enumerate() {
+                let name = format!("backing-{}", index + 1);
+                chain.push(Backing {
+                    name: name.clone(),
+                    format: image_format(&image),
+                });
+                files.push((format!("{sub}/{name}"), image));
+            }
+            if !chain.is_empty() {
+                chains.insert(sub.to_owned(), chain);
+            }
+        }
+    }
+    files.sort();
+    Ok((files, chains))
+}
 
 /// The files of the checkpoint or image `folder` that `manifest` describes, and of
 /// its disk's backing chain (`backing-N`, nearest first).

@@ -10,6 +10,9 @@
 //! - a blob altered in the store is refused by digest on a third node, which keeps
 //!   nothing of it;
 //! - a delete on C removes it fleet-wide (the store's manifest and etcd's record);
+//! - A publishes its `default` template; C claims it twice at once and downloads
+//!   it once; a template promoted on A is published by the promote and claimed on
+//!   C with A's file; a delete on C removes it from the store;
 //! - with the S3 server stopped, a checkpoint on A fails `store_unreachable` (the
 //!   checkpoint stays local), the listing says why, and execs on A go on.
 //!
@@ -37,6 +40,9 @@ use support::{test_dir, Daemon, StopAllOnDrop};
 
 /// What a download logs (`sandboxd::store::DOWNLOADED_EVENT`).
 const DOWNLOADED_EVENT: &str = "checkpoint downloaded from the store";
+
+/// What a template download logs (`sandboxd::store::TEMPLATE_DOWNLOADED_EVENT`).
+const TEMPLATE_DOWNLOADED_EVENT: &str = "template downloaded from the store";
 
 fn main() -> std::process::ExitCode {
     vm_main(&[VmTest {
@@ -277,6 +283,99 @@ async fn fleet_store() {
             .iter()
             .all(|row| row["id"] != checkpoint.as_str() || row["stored"].is_null()),
         "A still lists it as stored: {listed:?}"
+    );
+
+    // Templates: A publishes its built `default`; C, whose home holds none, claims
+    // it twice at once and downloads it once. A promoted template is published by
+    // its promote, and C's claim of it has the promoted VM's file. A delete on C
+    // takes it out of the store.
+    let published = a.post("/v1/templates/default/publish", &json!({})).await;
+    assert_eq!(published.status, 200, "{published:?}\n{}", a.log());
+    assert!(
+        published.json["data_bytes"].as_u64().unwrap() > 0,
+        "{published:?}"
+    );
+    let claim_default = json!({"template": "default", "ttl_seconds": 600, "no_redirect": true});
+    let (first, second) = tokio::join!(
+        c.post("/v1/claim", &claim_default),
+        c.post("/v1/claim", &claim_default)
+    );
+    assert_eq!(first.status, 201, "{first:?}\n{}", c.log());
+    assert_eq!(second.status, 201, "{second:?}\n{}", c.log());
+    assert_eq!(
+        c.log()
+            .lines()
+            .filter(|l| l.contains(TEMPLATE_DOWNLOADED_EVENT))
+            .count(),
+        1,
+        "the template was downloaded more than once:\n{}",
+        c.log()
+    );
+    for claimed in [&first.json, &second.json] {
+        let id = field(claimed, "id");
+        let client = c.agent(&id, &field(claimed, "token")).await.unwrap();
+        assert_eq!(
+            sh(&client, "echo from the store").await.trim(),
+            "from the store"
+        );
+        drop(client);
+        release(&c, &id).await;
+    }
+    let claimed = a
+        .post(
+            "/v1/claim",
+            &json!({"ttl_seconds": 600, "no_redirect": true}),
+        )
+        .await;
+    assert_eq!(claimed.status, 201, "{claimed:?}\n{}", a.log());
+    let source = field(&claimed.json, "id");
+    let client = a
+        .agent(&source, &field(&claimed.json, "token"))
+        .await
+        .unwrap();
+    client
+        .write_file("/tmp/promoted", b"promoted on A".to_vec(), None)
+        .await
+        .unwrap();
+    drop(client);
+    let promoted = a
+        .post(
+            &format!("/v1/sandboxes/{source}/promote"),
+            &json!({"template": "promoted-on-a"}),
+        )
+        .await;
+    assert_eq!(promoted.status, 200, "{promoted:?}\n{}", a.log());
+    assert_eq!(promoted.json["stored"], true, "{promoted:?}");
+    release(&a, &source).await;
+    let claimed = c
+        .post(
+            "/v1/claim",
+            &json!({"template": "promoted-on-a", "ttl_seconds": 600, "no_redirect": true}),
+        )
+        .await;
+    assert_eq!(claimed.status, 201, "{claimed:?}\n{}", c.log());
+    let id = field(&claimed.json, "id");
+    let client = c.agent(&id, &field(&claimed.json, "token")).await.unwrap();
+    assert_eq!(
+        client.read_file("/tmp/promoted").await.unwrap(),
+        b"promoted on A"
+    );
+    drop(client);
+    release(&c, &id).await;
+    let template_key = ObjectPath::from(format!("{prefix}/templates/promoted-on-a.json"));
+    assert!(store.head(&template_key).await.is_ok());
+    let deleted = c
+        .call(
+            "DELETE",
+            "/v1/templates?template=promoted-on-a",
+            Some(&c.token),
+            None,
+        )
+        .await;
+    assert_eq!(deleted.status, 200, "{deleted:?}\n{}", c.log());
+    assert!(
+        store.head(&template_key).await.is_err(),
+        "the template is still in the store"
     );
 
     // The store stopped: a checkpoint on A fails saying so and stays local; the

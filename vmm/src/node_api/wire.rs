@@ -434,6 +434,26 @@ pub struct PromoteReply {
     /// from a node that does not compute one).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub content_digest: String,
+    /// Published to the fleet's object store (a node with `--store`): any node
+    /// claims it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stored: bool,
+}
+
+/// `POST /v1/templates/{name}/publish`: a local template put in the object store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplatePublished {
+    /// The template.
+    pub template: String,
+    /// Data bytes of its files (holes excluded, uncompressed).
+    #[serde(default)]
+    pub data_bytes: u64,
+    /// Bytes sent, compressed (blobs the store had are not sent again).
+    #[serde(default)]
+    pub uploaded_bytes: u64,
+    /// How long the upload took.
+    #[serde(default)]
+    pub upload_ms: u64,
 }
 
 /// `DELETE /v1/templates?template=NAME`: the query.

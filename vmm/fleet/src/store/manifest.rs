@@ -119,7 +119,7 @@ impl StoredCheckpoint {
         }
         let mut names = std::collections::BTreeSet::new();
         for file in &self.files {
-            if !safe_name(&file.name) {
+            if !safe_path(&file.name) {
                 return invalid(format!("file name {:?}", file.name));
             }
             if !names.insert(file.name.as_str()) {
@@ -154,6 +154,13 @@ impl StoredCheckpoint {
 /// 64 lowercase hex digits.
 pub fn is_digest(text: &str) -> bool {
     text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A file's path inside a folder: one [`safe_name`], or two joined by `/` (a
+/// template's `snapshot/state`): never absolute, never `..`, never hidden.
+pub fn safe_path(path: &str) -> bool {
+    let parts: Vec<&str> = path.split('/').collect();
+    parts.len() <= 2 && parts.iter().all(|part| safe_name(part))
 }
 
 /// A name that stays inside a folder: 1-128 letters, digits, `-`, `_`, `.`, not
@@ -237,6 +244,16 @@ mod tests {
                 .to_string()
         };
         assert!(refused(&|m| m.files[0].name = "../etc/passwd".into()).contains("file name"));
+        for escaping in ["/etc/passwd", "a/../b", "a/b/c", ".hidden/x", "a//b", "a/"] {
+            let name = escaping.to_owned();
+            assert!(
+                refused(&|m| m.files[0].name = name.clone()).contains("file name"),
+                "{escaping}"
+            );
+        }
+        let mut nested = sample();
+        nested.files[0].name = "snapshot/state".into();
+        assert!(StoredCheckpoint::parse(&nested.encode()).is_ok());
         assert!(refused(&|m| m.id = "a/b".into()).contains("checkpoint id"));
         assert!(refused(&|m| m.files[0].chunks[0].sha256 = "ABC".into()).contains("digest"));
         assert!(refused(&|m| m.files[0].chunks[0].bytes = 31).contains("says 31 bytes"));

@@ -285,6 +285,14 @@ impl CheckpointStore {
         }
     }
 
+    /// The same store's published templates: manifests under `PREFIX/templates/`.
+    pub fn templates(&self) -> Self {
+        Self {
+            kind: "templates",
+            ..self.clone()
+        }
+    }
+
     /// `s3://BUCKET/PREFIX at ENDPOINT`.
     pub fn name(&self) -> &str {
         &self.name

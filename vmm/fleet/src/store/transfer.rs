@@ -2,7 +2,9 @@
 //! manifest last) and download (each blob checked against its digest).
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{
+    DirBuilderExt as _, FileExt as _, OpenOptionsExt as _, PermissionsExt as _,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -14,7 +16,7 @@ use object_store::{ObjectStoreExt as _, PutPayload};
 use sha2::{Digest as _, Sha256};
 
 use super::extents::{data_extents, pack, Extent, CHUNK_BYTES};
-use super::manifest::{safe_name, Chunk, StoredCheckpoint, StoredFile, FORMAT};
+use super::manifest::{safe_path, Chunk, StoredCheckpoint, StoredFile, FORMAT};
 use super::{CheckpointStore, StoreError, PARALLEL_BLOBS};
 
 /// zstd's level for blobs: level 3 (its default) packs a guest's RAM ~3x at
@@ -106,9 +108,9 @@ impl CheckpointStore {
         let mut report = UploadReport::default();
         let mut files = Vec::with_capacity(upload.files.len());
         for (name, path) in &upload.files {
-            if !safe_name(name) {
+            if !safe_path(name) {
                 return Err(StoreError::Local {
-                    what: "upload (its name is not a plain file name)",
+                    what: "upload (its name is not a plain file name or DIR/NAME)",
                     path: path.clone(),
                     error: std::io::Error::from(std::io::ErrorKind::InvalidInput),
                 });
@@ -247,7 +249,18 @@ impl CheckpointStore {
         for stored in &manifest.files {
             let path = into.join(&stored.name);
             let (create, mode, size) = (path.clone(), stored.mode & 0o777, stored.size);
+            // `DIR/NAME` (checked by the manifest's parse: one plain folder inside).
+            let nested = stored.name.contains('/');
             let file = blocking(move || {
+                if nested {
+                    if let Some(parent) = create.parent() {
+                        std::fs::DirBuilder::new()
+                            .mode(0o700)
+                            .recursive(true)
+                            .create(parent)
+                            .map_err(local("create the folder of", &create))?;
+                    }
+                }
                 let file = std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)

@@ -20,7 +20,8 @@
 //! | `GET /v1/checkpoints` | operator | the checkpoints; with `--store`, `stored` on each, and those only in the store (`remote`) |
 //! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds, no_redirect}` → claim (or a redirect, as `/v1/claim`); with `--store`, one this node lacks is downloaded first |
 //! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used); with `--store`, from the store and etcd too |
-//! | `DELETE /v1/templates?template=NAME` | operator | delete a promoted template (refused while used) |
+//! | `DELETE /v1/templates?template=NAME` | operator | delete a promoted template (refused while used); with `--store`, from the store too |
+//! | `POST /v1/templates/{name}/publish` | operator | put a local template in the object store; a claim of a template a node lacks downloads it from there |
 //! | `GET /v1/info` | operator | pool, templates, capacity, claims, drain |
 //! | `POST` / `DELETE /v1/drain` | operator | refuse claims / take them again; `{hibernate}`; in a fleet with a store, hibernated sandboxes are parked for other nodes to wake (`{parked, not_parked}`) |
 //! | `GET /v1/peers` | operator | `{peers: [ADDR...], nodes: [record + alive...], lost: [...], parked: [...]}`; `{peers: []}` on a single node |
@@ -119,6 +120,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/checkpoints/{id}", delete(checkpoints::delete))
         .route("/v1/checkpoints/{id}/claim", post(checkpoints::claim))
         .route("/v1/templates", delete(templates::delete))
+        .route("/v1/templates/{name}/publish", post(templates::publish))
         .route("/v1/info", get(node::info))
         .route("/v1/drain", post(node::drain).delete(node::uncordon))
         .route("/v1/peers", get(node::peers))

@@ -261,6 +261,14 @@ pub async fn claim(
             return Ok((StatusCode::OK, Json(redirect)).into_response());
         }
     }
+    // A template this node lacks comes from the store when it is there (the
+    // download is checked by digest); otherwise the claim's own answer stands.
+    if let Some(store) = &state.store {
+        let name = body.template.trim();
+        if !name.is_empty() && !state.node.template_names().iter().any(|t| t == name) {
+            store.fetch_template(name).await?;
+        }
+    }
     let request = ClaimRequest {
         progress: Some(build_log(&body.claim_ref)),
         template: Some(body.template).filter(|t| !t.trim().is_empty()),
@@ -575,7 +583,7 @@ pub async fn promote(
 ) -> Result<Json<PromoteReply>, ApiError> {
     authorized(&state, &headers, Some(&body.token), &id).await?;
     let done = state.node.promote(&id, &body.template).await?;
-    Ok(Json(PromoteReply {
+    let mut reply = PromoteReply {
         key: TemplateKey {
             template: done.name,
         },
@@ -583,5 +591,14 @@ pub async fn promote(
         pause_ms: sandbox_engine::util::millis(done.pause),
         took_ms: sandbox_engine::util::millis(done.took),
         content_digest: done.content_digest,
-    }))
+        stored: false,
+    };
+    // With a store, the answer waits for the upload, as a checkpoint's does: the
+    // template can then be claimed on any node at once.
+    if let Some(store) = &state.store {
+        let dir = super::templates::local_template_dir(&state, &reply.key.template)?;
+        store.publish_template(&reply.key.template, &dir).await?;
+        reply.stored = true;
+    }
+    Ok(Json(reply))
 }
