@@ -91,7 +91,14 @@ impl Node {
     }
 
     /// Moves the hibernated sandbox `id` out through `send` (see the module docs).
-    pub async fn move_out<T, E, F, Fut>(&self, id: &str, send: F) -> Result<T, MoveOutError<E>>
+    /// Also answers whether it was still this node's when `send` was done: false
+    /// when it was released (or expired) while `send` ran, which the caller must
+    /// then undo elsewhere (the release was answered as done).
+    pub async fn move_out<T, E, F, Fut>(
+        &self,
+        id: &str,
+        send: F,
+    ) -> Result<(T, bool), MoveOutError<E>>
     where
         F: FnOnce(Parcel) -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -115,11 +122,13 @@ impl Node {
             Err(HandOffError::NotHibernated(why)) => return Err(not_movable(why)),
             Err(HandOffError::Send(error)) => return Err(error),
         };
-        if self.registry.remove_moved(id).is_err() {
-            tracing::debug!(sandbox = %id, "left the registry already");
+        let still_here = self.registry.remove_moved(id).is_ok();
+        if still_here {
+            tracing::info!(sandbox = %id, "moved out of this node");
+        } else {
+            tracing::warn!(sandbox = %id, "released or expired while it moved out");
         }
-        tracing::info!(sandbox = %id, "moved out of this node");
-        Ok(sent)
+        Ok((sent, still_here))
     }
 
     /// Registers, asleep, the sandbox that arrived as VM `vm_id` (see the module

@@ -63,6 +63,12 @@ pub enum ParkError {
     /// The fleet's records say another node owns it.
     #[error("Sandbox {0} is another node's in the fleet's records: not parked")]
     OwnedElsewhere(String),
+    /// Released while it was being parked: gone.
+    #[error("Sandbox {0} was released while it was being parked")]
+    Released(String),
+    /// The park's task failed.
+    #[error("The park failed: {0}")]
+    Task(String),
 }
 
 /// Why a parked sandbox was not taken here.
@@ -97,6 +103,15 @@ pub enum TakeError {
     /// The engine would not register it.
     #[error(transparent)]
     MoveIn(#[from] MoveInError),
+    /// Its claim ran out while it was parked.
+    #[error("Sandbox {0} reached its deadline while parked and was removed")]
+    Expired(String),
+    /// The stored image names another token than the fleet's record.
+    #[error("Sandbox {0}'s stored image does not match its fleet record: refused")]
+    Mismatch(String),
+    /// The take's task failed.
+    #[error("The take failed: {0}")]
+    Task(String),
     /// This node has no launcher or no fleet.
     #[error("This node cannot take sandboxes from the fleet (it needs --store, --etcd and VMs of its own)")]
     NoFleet,
@@ -132,12 +147,21 @@ pub fn enabled(state: &AppState) -> bool {
     state.store.is_some() && state.membership.is_some()
 }
 
-/// Parks the hibernated sandbox `id` (see the module docs).
+/// Parks the hibernated sandbox `id` (see the module docs). Runs to its end in
+/// a task of its own: a caller that goes away halfway (a client that hangs up)
+/// does not leave it half-moved.
 pub async fn park(state: &AppState, id: &str) -> Result<Parked, ParkError> {
+    let (state, owned_id) = (state.clone(), id.to_owned());
+    tokio::spawn(async move { park_now(&state, &owned_id).await })
+        .await
+        .unwrap_or_else(|error| Err(ParkError::Task(error.to_string())))
+}
+
+async fn park_now(state: &AppState, id: &str) -> Result<Parked, ParkError> {
     let (Some(store), Some(membership)) = (&state.store, &state.membership) else {
         return Err(ParkError::NoFleet);
     };
-    let parked = state
+    let moved = state
         .node
         .move_out(id, |parcel| async move {
             let uploaded = store
@@ -155,30 +179,54 @@ pub async fn park(state: &AppState, id: &str) -> Result<Parked, ParkError> {
                 deadline_unix: unix_secs(parcel.claim.deadline_unix_ms),
                 data_bytes: uploaded.data_bytes,
                 parked_unix: now_unix(),
+                image: parcel.image.clone(),
             };
-            let handed = match membership.park(id, &record).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err(ParkError::OwnedElsewhere(id.to_owned())),
-                Err(error) => Err(ParkError::Fleet(error)),
-            };
-            if let Err(error) = handed {
-                // Not handed over: the image in the store is nobody's.
-                if let Err(cleanup) = store.delete_parked(id).await {
-                    tracing::warn!(sandbox = %id, error = %cleanup, "cannot remove an image that was not parked");
+            match membership.park(id, &record).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Refused for sure: the image in the store is nobody's.
+                    if let Err(cleanup) = store.delete_parked(id).await {
+                        tracing::warn!(sandbox = %id, error = %cleanup, "cannot remove an image that was not parked");
+                    }
+                    return Err(Box::new(ParkError::OwnedElsewhere(id.to_owned())));
                 }
-                return Err(Box::new(error));
+                Err(error) => {
+                    // The answer may be lost after the hand-over was done: this
+                    // park's record (its image's name) says which.
+                    match membership.parked(id).await {
+                        Ok(Some(found))
+                            if found.node_id == record.node_id && found.image == record.image => {}
+                        _ => {
+                            // Unknown or not done: the sandbox stays here, and the
+                            // image stays in the store in case a record names it.
+                            return Err(Box::new(ParkError::Fleet(error)));
+                        }
+                    }
+                }
             }
             Ok(Parked {
                 data_bytes: uploaded.data_bytes,
                 upload_ms: uploaded.took_ms,
             })
         })
-        .await
-        .map_err(|error| match error {
-            MoveOutError::Send(inner) => *inner,
-            other => ParkError::Engine(other),
-        })?;
+        .await;
+    let (parked, still_here) = moved.map_err(|error| match error {
+        MoveOutError::Send(inner) => *inner,
+        other => ParkError::Engine(other),
+    })?;
     state.use_changed();
+    if !still_here {
+        // Released while it moved: the release was answered as done, so it goes
+        // from the fleet too.
+        let dropped = membership.drop_parked(id).await;
+        if !matches!(dropped, Ok(true)) {
+            tracing::warn!(sandbox = %id, ?dropped, "released during its park, but its parked record could not be removed");
+        }
+        if let Err(error) = store.delete_parked(id).await {
+            tracing::warn!(sandbox = %id, error = %error, "cannot remove a released sandbox's image manifest");
+        }
+        return Err(ParkError::Released(id.to_owned()));
+    }
     tracing::info!(
         sandbox = %id,
         data_bytes = parked.data_bytes,
@@ -189,8 +237,15 @@ pub async fn park(state: &AppState, id: &str) -> Result<Parked, ParkError> {
 }
 
 /// Takes the parked sandbox `id` for this node (see the module docs): the
-/// sandbox, registered asleep, or why not.
+/// sandbox, registered asleep, or why not. In a task of its own, like [`park`].
 pub async fn take(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError> {
+    let (state, owned_id) = (state.clone(), id.to_owned());
+    tokio::spawn(async move { take_in_flight(&state, &owned_id).await })
+        .await
+        .unwrap_or_else(|error| Err(TakeError::Task(error.to_string())))
+}
+
+async fn take_in_flight(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError> {
     let flight = {
         let mut flights = sandbox_engine::util::lock(&state.takes.flights);
         flights.entry(id.to_owned()).or_default().clone()
@@ -219,19 +274,45 @@ async fn take_once(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError
         return Err(TakeError::NoFleet);
     };
     let vm_id = vm_id_of(&SandboxId::new(id)).ok_or_else(|| TakeError::BadId(id.to_owned()))?;
-    let record = match membership.take(id).await? {
-        Take::Taken(record) => record,
-        Take::TakenBy(node) => {
+    let give_back = || async {
+        if let Err(error) = membership.untake(id).await {
+            tracing::warn!(sandbox = %id, error = %error, "cannot give a parked sandbox back: it is parked again once this node's lease expires");
+        }
+    };
+    let record = match membership.take(id).await {
+        Ok(Take::Taken(record)) => record,
+        Ok(Take::TakenBy(node)) => {
             return Err(TakeError::TakenBy {
                 id: id.to_owned(),
                 node,
             })
         }
-        Take::NotParked => return Err(TakeError::NotParked(id.to_owned())),
+        Ok(Take::NotParked) => return Err(TakeError::NotParked(id.to_owned())),
+        Err(error) => {
+            // The take may have been done with its answer lost.
+            give_back().await;
+            return Err(error.into());
+        }
     };
+    if record.deadline_unix <= now_unix() {
+        // Its claim ran out while it was parked: nobody wakes it any more.
+        give_back().await;
+        let _ = membership.drop_parked(id).await;
+        let _ = store.delete_parked(id).await;
+        tracing::info!(sandbox = %id, "a parked sandbox reached its deadline: removed");
+        return Err(TakeError::Expired(id.to_owned()));
+    }
+    let run_root = state.node.run_root();
+    let committed = std::sync::atomic::AtomicBool::new(false);
     let arrived = async {
         let received = launcher.receive_hibernated(&vm_id)?;
-        let arrived = store.download_parked(id, received.path()).await?;
+        let mut arrived = store.download_parked(id, received.path()).await?;
+        // What etcd says wins over what the store says: a store that was written
+        // to cannot hand out another token or a longer life.
+        if token_sha256(&arrived.claim.token) != record.token_sha256 {
+            return Err(TakeError::Mismatch(id.to_owned()));
+        }
+        arrived.claim.deadline_unix_ms = record.deadline_unix.saturating_mul(1000);
         let claim_record = SandboxRecord {
             version: RECORD_VERSION,
             owner: Owner::this(OwnerKind::Node),
@@ -239,6 +320,7 @@ async fn take_once(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError
         };
         sandbox_engine::record::write(received.path(), &claim_record)?;
         received.commit(&arrived.image, &arrived.vm_token)?;
+        committed.store(true, std::sync::atomic::Ordering::SeqCst);
         let sandbox = state.node.move_in(&vm_id).await?;
         Ok::<_, TakeError>((sandbox, arrived.report))
     }
@@ -247,9 +329,14 @@ async fn take_once(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError
         Ok(arrived) => arrived,
         Err(error) => {
             tracing::warn!(sandbox = %id, error = %sandbox_vmm::error_chain(&error), "a parked sandbox could not be taken: given back to the fleet");
-            if let Err(untake) = membership.untake(id).await {
-                tracing::warn!(sandbox = %id, error = %untake, "cannot give it back: it is parked again once this node's lease expires");
+            if committed.load(std::sync::atomic::Ordering::SeqCst) {
+                // Recorded as this host's VM but not registered: it must not come
+                // back at this node's next start, the fleet's copy is the one.
+                if let Some(root) = &run_root {
+                    let _ = std::fs::remove_dir_all(root.join(vm_id.as_str()));
+                }
             }
+            give_back().await;
             return Err(error);
         }
     };
@@ -260,16 +347,23 @@ async fn take_once(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError
         token_sha256: record.token_sha256.clone(),
     };
     match membership.settle(id, &durable).await {
-        Ok(true) => {}
+        Ok(true) => {
+            if let Err(error) = store.delete_parked(id).await {
+                tracing::warn!(sandbox = %id, error = %error, "cannot remove its image manifest from the store");
+            }
+        }
         Ok(false) => {
-            tracing::warn!(sandbox = %id, "this node's lease expired while it took the sandbox: its parked record stays")
+            // This node's lease expired meanwhile: another node may take it from
+            // the store, so this copy goes (unwoken, nothing of it is lost).
+            tracing::warn!(sandbox = %id, "this node's lease expired while it took the sandbox: its copy here is dropped");
+            let _ = state.node.release(id).await;
+            return Err(TakeError::NotParked(id.to_owned()));
         }
         Err(error) => {
-            tracing::warn!(sandbox = %id, error = %error, "cannot remove its parked record")
+            // Unknown: kept here (its owner record, on this node's lease, holds it);
+            // the store's copy stays in case the parked record does.
+            tracing::warn!(sandbox = %id, error = %error, "cannot remove its parked record");
         }
-    }
-    if let Err(error) = store.delete_parked(id).await {
-        tracing::warn!(sandbox = %id, error = %error, "cannot remove its image manifest from the store");
     }
     state.use_changed();
     tracing::info!(
@@ -306,6 +400,7 @@ pub async fn evacuate(state: &AppState, hibernate: bool) -> (Vec<String>, Vec<(S
         }
         match park(state, &id).await {
             Ok(_) => parked.push(id),
+            Err(ParkError::Released(_)) => {}
             Err(error) => stayed.push((id, sandbox_vmm::error_chain(&error))),
         }
     }
@@ -332,6 +427,7 @@ impl From<TakeError> for ApiError {
         match error {
             TakeError::Store(error) => error.into(),
             TakeError::Fleet(error) => error.into(),
+            TakeError::Expired(_) => ApiError::new(StatusCode::GONE, "gone", error.to_string()),
             other => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "wake_elsewhere_failed",

@@ -52,9 +52,13 @@ async fn catalogue(state: &AppState) -> Option<Vec<Peer>> {
     }
 }
 
-/// Another node that can wake a parked sandbox (for a node that cannot: draining
-/// or full): the freer of two sampled nodes with an object store and room.
-pub async fn waker(state: &AppState) -> Option<String> {
+/// Another node that can wake the parked sandbox of `parked` (for a node that
+/// cannot: draining, full, another QEMU): the freer of two sampled nodes with an
+/// object store, room, and the QEMU version and machine type that made the image.
+pub async fn waker(
+    state: &AppState,
+    parked: &sandbox_fleet::membership::ParkedRecord,
+) -> Option<String> {
     let nodes = catalogue(state).await?;
     let mut random = SplitMix::new(seed());
     let none_held = |_: &sandbox_fleet::membership::NodeRecord| false;
@@ -63,6 +67,11 @@ pub async fn waker(state: &AppState) -> Option<String> {
     });
     ranked
         .iter()
+        .filter(|peer| {
+            peer.record.machine == parked.machine
+                && !parked.qemu_version.is_empty()
+                && peer.record.qemu.contains(&parked.qemu_version)
+        })
         .find(|peer| {
             !peer.this_node && reachable_from_elsewhere(&peer.record.addr, &state.advertise)
         })

@@ -336,6 +336,12 @@ impl NodeStore {
             }
             overlay = temp.path().join(&image.name);
         }
+        let expected: Vec<PathBuf> = followed(&meta.backing)
+            .iter()
+            .map(|b| temp.path().join(&b.name))
+            .collect();
+        check_chain(&temp.path().join(DISK_FILE), &expected)
+            .map_err(local("check its disk chain"))?;
         let mut manifest = meta.manifest;
         manifest.disk_backing = meta.backing.first().map(|b| folder.join(&b.name));
         let text = serde_json::to_vec_pretty(&manifest)
@@ -465,6 +471,11 @@ impl NodeStore {
             }
             overlay = beside;
         }
+        let expected: Vec<PathBuf> = followed(&meta.backing)
+            .iter()
+            .map(|b| run.join(&b.name))
+            .collect();
+        check_chain(&folder.join(DISK_FILE), &expected).map_err(local("check its disk chain"))?;
         let mut manifest = meta.manifest;
         manifest.disk_backing = meta.backing.first().map(|b| run.join(&b.name));
         let text = serde_json::to_vec_pretty(&manifest)
@@ -604,6 +615,15 @@ impl NodeStore {
                 overlay = temp.path().join(sub).join(&image.name);
             }
         }
+        for sub in SNAPSHOT_FOLDERS {
+            let chain = meta.backing.get(sub).map_or(&[][..], Vec::as_slice);
+            let expected: Vec<PathBuf> = followed(chain)
+                .iter()
+                .map(|b| temp.path().join(sub).join(&b.name))
+                .collect();
+            check_chain(&temp.path().join(sub).join(DISK_FILE), &expected)
+                .map_err(local("check its disk chain"))?;
+        }
         let _ = std::fs::remove_file(temp.path().join(MAKER_FILE));
         sandbox_vmm::launcher::template::Template::load(temp.path())
             .map_err(|e| local("load it")(sandbox_vmm::error_chain(&e)))?;
@@ -725,6 +745,42 @@ fn folder_files(folder: &Path, manifest: &Manifest) -> Result<(Files, Vec<Backin
     Ok((files, backing))
 }
 
+/// The images of `chain` a disk actually goes through once re-pointed: up to and
+/// including the first that is not qcow2 (a raw image has no backing).
+fn followed(chain: &[Backing]) -> &[Backing] {
+    let end = chain
+        .iter()
+        .position(|b| b.format != "qcow2")
+        .map_or(chain.len(), |raw| raw + 1);
+    &chain[..end]
+}
+
+/// Refuses a downloaded disk `top` whose backing chain is not exactly `expected`:
+/// an image from the store whose last qcow2 names a backing file of its own would
+/// have the VM read a file of this host. No `top` (a machine without a disk) is
+/// fine when nothing is expected.
+fn check_chain(top: &Path, expected: &[PathBuf]) -> Result<(), String> {
+    if !top.exists() {
+        return if expected.is_empty() {
+            Ok(())
+        } else {
+            Err("its disk is missing".to_owned())
+        };
+    }
+    let found = backing_chain(top);
+    let expected: Vec<PathBuf> = expected
+        .iter()
+        .map(|path| path.canonicalize().unwrap_or_else(|_| path.clone()))
+        .collect();
+    if found == expected {
+        Ok(())
+    } else {
+        Err(format!(
+            "its disk's backing chain is {found:?}, not the downloaded {expected:?}: refused"
+        ))
+    }
+}
+
 /// `qcow2` when the image starts with qcow2's magic, else `raw`.
 fn image_format(image: &Path) -> String {
     let mut magic = [0u8; 4];
@@ -785,6 +841,46 @@ impl Drop for TempFolder {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_downloaded_disk_must_back_onto_exactly_what_was_downloaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("backing-1");
+        std::fs::write(&base, vec![0u8; 1 << 20]).unwrap();
+        let top = dir.path().join(DISK_FILE);
+        let made = std::process::Command::new("qemu-img")
+            .args([
+                "create",
+                "-q",
+                "-f",
+                "qcow2",
+                "-F",
+                "raw",
+                "-b",
+                "backing-1",
+            ])
+            .arg(&top)
+            .status()
+            .expect("qemu-img (scripts/setup.sh installs it)");
+        assert!(made.success());
+        check_chain(&top, std::slice::from_ref(&base)).unwrap();
+        // A disk that names a file of its own (a tampered store): refused.
+        let refused = check_chain(&top, &[]).unwrap_err();
+        assert!(refused.contains("refused"), "{refused}");
+        check_chain(&dir.path().join("none"), &[]).unwrap();
+        assert!(check_chain(&dir.path().join("none"), std::slice::from_ref(&base)).is_err());
+        let raw = |name: &str| Backing {
+            name: name.into(),
+            format: "raw".into(),
+        };
+        let qcow2 = |name: &str| Backing {
+            name: name.into(),
+            format: "qcow2".into(),
+        };
+        let chain = [qcow2("backing-1"), raw("backing-2"), qcow2("backing-3")];
+        assert_eq!(followed(&chain).len(), 2);
+        assert_eq!(followed(&chain[..1]).len(), 1);
+    }
 
     #[test]
     fn images_are_told_apart_by_their_magic() {

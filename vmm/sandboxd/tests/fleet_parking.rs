@@ -13,6 +13,8 @@
 //! - `POST /v1/drain {"hibernate": true}` hibernates and parks a running sandbox;
 //!   an image blob altered in the store is refused by digest on C, which keeps
 //!   nothing and gives the sandbox back to the fleet, and wakes it once restored;
+//! - a parked sandbox wakes on C after A is killed with -9, and A restarted on its
+//!   run folder brings back nothing it handed over;
 //! - with the S3 server stopped, a drain cannot park and says why; the sandbox
 //!   stays hibernated on A and wakes there.
 //!
@@ -335,6 +337,10 @@ async fn parking() {
     assert_eq!(sh(&client, "cat /tmp/three").await.trim(), "3");
     drop(client);
     assert_eq!(count(&c.log(), TAKEN_EVENT), 2, "{}", c.log());
+    // Listed lost nowhere, parked no more.
+    let peers = c.get("/v1/peers").await;
+    assert!(peers.json.get("parked").is_none(), "{peers:?}");
+    assert!(peers.json.get("lost").is_none(), "{peers:?}");
     let released = c
         .call(
             "POST",
@@ -345,9 +351,43 @@ async fn parking() {
         .await;
     assert_eq!(released.status, 200, "{released:?}");
 
+    // A parked sandbox does not need its old node: A killed with -9 after the
+    // park, it wakes on C all the same.
+    set_drain(&a, false, &json!({})).await;
+    let (fifth, fifth_token) = claim(&a).await;
+    let client = a.agent(&fifth, &fifth_token).await.unwrap();
+    assert_eq!(
+        sh(&client, "echo 5 > /tmp/five; echo ok").await.trim(),
+        "ok"
+    );
+    drop(client);
+    let drained = set_drain(&a, true, &json!({"hibernate": true})).await;
+    assert_eq!(drained["parked"], json!([fifth]), "{drained}\n{}", a.log());
+    a.kill9().await;
+    let client = c.agent(&fifth, &fifth_token).await.unwrap();
+    assert_eq!(sh(&client, "cat /tmp/five").await.trim(), "5");
+    drop(client);
+    let released = c
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{fifth}/release"),
+            Some(&fifth_token),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(released.status, 200, "{released:?}");
+    // A again, on its run folder: it brings back nothing it handed over.
+    let a = store_node(&dir, "a", None, &s3, &prefix, &etcd, 2).await;
+    let listed = a.get("/v1/sandboxes").await;
+    assert_eq!(
+        listed.json["sandboxes"],
+        json!([]),
+        "{listed:?}\n{}",
+        a.log()
+    );
+
     // The store stopped: a drain cannot park, says why, and the sandbox stays
     // hibernated on A, where it still wakes.
-    set_drain(&a, false, &json!({})).await;
     let (fourth, fourth_token) = claim(&a).await;
     hibernate(&a, &fourth, &fourth_token).await;
     s3.stop();

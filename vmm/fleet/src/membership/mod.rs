@@ -306,7 +306,6 @@ impl Membership {
             let record = SandboxRecord::decode(&key, kv.value())?;
             durable.insert(key.trim_start_matches(&keys.sandboxes()).to_owned(), record);
         }
-        fleet.lost = record::lost(&durable, &owner_map);
         for kv in parked.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             fleet.parked.push(ParkedSandbox {
@@ -314,6 +313,12 @@ impl Membership {
                 record: ParkedRecord::decode(&key, kv.value())?,
             });
         }
+        // A parked sandbox whose taker died midway has a durable record without its
+        // owner, and is still parked, not lost.
+        for parked in &fleet.parked {
+            durable.remove(&parked.id);
+        }
+        fleet.lost = record::lost(&durable, &owner_map);
         Ok(fleet)
     }
 
@@ -486,9 +491,11 @@ async fn session(shared: &Shared, source: &StateSource) -> Result<(), String> {
         timed("keep the lease alive", client.lease_keep_alive(lease)).await?;
     *lock(&shared.client) = Some(client.clone());
     let mut published: BTreeSet<String> = BTreeSet::new();
+    let mut conflicts: BTreeSet<String> = BTreeSet::new();
     let mut first = true;
     let result = loop {
-        if let Err(why) = publish(shared, &mut client, lease, source, &mut published).await {
+        let sets = (&mut published, &mut conflicts);
+        if let Err(why) = publish(shared, &mut client, lease, source, sets).await {
             break Err(why);
         }
         if first {
@@ -530,7 +537,7 @@ async fn publish(
     client: &mut Client,
     lease: i64,
     source: &StateSource,
-    published: &mut BTreeSet<String>,
+    (published, conflicts): (&mut BTreeSet<String>, &mut BTreeSet<String>),
 ) -> Result<(), String> {
     let keys = &shared.keys;
     let state = source();
@@ -553,16 +560,41 @@ async fn publish(
             created_unix: sandbox.created_unix,
             token_sha256: sandbox.token_sha256.clone(),
         };
-        timed(
-            "put a sandbox record",
-            client.put(keys.sandbox(id), durable.encode(), None),
-        )
-        .await?;
-        timed(
-            "put an owner record",
-            client.put(keys.owner(id), record.id.clone(), on_lease()),
-        )
-        .await?;
+        // Only a sandbox no other node owns: a copy of a sandbox that moved away
+        // (a node restarted on a run folder it had handed over) must not take the
+        // records from the node that runs it.
+        let owner = keys.owner(id);
+        let put = || {
+            [
+                TxnOp::put(owner.clone(), record.id.clone(), on_lease()),
+                TxnOp::put(keys.sandbox(id), durable.encode(), None),
+            ]
+        };
+        let mine = Txn::new()
+            .when([Compare::value(
+                owner.clone(),
+                CompareOp::Equal,
+                record.id.as_bytes(),
+            )])
+            .and_then(put());
+        let mut done = timed("put a sandbox's records", client.txn(mine))
+            .await?
+            .succeeded();
+        if !done {
+            let free = Txn::new()
+                .when([Compare::version(owner.clone(), CompareOp::Equal, 0)])
+                .and_then(put());
+            done = timed("put a sandbox's records", client.txn(free))
+                .await?
+                .succeeded();
+        }
+        if !done {
+            if conflicts.insert(id.clone()) {
+                tracing::error!(sandbox = %id, "another node owns this sandbox in the fleet: this node's copy is not published (it moved away while this node was down?); release it here");
+            }
+            continue;
+        }
+        conflicts.remove(id);
         published.insert(id.clone());
     }
     let gone: Vec<String> = published

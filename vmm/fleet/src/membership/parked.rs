@@ -8,8 +8,8 @@
 //!    transaction that holds only while this node still owns it. From here the
 //!    parking node must not wake it (it forgets it).
 //! 2. [`Membership::take`] (a node asked for it, with room): an owner record on
-//!    the taker's lease, only while none exists and the parked record is the one it
-//!    read. Two nodes asked at once: one wins, the other is told who did. A taker
+//!    the taker's lease and a durable record naming it, only while no owner record
+//!    exists and the parked record is the one it read. Two nodes asked at once: one wins, the other is told who did. A taker
 //!    that dies now lets its lease and owner record go, and the sandbox is parked
 //!    again for the next node.
 //! 3. [`Membership::settle`] (the taker, once the image is in its run folder and
@@ -107,16 +107,27 @@ impl Membership {
             return Ok(Take::NotParked);
         };
         let record = ParkedRecord::decode(&key, kv.value())?;
+        // The durable record too, with the token's digest: a caller with the token
+        // who asks another node meanwhile is told where it is, not refused.
+        let durable = SandboxRecord {
+            node_id: self.node_id().to_owned(),
+            template: record.template.clone(),
+            created_unix: record.created_unix,
+            token_sha256: record.token_sha256.clone(),
+        };
         let take = Txn::new()
             .when([
                 Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
                 Compare::version(keys.owner(id), CompareOp::Equal, 0),
             ])
-            .and_then([TxnOp::put(
-                keys.owner(id),
-                self.node_id(),
-                Some(PutOptions::new().with_lease(lease)),
-            )])
+            .and_then([
+                TxnOp::put(
+                    keys.owner(id),
+                    self.node_id(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::put(keys.sandbox(id), durable.encode(), None),
+            ])
             .or_else([TxnOp::get(keys.owner(id), None)]);
         let done = timed("take a parked sandbox", client.txn(take))
             .await
@@ -154,14 +165,21 @@ impl Membership {
     }
 
     /// Gives the taken sandbox `id` back to the fleet (its parked record was kept):
-    /// this node's owner record goes.
+    /// this node's owner and durable records go. Harmless when this node did not
+    /// take it (a take whose answer was lost calls it to be sure).
     pub async fn untake(&self, id: &str) -> Result<(), FleetError> {
         let mut client = self.client().await?;
         let keys = &self.shared.keys;
         let me = self.node_id().as_bytes().to_vec();
         let untake = Txn::new()
-            .when([Compare::value(keys.owner(id), CompareOp::Equal, me)])
-            .and_then([TxnOp::delete(keys.owner(id), None)]);
+            .when([
+                Compare::value(keys.owner(id), CompareOp::Equal, me),
+                Compare::version(keys.parked_sandbox(id), CompareOp::Greater, 0),
+            ])
+            .and_then([
+                TxnOp::delete(keys.owner(id), None),
+                TxnOp::delete(keys.sandbox(id), None),
+            ]);
         timed("give back a taken sandbox", client.txn(untake))
             .await
             .map(|_| ())
@@ -178,7 +196,10 @@ impl Membership {
                 Compare::version(keys.parked_sandbox(id), CompareOp::Greater, 0),
                 Compare::version(keys.owner(id), CompareOp::Equal, 0),
             ])
-            .and_then([TxnOp::delete(keys.parked_sandbox(id), None)]);
+            .and_then([
+                TxnOp::delete(keys.parked_sandbox(id), None),
+                TxnOp::delete(keys.sandbox(id), None),
+            ]);
         let done = timed("remove a parked sandbox", client.txn(drop))
             .await
             .map_err(|why| self.unreachable(why))?;

@@ -117,6 +117,10 @@ pub struct ParkedRecord {
     pub data_bytes: u64,
     /// When it was parked (Unix seconds).
     pub parked_unix: u64,
+    /// The hibernation image's name, unique to this park: what tells this park's
+    /// record from another's when an answer from etcd was lost.
+    #[serde(default)]
+    pub image: String,
 }
 
 /// The SHA-256 of a sandbox token, lowercase hex: what a [`ParkedRecord`] keeps

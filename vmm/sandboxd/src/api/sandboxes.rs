@@ -104,7 +104,7 @@ pub async fn authorized(
     };
     match whereabouts(state, headers, body_token, id, error).await {
         Whereabouts::Elsewhere { node_id, addr } => Err(elsewhere(id, &node_id, &addr)),
-        Whereabouts::Parked if parked_here(state) => {
+        Whereabouts::Parked(record) if parked_here(state, &record) => {
             match crate::parking::take(state, id).await {
                 Ok(sandbox) => Ok(sandbox),
                 Err(crate::parking::TakeError::TakenBy { node, .. }) => Err(ApiError::new(
@@ -115,7 +115,7 @@ pub async fn authorized(
                 Err(error) => Err(error.into()),
             }
         }
-        Whereabouts::Parked => Err(match crate::placement::waker(state).await {
+        Whereabouts::Parked(record) => Err(match crate::placement::waker(state, &record).await {
             Some(addr) => ApiError::new(
                 StatusCode::MISDIRECTED_REQUEST,
                 "elsewhere",
@@ -132,7 +132,7 @@ enum Whereabouts {
     /// A live node owns it.
     Elsewhere { node_id: String, addr: String },
     /// Handed to the fleet, hibernated; owned by no node.
-    Parked,
+    Parked(sandbox_fleet::membership::ParkedRecord),
     /// The answer to give (unknown, lost, or not the caller's).
     Denied(ApiError),
 }
@@ -156,13 +156,17 @@ async fn whereabouts(
         operator
             || (!digest.is_empty() && presented.iter().any(|token| token_sha256(token) == digest))
     };
+    // Nothing to check a digest against: no fleet lookup for it.
+    if !operator && presented.is_empty() {
+        return Whereabouts::Denied(ApiError::unauthorized());
+    }
     match fleet_location(state, id, &error).await {
         Some(Location::Owned {
             node_id,
             addr,
             token_sha256,
         }) if may(&token_sha256) => Whereabouts::Elsewhere { node_id, addr },
-        Some(Location::Parked(record)) if may(&record.token_sha256) => Whereabouts::Parked,
+        Some(Location::Parked(record)) if may(&record.token_sha256) => Whereabouts::Parked(record),
         Some(Location::Lost(record)) if may(&record.token_sha256) => {
             Whereabouts::Denied(lost(id, &record))
         }
@@ -171,10 +175,15 @@ async fn whereabouts(
     }
 }
 
-/// Whether this node takes a parked sandbox asked of it: it keeps a store and
-/// is in the fleet, is not draining, and has room for one more running VM.
-fn parked_here(state: &AppState) -> bool {
+/// Whether this node takes the parked sandbox of `record` asked of it: it keeps a
+/// store and is in the fleet, is not draining, runs the QEMU and machine type that
+/// made the image, and has room for one more running VM.
+fn parked_here(state: &AppState, record: &sandbox_fleet::membership::ParkedRecord) -> bool {
     if !crate::parking::enabled(state) || state.node.is_draining() {
+        return false;
+    }
+    let qemu = state.store.as_ref().and_then(|store| store.qemu_version());
+    if record.machine != std::env::consts::ARCH || qemu != Some(record.qemu_version.as_str()) {
         return false;
     }
     let capacity = state.node.status().capacity;
@@ -357,8 +366,8 @@ pub async fn owner(
     };
     let owner_addr = match whereabouts(&state, &headers, None, &id, error).await {
         Whereabouts::Elsewhere { addr, .. } => addr,
-        Whereabouts::Parked if parked_here(&state) => state.advertise.clone(),
-        Whereabouts::Parked => crate::placement::waker(&state)
+        Whereabouts::Parked(record) if parked_here(&state, &record) => state.advertise.clone(),
+        Whereabouts::Parked(record) => crate::placement::waker(&state, &record)
             .await
             .ok_or_else(|| no_waker(&id))?,
         Whereabouts::Denied(error) => return Err(error),
@@ -435,7 +444,7 @@ pub async fn release(
 ) -> Result<Json<Released>, ApiError> {
     if let Err(error) = state.node.sandbox(&id) {
         // Parked: released where it lies, without waking it anywhere.
-        if let Whereabouts::Parked =
+        if let Whereabouts::Parked(_) =
             whereabouts(&state, &headers, Some(&body.token), &id, error).await
         {
             return release_parked(&state, &id).await;
