@@ -125,8 +125,14 @@ pub enum NodeCommand {
     Drain(NodeDrainArgs),
     /// Take claims again after a drain.
     Uncordon,
-    /// Delete a promoted template.
+    /// Delete a promoted template (fleet-wide with an object store).
     RmTemplate(NodeTemplateArgs),
+    /// Put one of the node's templates in the fleet's object store: any node then
+    /// claims it.
+    Publish(NodeTemplateArgs),
+    /// Delete the object store's blobs no checkpoint, parked sandbox or template
+    /// names.
+    StoreGc(NodeStoreGcArgs),
 }
 
 /// `node drain`
@@ -136,6 +142,18 @@ pub struct NodeDrainArgs {
     /// node of the fleet (the node empties itself; needs --store and --etcd on it).
     #[arg(long)]
     pub hibernate: bool,
+}
+
+/// `node store-gc`
+#[derive(Debug, Args)]
+pub struct NodeStoreGcArgs {
+    /// Spare unnamed blobs younger than this many seconds (default a day; at
+    /// least an hour).
+    #[arg(long, default_value_t = 0)]
+    pub grace: u64,
+    /// Count what would go; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 /// `node rm-template`

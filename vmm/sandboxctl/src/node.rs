@@ -131,6 +131,39 @@ pub(crate) async fn node(command: &NodeCommand, api: &NodeApi) -> anyhow::Result
             ))?;
             Ok(0)
         }
+        NodeCommand::Publish(args) => {
+            let done = api
+                .publish_template(&args.name)
+                .await
+                .with_context(|| format!("Cannot publish the template {:?}", args.name))?;
+            output::print(&format!(
+                "published {}: {} bytes of data, {} sent in {} ms\n",
+                done.template, done.data_bytes, done.uploaded_bytes, done.upload_ms
+            ))?;
+            Ok(0)
+        }
+        NodeCommand::StoreGc(args) => {
+            let report = api
+                .store_gc(args.grace, args.dry_run)
+                .await
+                .context("Cannot collect the store's garbage")?;
+            let n = |key: &str| report[key].as_u64().unwrap_or(0);
+            output::print(&format!(
+                "{} manifests, {} blobs ({} named, {} young): {} {} ({} bytes)\n",
+                n("manifests"),
+                n("blobs"),
+                n("referenced"),
+                n("young"),
+                if args.dry_run {
+                    "would delete"
+                } else {
+                    "deleted"
+                },
+                n("deleted"),
+                n("deleted_bytes")
+            ))?;
+            Ok(0)
+        }
     }
 }
 

@@ -639,6 +639,16 @@ impl NodeStore {
         Ok(Some(report))
     }
 
+    /// Deletes the store's blobs that no manifest names and are older than `grace`
+    /// (`sandbox_fleet::store::gc`).
+    pub async fn collect_garbage(
+        &self,
+        grace: std::time::Duration,
+        dry_run: bool,
+    ) -> Result<sandbox_fleet::store::gc::GcReport, NodeStoreError> {
+        Ok(self.store.collect_garbage(grace, dry_run).await?)
+    }
+
     /// Removes template `name` from the store; true when it was there.
     pub async fn delete_template(&self, name: &str) -> Result<bool, NodeStoreError> {
         Ok(self.templates.delete(name).await?)

@@ -378,6 +378,16 @@ async fn fleet_store() {
         "the template is still in the store"
     );
 
+    // The collector: every blob is named or young, so nothing goes; a grace under
+    // an hour is refused.
+    let gc = c.post("/v1/store/gc", &json!({"dry_run": true})).await;
+    assert_eq!(gc.status, 200, "{gc:?}\n{}", c.log());
+    assert!(gc.json["manifests"].as_u64().unwrap() >= 1, "{gc:?}");
+    assert!(gc.json["referenced"].as_u64().unwrap() >= 1, "{gc:?}");
+    assert_eq!(gc.json["deleted"], 0, "{gc:?}");
+    let refused = c.post("/v1/store/gc", &json!({"grace_seconds": 10})).await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+
     // The store stopped: a checkpoint on A fails saying so and stays local; the
     // listing says why; execs on A go on.
     let claimed = a

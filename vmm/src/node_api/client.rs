@@ -497,6 +497,34 @@ impl NodeApi {
             .await
     }
 
+    /// `POST /v1/templates/{name}/publish`: the node's template `name` goes to the
+    /// fleet's object store.
+    pub async fn publish_template(&self, name: &str) -> Result<TemplatePublished, NodeApiError> {
+        let path = format!("/v1/templates/{}/publish", segment(name));
+        self.call(Method::POST, path, None::<&()>, "publish a template")
+            .await
+    }
+
+    /// `POST /v1/store/gc`: the object store's unnamed blobs older than the grace
+    /// are deleted (counted only with `dry_run`).
+    pub async fn store_gc(
+        &self,
+        grace_seconds: u64,
+        dry_run: bool,
+    ) -> Result<serde_json::Value, NodeApiError> {
+        let body = super::wire::StoreGcBody {
+            grace_seconds,
+            dry_run,
+        };
+        self.call(
+            Method::POST,
+            "/v1/store/gc".into(),
+            Some(&body),
+            "collect the store's garbage",
+        )
+        .await
+    }
+
     /// `GET /v1/info`
     pub async fn info(&self) -> Result<InfoReply, NodeApiError> {
         self.call(Method::GET, "/v1/info".into(), None::<&()>, "info")

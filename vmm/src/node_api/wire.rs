@@ -440,6 +440,18 @@ pub struct PromoteReply {
     pub stored: bool,
 }
 
+/// `POST /v1/store/gc`: which garbage of the object store to collect.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreGcBody {
+    /// Spare unnamed blobs younger than this (seconds; 0: a day; at least an hour).
+    #[serde(default)]
+    pub grace_seconds: u64,
+    /// Count only.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
 /// `POST /v1/templates/{name}/publish`: a local template put in the object store.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TemplatePublished {

@@ -21,6 +21,7 @@
 //! fails in seconds with [`StoreError::Unreachable`], never hangs a claim.
 
 pub mod extents;
+pub mod gc;
 pub mod manifest;
 pub mod transfer;
 

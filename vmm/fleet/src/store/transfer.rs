@@ -217,8 +217,13 @@ impl CheckpointStore {
         };
         let key = ObjectPath::from(self.blob_key(&sha256));
         match self.client.head(&key).await {
-            Ok(_) => return Ok(Sent { chunk, sent: 0 }),
-            Err(object_store::Error::NotFound { .. }) => {}
+            // A blob written long ago is written again: the collector
+            // (`super::gc`) spares only blobs younger than its grace, and this
+            // upload's manifest is not there yet to name it.
+            Ok(meta) if !super::gc::needs_refresh(meta.last_modified.timestamp()) => {
+                return Ok(Sent { chunk, sent: 0 })
+            }
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
             Err(error) => return Err(self.unreachable("look up a blob", &error)),
         }
         let compressed = blocking(move || {

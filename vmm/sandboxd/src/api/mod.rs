@@ -21,6 +21,7 @@
 //! | `POST /v1/checkpoints/{id}/claim` | operator | a sandbox from it: `{ttl_seconds, no_redirect}` → claim (or a redirect, as `/v1/claim`); with `--store`, one this node lacks is downloaded first |
 //! | `DELETE /v1/checkpoints/{id}` | operator | delete it (refused while used); with `--store`, from the store and etcd too |
 //! | `DELETE /v1/templates?template=NAME` | operator | delete a promoted template (refused while used); with `--store`, from the store too |
+//! | `POST /v1/store/gc` | operator | `{grace_seconds, dry_run}`: delete the store's blobs no manifest names, older than the grace (a day; at least an hour) |
 //! | `POST /v1/templates/{name}/publish` | operator | put a local template in the object store; a claim of a template a node lacks downloads it from there |
 //! | `GET /v1/info` | operator | pool, templates, capacity, claims, drain |
 //! | `POST` / `DELETE /v1/drain` | operator | refuse claims / take them again; `{hibernate}`; in a fleet with a store, hibernated sandboxes are parked for other nodes to wake (`{parked, not_parked}`) |
@@ -121,6 +122,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/checkpoints/{id}/claim", post(checkpoints::claim))
         .route("/v1/templates", delete(templates::delete))
         .route("/v1/templates/{name}/publish", post(templates::publish))
+        .route("/v1/store/gc", post(templates::store_gc))
         .route("/v1/info", get(node::info))
         .route("/v1/drain", post(node::drain).delete(node::uncordon))
         .route("/v1/peers", get(node::peers))

@@ -102,3 +102,34 @@ pub fn local_template_dir(state: &AppState, name: &str) -> Result<std::path::Pat
             )
         })
 }
+
+/// `POST /v1/store/gc`: deletes the object store's blobs that no manifest
+/// (checkpoint, parked image, template) names, sparing those younger than the
+/// grace (a day by default, never under an hour: uploads under way write their
+/// blobs before their manifest).
+pub async fn store_gc(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    super::Body(body): super::Body<sandbox_vmm::node_api::wire::StoreGcBody>,
+) -> Result<Json<sandbox_fleet::store::gc::GcReport>, ApiError> {
+    state.require_operator(&headers)?;
+    let Some(store) = &state.store else {
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "no_store",
+            "This node has no object store (--store): there is nothing to collect",
+        ));
+    };
+    let grace = match body.grace_seconds {
+        0 => std::time::Duration::from_secs(24 * 60 * 60),
+        secs => std::time::Duration::from_secs(secs),
+    };
+    let floor = sandbox_fleet::store::gc::MIN_GRACE;
+    if grace < floor {
+        return Err(ApiError::bad_request(format!(
+            "grace_seconds must be at least {} (uploads under way write their blobs before their manifest)",
+            floor.as_secs()
+        )));
+    }
+    Ok(Json(store.collect_garbage(grace, body.dry_run).await?))
+}
