@@ -11,6 +11,7 @@
 //! - **claimed, past its deadline** (it ran out while no node watched): destroyed;
 //! - **claimed, dead** (QEMU gone, not hibernated): its run folder, RAM file and
 //!   record are removed, and the log says so;
+//! - **moved** (handed to another node of a fleet, `crate::moving`): removed;
 //! - **unclaimed** (a warm VM of the pool): stopped, so none leaks; the new pool
 //!   boots its own;
 //! - **a record that cannot be read** (corrupt, wrong mode, another version): logged
@@ -142,6 +143,11 @@ impl Node {
         claim: ClaimRecord,
     ) -> Found {
         let id = sandbox_id_of(vm_id.as_str());
+        if entry.path.join(crate::moving::MOVED_FILE).exists() {
+            tracing::info!(sandbox = %id, "handed to another node before this node stopped: its run folder is removed");
+            stop(pool, vm_id, "moved").await;
+            return Found::Dead;
+        }
         if claim.id != id.as_str() {
             tracing::warn!(folder = %entry.path.display(), recorded = %claim.id, "the record names another sandbox than its folder; skipped");
             return Found::Skipped;

@@ -21,6 +21,10 @@ use crate::node::{vm_id_of, Node};
 use crate::record::{self, ClaimRecord};
 use crate::sandbox::{HandOffError, Sandbox, SandboxId};
 
+/// In a run folder: its sandbox was handed to another node (the folder is
+/// removed, never adopted).
+pub const MOVED_FILE: &str = "moved";
+
 /// What a hibernated sandbox leaving this node is made of.
 #[derive(Debug, Clone)]
 pub struct Parcel {
@@ -113,8 +117,15 @@ impl Node {
             .ok_or_else(|| not_movable("it is the attached agent"))?;
         let sent = sandbox
             .hand_off(|image| async move {
-                let parcel = parcel_of(id, &run_root.join(&image.vm_id))?;
-                send(parcel).await.map_err(MoveOutError::Send)
+                let run = run_root.join(&image.vm_id);
+                let parcel = parcel_of(id, &run)?;
+                let sent = send(parcel).await.map_err(MoveOutError::Send)?;
+                // Another node's now: should this node die before the folder is
+                // removed, its next start removes it instead of adopting it.
+                if let Err(error) = std::fs::write(run.join(MOVED_FILE), b"") {
+                    tracing::warn!(sandbox = %id, %error, "cannot mark a moved sandbox's run folder");
+                }
+                Ok(sent)
             })
             .await;
         let sent = match sent {
