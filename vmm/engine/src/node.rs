@@ -750,6 +750,8 @@ impl Node {
             .filter_map(Result::ok)
             .filter(|entry| entry.path().join(TEMPLATE_FILE).is_file())
             .filter_map(|entry| entry.file_name().into_string().ok())
+            // A download or promotion under way is no template yet.
+            .filter(|name| !name.starts_with('.'))
             .collect();
         names.sort();
         names

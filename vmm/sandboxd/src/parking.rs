@@ -41,6 +41,9 @@ use crate::store::NodeStoreError;
 /// The log event of each sandbox parked (the e2e test counts them).
 pub const PARKED_EVENT: &str = "sandbox parked in the fleet";
 
+/// How often a park whose etcd answer was lost asks again what became of it.
+const RE_READS: usize = 10;
+
 /// The log event of each parked sandbox taken by this node.
 pub const TAKEN_EVENT: &str = "parked sandbox taken from the fleet";
 
@@ -63,6 +66,9 @@ pub enum ParkError {
     /// The fleet's records say another node owns it.
     #[error("Sandbox {0} is another node's in the fleet's records: not parked")]
     OwnedElsewhere(String),
+    /// This node's QEMU version cannot be told.
+    #[error("This node's QEMU version cannot be told: no other node could be known to restore its sandboxes")]
+    UnknownQemu,
     /// Released while it was being parked: gone.
     #[error("Sandbox {0} was released while it was being parked")]
     Released(String),
@@ -123,6 +129,13 @@ pub struct Takes {
     flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
+impl Takes {
+    /// Whether a take of `id` runs on this node now.
+    pub fn under_way(&self, id: &str) -> bool {
+        sandbox_engine::util::lock(&self.flights).contains_key(id)
+    }
+}
+
 /// What a park did.
 #[derive(Debug, Clone)]
 pub struct Parked {
@@ -161,6 +174,10 @@ async fn park_now(state: &AppState, id: &str) -> Result<Parked, ParkError> {
     let (Some(store), Some(membership)) = (&state.store, &state.membership) else {
         return Err(ParkError::NoFleet);
     };
+    if store.qemu_version().is_none() {
+        // No node could ever be told able to restore it.
+        return Err(ParkError::UnknownQemu);
+    }
     let moved = state
         .node
         .move_out(id, |parcel| async move {
@@ -192,15 +209,24 @@ async fn park_now(state: &AppState, id: &str) -> Result<Parked, ParkError> {
                 }
                 Err(error) => {
                     // The answer may be lost after the hand-over was done: this
-                    // park's record (its image's name) says which.
-                    match membership.parked(id).await {
-                        Ok(Some(found))
-                            if found.node_id == record.node_id && found.image == record.image => {}
-                        _ => {
-                            // Unknown or not done: the sandbox stays here, and the
-                            // image stays in the store in case a record names it.
-                            return Err(Box::new(ParkError::Fleet(error)));
+                    // park's record (its image's name) says which, once etcd
+                    // answers again.
+                    let mut handed = None;
+                    for _ in 0..RE_READS {
+                        match membership.parked(id).await {
+                            Ok(found) => {
+                                handed = Some(found.is_some_and(|found| {
+                                    found.node_id == record.node_id && found.image == record.image
+                                }));
+                                break;
+                            }
+                            Err(_) => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
                         }
+                    }
+                    if handed != Some(true) {
+                        // Not done, or unknown: the sandbox stays here, and the image
+                        // stays in the store in case a record names it.
+                        return Err(Box::new(ParkError::Fleet(error)));
                     }
                 }
             }

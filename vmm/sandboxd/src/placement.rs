@@ -68,9 +68,11 @@ pub async fn waker(
     ranked
         .iter()
         .filter(|peer| {
+            let qemu =
+                sandbox_vmm::launcher::snapshot::restore::parse_qemu_version(&peer.record.qemu);
             peer.record.machine == parked.machine
                 && !parked.qemu_version.is_empty()
-                && peer.record.qemu.contains(&parked.qemu_version)
+                && qemu.as_deref() == Some(parked.qemu_version.as_str())
         })
         .find(|peer| {
             !peer.this_node && reachable_from_elsewhere(&peer.record.addr, &state.advertise)

@@ -192,6 +192,7 @@ impl NodeStore {
                     &String::from_utf8_lossy(&out.stdout),
                 )
             });
+        sweep_template_downloads(&launcher.templates_root());
         Self {
             parked: store.parked(),
             templates: store.templates(),
@@ -323,6 +324,7 @@ impl NodeStore {
             .map_err(|e| local("create the checkpoints folder")(e.to_string()))?;
         let temp = TempFolder::create(&self.checkpoint_root.join(format!(".tmp-{id}")))
             .map_err(|e| local("create its temporary folder")(e.to_string()))?;
+        valid_chain(&meta.backing).map_err(|why| invalid_meta(id, why))?;
         let report = self.store.download(&stored, temp.path()).await?;
         // The disk chain, re-pointed at the downloaded images (relative: valid once
         // the folder is renamed).
@@ -342,6 +344,7 @@ impl NodeStore {
             .collect();
         check_chain(&temp.path().join(DISK_FILE), &expected)
             .map_err(local("check its disk chain"))?;
+        check_images_inside(temp.path()).map_err(local("check its disk images"))?;
         let mut manifest = meta.manifest;
         manifest.disk_backing = meta.backing.first().map(|b| folder.join(&b.name));
         let text = serde_json::to_vec_pretty(&manifest)
@@ -476,6 +479,7 @@ impl NodeStore {
             .map(|b| run.join(&b.name))
             .collect();
         check_chain(&folder.join(DISK_FILE), &expected).map_err(local("check its disk chain"))?;
+        check_images_inside(run).map_err(local("check its disk images"))?;
         let mut manifest = meta.manifest;
         manifest.disk_backing = meta.backing.first().map(|b| run.join(&b.name));
         let text = serde_json::to_vec_pretty(&manifest)
@@ -595,15 +599,20 @@ impl NodeStore {
         };
         std::fs::create_dir_all(&self.templates_root)
             .map_err(|e| local("create the templates folder")(e.to_string()))?;
-        let temp = TempFolder::create(&self.templates_root.join(format!(".tmp-{name}")))
+        // Not `.tmp-`: a promote's sweep would take a long download for its own
+        // leftovers. Swept at start instead (`sweep_template_downloads`).
+        let temp = TempFolder::create(&self.templates_root.join(format!(".download-{name}")))
             .map_err(|e| local("create its temporary folder")(e.to_string()))?;
-        let report = self.templates.download(&stored, temp.path()).await?;
         for (sub, chain) in &meta.backing {
             if !SNAPSHOT_FOLDERS.contains(&sub.as_str()) {
                 return Err(local("re-point its disk chain")(format!(
                     "{sub} is no snapshot folder"
                 )));
             }
+            valid_chain(chain).map_err(|why| invalid_meta(name, why))?;
+        }
+        let report = self.templates.download(&stored, temp.path()).await?;
+        for (sub, chain) in &meta.backing {
             let mut overlay = temp.path().join(sub).join(DISK_FILE);
             for image in chain {
                 self.rebase(&overlay, &image.name, &image.format)
@@ -624,11 +633,14 @@ impl NodeStore {
             check_chain(&temp.path().join(sub).join(DISK_FILE), &expected)
                 .map_err(local("check its disk chain"))?;
         }
-        let _ = std::fs::remove_file(temp.path().join(MAKER_FILE));
+        check_images_inside(temp.path()).map_err(local("check its disk images"))?;
+        check_template_manifest(temp.path(), name).map_err(local("check its template.json"))?;
         sandbox_vmm::launcher::template::Template::load(temp.path())
             .map_err(|e| local("load it")(sandbox_vmm::error_chain(&e)))?;
         temp.commit(folder)
             .map_err(|e| local("move it into place")(e.to_string()))?;
+        // Its writer's pid was for a sweep of an unfinished download.
+        let _ = std::fs::remove_file(folder.join(MAKER_FILE));
         tracing::info!(
             template = %name,
             data_bytes = report.data_bytes,
@@ -755,6 +767,132 @@ fn folder_files(folder: &Path, manifest: &Manifest) -> Result<(Files, Vec<Backin
     Ok((files, backing))
 }
 
+/// A stored manifest's meta that this node refuses to act on.
+fn invalid_meta(id: &str, why: String) -> NodeStoreError {
+    NodeStoreError::Store(StoreError::Manifest {
+        id: id.to_owned(),
+        error: sandbox_fleet::store::ManifestError::Invalid(why),
+    })
+}
+
+/// Refuses a stored disk chain whose names are not `backing-N` or whose formats
+/// are not qcow2 or raw: the names become `qemu-img rebase` arguments and paths.
+fn valid_chain(chain: &[Backing]) -> Result<(), String> {
+    for image in chain {
+        let numbered = image.name.strip_prefix("backing-").is_some_and(|n| {
+            !n.is_empty() && n.len() <= 4 && n.bytes().all(|b| b.is_ascii_digit())
+        });
+        if !numbered {
+            return Err(format!("its disk chain names {:?}", image.name));
+        }
+        if image.format != "qcow2" && image.format != "raw" {
+            return Err(format!("its disk chain has the format {:?}", image.format));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses any downloaded qcow2 image in `folder` (and its folders) that names a
+/// file outside `folder` as its backing, or that keeps its data in an external
+/// file: QEMU would open those host paths for the VM.
+fn check_images_inside(folder: &Path) -> Result<(), String> {
+    let root = folder
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", folder.display()))?;
+    let mut pending = vec![root.clone()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+            let entry = entry.map_err(|e| e.to_string())?;
+            let kind = entry.file_type().map_err(|e| e.to_string())?;
+            let path = entry.path();
+            if kind.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            if !kind.is_file() || image_format(&path) != "qcow2" {
+                continue;
+            }
+            if qcow2_external_data(&path) {
+                return Err(format!(
+                    "{} keeps its data in an external file: refused",
+                    path.display()
+                ));
+            }
+            let chain = backing_chain(&path);
+            if let Some(outside) = chain.iter().find(|b| !b.starts_with(&root)) {
+                return Err(format!(
+                    "{} backs onto {}, outside what was downloaded: refused",
+                    path.display(),
+                    outside.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a qcow2 image's header sets the external data file feature
+/// (incompatible feature bit 2, version 3 and later).
+fn qcow2_external_data(path: &Path) -> bool {
+    let mut header = [0u8; 80];
+    let read = std::fs::File::open(path)
+        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut header));
+    if read.is_err() {
+        // Too short for a version 3 header with features.
+        return false;
+    }
+    let version = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+    let mut features = [0u8; 8];
+    features.copy_from_slice(&header[72..80]);
+    version >= 3 && u64::from_be_bytes(features) & (1 << 2) != 0
+}
+
+/// Refuses a downloaded `template.json` whose name is not the template's or
+/// whose paths are not plain relative paths inside its folder.
+fn check_template_manifest(folder: &Path, name: &str) -> Result<(), String> {
+    let text = std::fs::read(folder.join("template.json")).map_err(|e| e.to_string())?;
+    let manifest: serde_json::Value = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    if manifest["name"].as_str() != Some(name) {
+        return Err(format!("it names the template {}", manifest["name"]));
+    }
+    for key in ["kernel", "initramfs", "disk", "snapshot"] {
+        let Some(path) = manifest[key].as_str() else {
+            continue;
+        };
+        let inside = !path.is_empty()
+            && Path::new(path)
+                .components()
+                .all(|part| matches!(part, std::path::Component::Normal(_)));
+        if !inside {
+            return Err(format!(
+                "its {key} is {path:?}, not a path inside its folder"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Removes what killed template downloads left in `root` (`.download-*` folders
+/// whose writer is gone).
+fn sweep_template_downloads(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(".download-") {
+            continue;
+        }
+        let writer_alive = std::fs::read_to_string(entry.path().join(MAKER_FILE))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<u32>().ok())
+            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if !writer_alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The images of `chain` a disk actually goes through once re-pointed: up to and
 /// including the first that is not qcow2 (a raw image has no backing).
 fn followed(chain: &[Backing]) -> &[Backing] {
@@ -789,6 +927,38 @@ fn check_chain(top: &Path, expected: &[PathBuf]) -> Result<(), String> {
             "its disk's backing chain is {found:?}, not the downloaded {expected:?}: refused"
         ))
     }
+}
+
+/// [`NodeStore::fetch`] in a task of its own: a claim whose client hangs up does
+/// not cancel the download others wait for (the next claim finds it done, or
+/// waits for it).
+pub async fn fetch_detached(
+    store: &Arc<NodeStore>,
+    id: &str,
+) -> Result<Option<DownloadReport>, NodeStoreError> {
+    let (store, id) = (store.clone(), id.to_owned());
+    tokio::spawn(async move { store.fetch(&id).await })
+        .await
+        .map_err(|e| NodeStoreError::Local {
+            id: String::new(),
+            what: "download it",
+            why: e.to_string(),
+        })?
+}
+
+/// [`NodeStore::fetch_template`] in a task of its own, as [`fetch_detached`].
+pub async fn fetch_template_detached(
+    store: &Arc<NodeStore>,
+    name: &str,
+) -> Result<Option<DownloadReport>, NodeStoreError> {
+    let (store, name) = (store.clone(), name.to_owned());
+    tokio::spawn(async move { store.fetch_template(&name).await })
+        .await
+        .map_err(|e| NodeStoreError::Local {
+            id: String::new(),
+            what: "download it",
+            why: e.to_string(),
+        })?
 }
 
 /// `qcow2` when the image starts with qcow2's magic, else `raw`.
@@ -890,6 +1060,98 @@ mod tests {
         let chain = [qcow2("backing-1"), raw("backing-2"), qcow2("backing-3")];
         assert_eq!(followed(&chain).len(), 2);
         assert_eq!(followed(&chain[..1]).len(), 1);
+    }
+
+    #[test]
+    fn stored_images_may_name_only_what_came_with_them() {
+        let b = |name: &str, format: &str| Backing {
+            name: name.into(),
+            format: format.into(),
+        };
+        assert!(valid_chain(&[b("backing-1", "qcow2"), b("backing-2", "raw")]).is_ok());
+        for bad in [
+            b("/var/lib/x/disk.qcow2", "qcow2"),
+            b("../backing-1", "qcow2"),
+            b("backing-", "raw"),
+            b("backing-1", "vmdk"),
+        ] {
+            assert!(valid_chain(std::slice::from_ref(&bad)).is_err(), "{bad:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let host_file = outside.path().join("secret");
+        std::fs::write(&host_file, vec![0u8; 1 << 20]).unwrap();
+        let qemu_img = |args: &[&str], path: &Path| {
+            let made = std::process::Command::new("qemu-img")
+                .args(args)
+                .arg(path)
+                .status()
+                .expect("qemu-img (scripts/setup.sh installs it)");
+            assert!(made.success());
+        };
+        let inside = dir.path().join("snapshot");
+        std::fs::create_dir(&inside).unwrap();
+        std::fs::write(inside.join("backing-1"), vec![0u8; 1 << 20]).unwrap();
+        qemu_img(
+            &[
+                "create",
+                "-q",
+                "-f",
+                "qcow2",
+                "-F",
+                "raw",
+                "-b",
+                "backing-1",
+            ],
+            &inside.join(DISK_FILE),
+        );
+        check_images_inside(dir.path()).unwrap();
+        let host = host_file.to_string_lossy().into_owned();
+        qemu_img(
+            &["create", "-q", "-f", "qcow2", "-F", "raw", "-b", &host],
+            &dir.path().join("rootfs.qcow2"),
+        );
+        let refused = check_images_inside(dir.path()).unwrap_err();
+        assert!(refused.contains("outside"), "{refused}");
+        std::fs::remove_file(dir.path().join("rootfs.qcow2")).unwrap();
+        let data_file = outside.path().join("data").to_string_lossy().into_owned();
+        let made = std::process::Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-o"])
+            .arg(format!("data_file={data_file}"))
+            .arg(dir.path().join("external.qcow2"))
+            .arg("1M")
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let refused = check_images_inside(dir.path()).unwrap_err();
+        assert!(refused.contains("external"), "{refused}");
+    }
+
+    #[test]
+    fn a_downloaded_template_json_must_stay_in_its_folder_and_name_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |json: serde_json::Value| {
+            std::fs::write(dir.path().join("template.json"), json.to_string()).unwrap();
+        };
+        write(
+            serde_json::json!({"name": "t", "kernel": "vmlinux", "initramfs": "initramfs.cpio", "disk": null, "snapshot": "snapshot"}),
+        );
+        check_template_manifest(dir.path(), "t").unwrap();
+        assert!(check_template_manifest(dir.path(), "other").is_err());
+        for (key, bad) in [
+            ("snapshot", "/var/lib/x"),
+            ("kernel", "../vmlinux"),
+            ("disk", "a/../../b"),
+            ("initramfs", ""),
+        ] {
+            write(serde_json::json!({"name": "t", key: bad}));
+            assert!(
+                check_template_manifest(dir.path(), "t").is_err(),
+                "{key} {bad}"
+            );
+        }
+        write(serde_json::json!({"name": "../../x"}));
+        assert!(check_template_manifest(dir.path(), "t").is_err());
     }
 
     #[test]

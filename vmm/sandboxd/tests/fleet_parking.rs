@@ -28,7 +28,7 @@
 mod services;
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStoreExt as _;
@@ -138,7 +138,9 @@ async fn parking() {
     drop(client);
     let slept = hibernate(&a, &sandbox, &token).await;
     assert_eq!(slept["parked"], false, "A was not draining yet: {slept}");
+    let started = Instant::now();
     let drained = set_drain(&a, true, &json!({})).await;
+    let park_ms = started.elapsed().as_millis();
     assert_eq!(
         drained["parked"],
         json!([sandbox]),
@@ -201,6 +203,7 @@ async fn parking() {
 
     // Two first calls at once on C: one take; the sandbox runs on C as it was.
     let show = format!("/v1/sandboxes/{sandbox}");
+    let started = Instant::now();
     let (connected, shown) = tokio::join!(
         c.agent(&sandbox, &token),
         c.call("GET", &show, Some(&token), None)
@@ -209,6 +212,11 @@ async fn parking() {
     assert_eq!(shown.status, 200, "{shown:?}\n{}", c.log());
     assert_eq!(shown.json["id"], sandbox.as_str(), "{shown:?}");
     assert_eq!(count(&c.log(), TAKEN_EVENT), 1, "{}", c.log());
+    eprintln!(
+        "drain parking one hibernated sandbox: {park_ms} ms; its first calls on C \
+         (take, download, wake): {} ms",
+        started.elapsed().as_millis()
+    );
     assert_eq!(
         client.read_file("/tmp/marker").await.unwrap(),
         b"written on A"

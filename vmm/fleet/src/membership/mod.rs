@@ -606,9 +606,12 @@ async fn publish(
         // Only while this node still owns it: a sandbox parked from here may be
         // another node's already, and its records with it.
         let mine = Compare::value(keys.owner(&id), CompareOp::Equal, record.id.as_bytes());
+        // A parked record left by a take whose settle failed goes too: the
+        // sandbox it names was this node's, and is released.
         let release = Txn::new().when([mine]).and_then([
             TxnOp::delete(keys.owner(&id), None),
             TxnOp::delete(keys.sandbox(&id), None),
+            TxnOp::delete(keys.parked_sandbox(&id), None),
         ]);
         timed("delete a sandbox's records", client.txn(release)).await?;
         published.remove(&id);

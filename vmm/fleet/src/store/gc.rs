@@ -87,11 +87,13 @@ impl CheckpointStore {
                 .await
                 .map_err(|e| self.unreachable("list the manifests", &e))?;
             for meta in listed {
-                let bytes = self
-                    .client
-                    .get(&meta.location)
-                    .await
-                    .map_err(|e| self.unreachable("read a manifest", &e))?
+                let found = match self.client.get(&meta.location).await {
+                    Ok(found) => found,
+                    // Deleted since the listing: it names nothing any more.
+                    Err(object_store::Error::NotFound { .. }) => continue,
+                    Err(error) => return Err(self.unreachable("read a manifest", &error)),
+                };
+                let bytes = found
                     .bytes()
                     .await
                     .map_err(|e| self.unreachable("read a manifest", &e))?;
@@ -129,6 +131,17 @@ impl CheckpointStore {
             if age(blob.last_modified.timestamp()) <= grace {
                 report.young += 1;
                 continue;
+            }
+            // The listing may be old by now: an upload may have written this blob
+            // again (to rely on it) since. Asked again just before it goes.
+            match self.client.head(&blob.location).await {
+                Ok(now) if age(now.last_modified.timestamp()) > grace => {}
+                Ok(_) => {
+                    report.young += 1;
+                    continue;
+                }
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(error) => return Err(self.unreachable("look up a blob", &error)),
             }
             if !dry_run {
                 match self.client.delete(&blob.location).await {

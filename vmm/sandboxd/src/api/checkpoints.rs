@@ -85,7 +85,7 @@ async fn make_local(state: &AppState, id: &str) -> Result<(), ApiError> {
     match state.node.find_checkpoint(id) {
         Ok(_) => Ok(()),
         Err(BranchError::Find(SnapshotError::NoCheckpoint(_))) => {
-            store.fetch(id.trim()).await?;
+            crate::store::fetch_detached(store, id.trim()).await?;
             Ok(())
         }
         Err(error) => Err(error.into()),

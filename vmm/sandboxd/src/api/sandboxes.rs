@@ -221,7 +221,24 @@ async fn fleet_location(state: &AppState, id: &str, error: &LookupError) -> Opti
         return None;
     }
     match tokio::time::timeout(LOCATE_WITHIN, membership.locate(id)).await {
-        Ok(Ok(Location::Owned { node_id, .. })) if node_id == membership.node_id() => None,
+        Ok(Ok(Location::Owned { node_id, .. })) if node_id == membership.node_id() => {
+            // Owned here but not here: a take of a parked sandbox that failed and
+            // could not give it back. Given back now, so that it can be taken.
+            if state.takes.under_way(id) {
+                return None;
+            }
+            let healed = async {
+                membership.untake(id).await?;
+                membership.locate(id).await
+            };
+            match tokio::time::timeout(LOCATE_WITHIN, healed).await {
+                Ok(Ok(location @ Location::Parked(_))) => {
+                    tracing::info!(%id, "a parked sandbox this node failed to take is given back");
+                    Some(location)
+                }
+                _ => None,
+            }
+        }
         Ok(Ok(location)) => Some(location),
         Ok(Err(error)) => {
             tracing::warn!(%id, error = %error, "cannot locate a sandbox in the fleet");
@@ -275,7 +292,7 @@ pub async fn claim(
     if let Some(store) = &state.store {
         let name = body.template.trim();
         if !name.is_empty() && !state.node.template_names().iter().any(|t| t == name) {
-            store.fetch_template(name).await?;
+            crate::store::fetch_template_detached(store, name).await?;
         }
     }
     let request = ClaimRequest {

@@ -67,6 +67,11 @@ pub async fn publish(
             "This node has no object store (--store): there is nowhere to publish to",
         ));
     };
+    if !sandbox_fleet::store::manifest::safe_name(&name) {
+        return Err(ApiError::bad_request(format!(
+            "{name:?} is not a template name that can be published"
+        )));
+    }
     let dir = local_template_dir(&state, &name)?;
     let report = store.publish_template(&name, &dir).await?;
     tracing::info!(template = %name, data_bytes = report.data_bytes, sent_bytes = report.sent_bytes, took_ms = report.took_ms, "template published to the store");
