@@ -39,6 +39,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod fleet;
+pub mod flights;
 pub mod metrics;
 pub mod node_lock;
 pub mod parking;

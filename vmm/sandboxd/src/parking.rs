@@ -23,8 +23,7 @@
 //! sandboxes; with `{"hibernate": true}` the running ones too, hibernated first)
 //! and when a sandbox is hibernated on a draining node.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::http::StatusCode;
@@ -126,13 +125,13 @@ pub enum TakeError {
 /// Takes under way on this node, one per sandbox id.
 #[derive(Debug, Default)]
 pub struct Takes {
-    flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    flights: crate::flights::Flights,
 }
 
 impl Takes {
     /// Whether a take of `id` runs on this node now.
     pub fn under_way(&self, id: &str) -> bool {
-        sandbox_engine::util::lock(&self.flights).contains_key(id)
+        self.flights.under_way(id)
     }
 }
 
@@ -272,23 +271,17 @@ pub async fn take(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError>
 }
 
 async fn take_in_flight(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError> {
-    let flight = {
-        let mut flights = sandbox_engine::util::lock(&state.takes.flights);
-        flights.entry(id.to_owned()).or_default().clone()
-    };
-    let result = {
-        let _one = flight.lock().await;
-        // A take of the same id that held the lock may have brought it.
-        match state.node.sandbox(id) {
-            Ok(sandbox) => Ok(sandbox),
-            Err(_) => take_once(state, id).await,
-        }
-    };
-    let mut flights = sandbox_engine::util::lock(&state.takes.flights);
-    if Arc::strong_count(&flight) <= 2 {
-        flights.remove(id);
-    }
-    result
+    state
+        .takes
+        .flights
+        .one_at_a_time(id, async {
+            // A take of the same id that went first may have brought it.
+            match state.node.sandbox(id) {
+                Ok(sandbox) => Ok(sandbox),
+                Err(_) => take_once(state, id).await,
+            }
+        })
+        .await
 }
 
 async fn take_once(state: &AppState, id: &str) -> Result<Arc<Sandbox>, TakeError> {

@@ -18,10 +18,10 @@
 //! re-pointed at the downloaded images (relative names: `qemu-img rebase -u`), and
 //! renamed into place. A failure removes the temporary folder: nothing is left.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use sandbox_engine::moving::Parcel;
@@ -168,8 +168,8 @@ pub struct NodeStore {
     qemu_img: PathBuf,
     qemu_version: Option<String>,
     machine: String,
-    /// One lock per checkpoint id being downloaded.
-    flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Downloads under way, one per checkpoint id or template.
+    flights: crate::flights::Flights,
     /// Checkpoints downloaded since start.
     downloads: AtomicU64,
 }
@@ -204,7 +204,7 @@ impl NodeStore {
             qemu_img: launcher.qemu_img_path.clone(),
             qemu_version,
             machine: std::env::consts::ARCH.to_owned(),
-            flights: Mutex::new(HashMap::new()),
+            flights: crate::flights::Flights::default(),
             downloads: AtomicU64::new(0),
         }
     }
@@ -278,30 +278,16 @@ impl NodeStore {
     /// Makes checkpoint `id` local, downloading it when this node lacks it; `None`
     /// when it was here already (or another claim's download brought it).
     pub async fn fetch(&self, id: &str) -> Result<Option<DownloadReport>, NodeStoreError> {
-        let flight = {
-            let mut flights = self
-                .flights
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            flights.entry(id.to_owned()).or_default().clone()
-        };
-        let _one = flight.lock().await;
         let folder = self.checkpoint_root.join(id);
-        let result = if folder.join(MANIFEST_FILE).is_file() {
-            Ok(None)
-        } else {
-            self.download(id, &folder).await.map(Some)
-        };
-        drop(_one);
-        let mut flights = self
-            .flights
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // The last waiter forgets the lock.
-        if Arc::strong_count(&flight) <= 2 {
-            flights.remove(id);
-        }
-        result
+        self.flights
+            .one_at_a_time(id, async {
+                if folder.join(MANIFEST_FILE).is_file() {
+                    Ok(None)
+                } else {
+                    self.download(id, &folder).await.map(Some)
+                }
+            })
+            .await
     }
 
     async fn download(&self, id: &str, folder: &Path) -> Result<DownloadReport, NodeStoreError> {
@@ -311,11 +297,7 @@ impl NodeStore {
             .await?
             .ok_or_else(|| StoreError::NotFound { id: id.to_owned() })?;
         CheckpointStore::check_compatible(&stored, self.qemu_version.as_deref(), &self.machine)?;
-        let meta: Meta =
-            serde_json::from_value(stored.meta.clone()).map_err(|e| StoreError::Manifest {
-                id: id.to_owned(),
-                error: sandbox_fleet::store::ManifestError::Invalid(format!("its meta: {e}")),
-            })?;
+        let meta: Meta = meta_of(&stored, id)?;
         let local = |what: &'static str| {
             let id = id.to_owned();
             move |why: String| NodeStoreError::Local { id, what, why }
@@ -551,32 +533,16 @@ impl NodeStore {
         if !sandbox_fleet::store::manifest::safe_name(name) {
             return Ok(None);
         }
-        let flight = {
-            let mut flights = self
-                .flights
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            flights
-                .entry(format!("template/{name}"))
-                .or_default()
-                .clone()
-        };
-        let _one = flight.lock().await;
         let folder = self.templates_root.join(name);
-        let result = if folder.join("template.json").is_file() {
-            Ok(None)
-        } else {
-            self.download_template(name, &folder).await
-        };
-        drop(_one);
-        let mut flights = self
-            .flights
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if Arc::strong_count(&flight) <= 2 {
-            flights.remove(&format!("template/{name}"));
-        }
-        result
+        self.flights
+            .one_at_a_time(&format!("template/{name}"), async {
+                if folder.join("template.json").is_file() {
+                    Ok(None)
+                } else {
+                    self.download_template(name, &folder).await
+                }
+            })
+            .await
     }
 
     async fn download_template(
@@ -588,11 +554,7 @@ impl NodeStore {
             return Ok(None);
         };
         CheckpointStore::check_compatible(&stored, self.qemu_version.as_deref(), &self.machine)?;
-        let meta: TemplateMeta =
-            serde_json::from_value(stored.meta.clone()).map_err(|e| StoreError::Manifest {
-                id: name.to_owned(),
-                error: sandbox_fleet::store::ManifestError::Invalid(format!("its meta: {e}")),
-            })?;
+        let meta: TemplateMeta = meta_of(&stored, name)?;
         let local = |what: &'static str| {
             let id = name.to_owned();
             move |why: String| NodeStoreError::Local { id, what, why }
@@ -765,6 +727,15 @@ fn folder_files(folder: &Path, manifest: &Manifest) -> Result<(Files, Vec<Backin
         }
     }
     Ok((files, backing))
+}
+
+/// The `meta` of stored manifest `stored` (of `id`), as this node wrote it.
+fn meta_of<T: serde::de::DeserializeOwned>(
+    stored: &sandbox_fleet::store::StoredCheckpoint,
+    id: &str,
+) -> Result<T, NodeStoreError> {
+    serde_json::from_value(stored.meta.clone())
+        .map_err(|e| invalid_meta(id, format!("its meta: {e}")))
 }
 
 /// A stored manifest's meta that this node refuses to act on.

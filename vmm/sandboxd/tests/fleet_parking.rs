@@ -89,6 +89,19 @@ async fn hibernate(node: &Daemon, id: &str, token: &str) -> Value {
     slept.json
 }
 
+/// Releases `id` on `node` with its own token.
+async fn release(node: &Daemon, id: &str, token: &str) {
+    let released = node
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/release"),
+            Some(token),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(released.status, 200, "{released:?}\n{}", node.log());
+}
+
 async fn set_drain(node: &Daemon, on: bool, body: &Value) -> Value {
     let method = if on { "POST" } else { "DELETE" };
     let answer = node
@@ -248,15 +261,7 @@ async fn parking() {
         .await;
     assert_eq!(owner.json["owner_addr"], c_addr.as_str(), "{owner:?}");
     drop(client);
-    let released = c
-        .call(
-            "POST",
-            &format!("/v1/sandboxes/{sandbox}/release"),
-            Some(&token),
-            Some(&json!({})),
-        )
-        .await;
-    assert_eq!(released.status, 200, "{released:?}");
+    release(&c, &sandbox, &token).await;
 
     // Hibernated on the draining A: parked by the hibernate itself. Released while
     // parked: gone, woken nowhere.
@@ -269,15 +274,7 @@ async fn parking() {
     );
     let slept = hibernate(&a, &second, &second_token).await;
     assert_eq!(slept["parked"], true, "{slept}\n{}", a.log());
-    let released = c
-        .call(
-            "POST",
-            &format!("/v1/sandboxes/{second}/release"),
-            Some(&second_token),
-            Some(&json!({})),
-        )
-        .await;
-    assert_eq!(released.status, 200, "{released:?}\n{}", c.log());
+    release(&c, &second, &second_token).await;
     assert_eq!(count(&c.log(), TAKEN_EVENT), 1, "{}", c.log());
     assert_eq!(etcd.get(&format!("/sandbox/parked/{second}")), None);
     let gone = c
@@ -349,15 +346,7 @@ async fn parking() {
     let peers = c.get("/v1/peers").await;
     assert!(peers.json.get("parked").is_none(), "{peers:?}");
     assert!(peers.json.get("lost").is_none(), "{peers:?}");
-    let released = c
-        .call(
-            "POST",
-            &format!("/v1/sandboxes/{third}/release"),
-            Some(&third_token),
-            Some(&json!({})),
-        )
-        .await;
-    assert_eq!(released.status, 200, "{released:?}");
+    release(&c, &third, &third_token).await;
 
     // A parked sandbox does not need its old node: A killed with -9 after the
     // park, it wakes on C all the same.
@@ -375,15 +364,7 @@ async fn parking() {
     let client = c.agent(&fifth, &fifth_token).await.unwrap();
     assert_eq!(sh(&client, "cat /tmp/five").await.trim(), "5");
     drop(client);
-    let released = c
-        .call(
-            "POST",
-            &format!("/v1/sandboxes/{fifth}/release"),
-            Some(&fifth_token),
-            Some(&json!({})),
-        )
-        .await;
-    assert_eq!(released.status, 200, "{released:?}");
+    release(&c, &fifth, &fifth_token).await;
     // A again, on its run folder: it brings back nothing it handed over.
     let a = store_node(&dir, "a", None, &s3, &prefix, &etcd, 2).await;
     let listed = a.get("/v1/sandboxes").await;
@@ -407,15 +388,7 @@ async fn parking() {
     let client = a.agent(&fourth, &fourth_token).await.unwrap();
     assert_eq!(sh(&client, "echo still on A").await.trim(), "still on A");
     drop(client);
-    let released = a
-        .call(
-            "POST",
-            &format!("/v1/sandboxes/{fourth}/release"),
-            Some(&fourth_token),
-            Some(&json!({})),
-        )
-        .await;
-    assert_eq!(released.status, 200, "{released:?}");
+    release(&a, &fourth, &fourth_token).await;
 
     assert!(a.terminate(Duration::from_secs(30)).await.success());
     assert!(c.terminate(Duration::from_secs(30)).await.success());
