@@ -224,24 +224,10 @@ pub(crate) struct RunDir {
 impl RunDir {
     /// Creates `root/<fresh id>/`, locked by this process.
     pub(crate) fn create(root: &Path) -> Result<Self, RunDirError> {
-        fs::create_dir_all(root).map_err(|error| RunDirError::Create {
-            path: root.to_owned(),
-            error,
-        })?;
-        let root = root.canonicalize().map_err(|error| RunDirError::Create {
-            path: root.to_owned(),
-            error,
-        })?;
+        let root = prepared_root(root)?;
         loop {
             let id = VmId::generate();
-            let path = root.join(id.as_str());
-            let longest = socket_path(&path, &format!("vm.vsock_{READY_PORT}"));
-            if longest.as_os_str().len() > UNIX_SOCKET_PATH_MAX_BYTES {
-                return Err(RunDirError::PathTooLong {
-                    path,
-                    max: UNIX_SOCKET_PATH_MAX_BYTES,
-                });
-            }
+            let path = room_for_sockets(root.join(id.as_str()))?;
             match Self::make(path, id)? {
                 Some(dir) => return Ok(dir),
                 None => continue,
@@ -252,22 +238,7 @@ impl RunDir {
     /// Creates `root/<id>/` for a VM that keeps the id it had elsewhere (one moved
     /// here from another host), locked by this process; refused when it exists.
     pub(crate) fn create_named(root: &Path, id: &VmId) -> Result<Self, RunDirError> {
-        fs::create_dir_all(root).map_err(|error| RunDirError::Create {
-            path: root.to_owned(),
-            error,
-        })?;
-        let root = root.canonicalize().map_err(|error| RunDirError::Create {
-            path: root.to_owned(),
-            error,
-        })?;
-        let path = root.join(id.as_str());
-        let longest = socket_path(&path, &format!("vm.vsock_{READY_PORT}"));
-        if longest.as_os_str().len() > UNIX_SOCKET_PATH_MAX_BYTES {
-            return Err(RunDirError::PathTooLong {
-                path,
-                max: UNIX_SOCKET_PATH_MAX_BYTES,
-            });
-        }
+        let path = room_for_sockets(prepared_root(root)?.join(id.as_str()))?;
         Self::make(path.clone(), id.clone())?.ok_or_else(|| RunDirError::Create {
             path,
             error: io::Error::new(io::ErrorKind::AlreadyExists, "a VM with this id is here"),
@@ -398,6 +369,28 @@ impl Drop for RunDir {
             }
         }
     }
+}
+
+/// `root`, made if missing, as an absolute path.
+fn prepared_root(root: &Path) -> Result<PathBuf, RunDirError> {
+    let failed = |error| RunDirError::Create {
+        path: root.to_owned(),
+        error,
+    };
+    fs::create_dir_all(root).map_err(failed)?;
+    root.canonicalize().map_err(failed)
+}
+
+/// `path` when its longest socket path fits the Unix limit.
+fn room_for_sockets(path: PathBuf) -> Result<PathBuf, RunDirError> {
+    let longest = socket_path(&path, &format!("vm.vsock_{READY_PORT}"));
+    if longest.as_os_str().len() > UNIX_SOCKET_PATH_MAX_BYTES {
+        return Err(RunDirError::PathTooLong {
+            path,
+            max: UNIX_SOCKET_PATH_MAX_BYTES,
+        });
+    }
+    Ok(path)
 }
 
 fn lock_file(dir: &Path) -> io::Result<File> {
