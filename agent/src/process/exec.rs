@@ -34,7 +34,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::launch::{self, ChildPipes, ChildStdio};
-use super::pump::{pump, Source};
+use super::pump::pump;
+use super::source::Source;
 use super::table::{Capture, ProcessRecord, ProcessTable};
 use super::ProcessError;
 use crate::events::Events;
@@ -196,7 +197,7 @@ pub(super) fn start_pumps(
             Some(pipe) => {
                 tokio::spawn(pump(
                     record.clone(),
-                    Source::Pipe(pipe),
+                    Source::pipe(pipe),
                     stream,
                     sink.clone(),
                 ));

@@ -17,7 +17,7 @@
 //!   cgroup joined before `exec`.
 //! - [`defaults`]: the template's defaults (its image's `Env`, `WorkingDir`, `User`)
 //!   for what a request leaves out; the table holds them, [`launch`] applies them.
-//! - [`pump`]: moves a child's output from its pipe or terminal into its record.
+//! - [`pump`]: moves a child's output from its pipe or terminal ([`source`]) into its record.
 //! - [`exec`], [`pty`], [`logs`]: the request handlers built on the above.
 //!
 //! # Why one reaper
@@ -40,6 +40,7 @@ pub mod pty;
 pub mod pump;
 pub mod reaper;
 pub mod remover;
+pub mod source;
 pub mod table;
 
 use std::io;

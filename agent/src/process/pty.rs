@@ -9,7 +9,8 @@ use sandbox_protocol::{Pid, ProcessKind, PtyOpenRequest, Stream, WindowSize};
 use tokio::io::unix::AsyncFd;
 
 use super::launch::{self, ChildStdio};
-use super::pump::{pump, Source};
+use super::pump::pump;
+use super::source::Source;
 use super::table::{ProcessRecord, ProcessTable};
 use super::ProcessError;
 use crate::sys;

@@ -7,18 +7,14 @@
 //! once it stayed quiet for [`DRAIN_IDLE_AFTER_EXIT`] after the process exited: such
 //! a grandchild cannot hold an exec's reply, or a follower, open forever.
 
-use std::io;
-use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sandbox_protocol::{OutputChunk, Stream};
-use tokio::io::unix::AsyncFd;
-use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
+use super::source::Source;
 use super::table::ProcessRecord;
-use crate::sys;
 
 /// How long output may stay silent after the process exits before the pump stops.
 pub const DRAIN_IDLE_AFTER_EXIT: Duration = Duration::from_millis(100);
@@ -26,69 +22,25 @@ pub const DRAIN_IDLE_AFTER_EXIT: Duration = Duration::from_millis(100);
 /// Largest single read.
 pub(crate) const READ_BYTES: usize = 64 * 1024;
 
-/// Where output comes from.
-#[derive(Debug)]
-pub enum Source {
-    /// A pipe (stdout or stderr).
-    Pipe(pipe::Receiver),
-    /// A terminal's master end.
-    Terminal(Arc<AsyncFd<OwnedFd>>),
-}
-
-impl Source {
-    /// The next chunk of at most `max` bytes, or `None` at end of file. Cancel-safe.
-    pub(crate) async fn read_chunk(&self, max: usize) -> io::Result<Option<Vec<u8>>> {
-        loop {
-            match self {
-                Self::Pipe(pipe) => {
-                    pipe.readable().await?;
-                    let mut buf = Vec::with_capacity(max);
-                    match pipe.try_read_buf(&mut buf) {
-                        Ok(0) => return Ok(None),
-                        Ok(_) => return Ok(Some(buf)),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                        Err(e) => return Err(e),
-                    }
-                }
-                Self::Terminal(fd) => {
-                    let mut guard = fd.readable().await?;
-                    let mut buf = vec![0u8; max];
-                    let read = guard.try_io(|inner| sys::read(inner.get_ref().as_fd(), &mut buf));
-                    match read {
-                        Err(_would_block) => continue,
-                        Ok(Ok(0)) => return Ok(None),
-                        Ok(Ok(n)) => {
-                            buf.truncate(n);
-                            return Ok(Some(buf));
-                        }
-                        // The last holder of the terminal's other end closed it.
-                        Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(None),
-                        Ok(Err(e)) => return Err(e),
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// Reads `source` into `record` until it is drained; each chunk also goes to `sink`
 /// when there is one (a streaming exec), which applies backpressure to the child.
 pub async fn pump(
     record: Arc<ProcessRecord>,
-    source: Source,
+    mut source: Source,
     stream: Stream,
     sink: Option<mpsc::Sender<OutputChunk>>,
 ) {
     let mut progress = record.subscribe();
     let mut settled = false;
+    let mut last_read: Option<Instant> = None;
     loop {
         let exited = progress.borrow_and_update().exit.is_some();
         // An exec's capture may have to wait for the budget before it grows.
         let max = record.next_read_bytes(READ_BYTES).await;
         let next = if settled {
-            source.read_chunk(max).await
+            source.read_chunk(max, None).await
         } else if exited {
-            match tokio::time::timeout(DRAIN_IDLE_AFTER_EXIT, source.read_chunk(max)).await {
+            match tokio::time::timeout(DRAIN_IDLE_AFTER_EXIT, source.read_chunk(max, None)).await {
                 Ok(next) => next,
                 Err(_idle) => {
                     record.settle_stream();
@@ -98,7 +50,9 @@ pub async fn pump(
             }
         } else {
             tokio::select! {
-                next = source.read_chunk(max) => next,
+                // Once the process exited, what is left is read at once (above):
+                // its exec's reply waits for it.
+                next = source.read_chunk(max, last_read) => next,
                 _ = progress.changed() => continue,
             }
         };
@@ -110,6 +64,7 @@ pub async fn pump(
                 break;
             }
         };
+        last_read = Some(Instant::now());
         let offset = record.push_output(stream, &data);
         if let Some(sink) = &sink {
             // A closed sink means the request went away; keep draining regardless.

@@ -32,7 +32,7 @@ use super::driver::{self, CellResult};
 use super::tap::{Captured, Tap, MARKER_WAIT};
 use super::{SessionError, DRIVER_START_SECS, REAP_WAIT_SECS};
 use crate::process::launch::{self, ChildStdio};
-use crate::process::pump::Source;
+use crate::process::source::Source;
 use crate::process::table::{ProcessRecord, ProcessTable, Progress};
 use crate::sys;
 
@@ -159,12 +159,12 @@ impl Session {
         let stdout = Tap::start(
             record.clone(),
             Stream::Stdout,
-            pipes.stdout.map(Source::Pipe),
+            pipes.stdout.map(Source::pipe),
         );
         let stderr = Tap::start(
             record.clone(),
             Stream::Stderr,
-            pipes.stderr.map(Source::Pipe),
+            pipes.stderr.map(Source::pipe),
         );
         tracing::info!(session = name, %language, pid = %record.pid, "session started");
         Ok(Arc::new(Self {

@@ -22,7 +22,8 @@ use sandbox_protocol::Stream;
 use tokio::sync::watch;
 
 use crate::budget::{Budget, Charge, UNCHARGED_BYTES};
-use crate::process::pump::{Source, DRAIN_IDLE_AFTER_EXIT};
+use crate::process::pump::DRAIN_IDLE_AFTER_EXIT;
+use crate::process::source::Source;
 use crate::process::table::ProcessRecord;
 
 /// Finds a marker in a stream that arrives in pieces: holds back a tail that could
@@ -291,20 +292,20 @@ impl Tap {
 
 /// Reads `source` until end of file. Like [`crate::process::pump`], the stream
 /// settles for `logs` followers at end of file or once quiet after the exit.
-async fn read(tap: Arc<Tap>, source: Source) {
+async fn read(tap: Arc<Tap>, mut source: Source) {
     let mut progress = tap.record.subscribe();
     let mut settled = false;
     loop {
         let exited = progress.borrow_and_update().exit.is_some();
         let next = if settled || !exited {
             tokio::select! {
-                next = source.read_chunk(crate::process::pump::READ_BYTES) => next,
+                next = source.read_chunk(crate::process::pump::READ_BYTES, None) => next,
                 _ = progress.changed(), if !settled && !exited => continue,
             }
         } else {
             match tokio::time::timeout(
                 DRAIN_IDLE_AFTER_EXIT,
-                source.read_chunk(crate::process::pump::READ_BYTES),
+                source.read_chunk(crate::process::pump::READ_BYTES, None),
             )
             .await
             {

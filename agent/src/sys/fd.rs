@@ -29,6 +29,25 @@ pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     Ok(nix::unistd::write(fd, buf)?)
 }
 
+/// Bytes a pipe holds now, unread (`FIONREAD`).
+pub fn bytes_queued(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one `int` through the pointer, which points at one.
+    let result = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut queued) };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(queued).unwrap_or(0))
+}
+
+/// Asks the kernel to make the pipe `fd` hold `bytes` (rounded up to pages).
+pub fn set_pipe_size(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<()> {
+    let bytes =
+        libc::c_int::try_from(bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    fcntl(fd.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(bytes))?;
+    Ok(())
+}
+
 /// Hands `fd` to tokio's reactor. The caller must be inside a tokio runtime.
 pub fn register_async(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: `register` needs the descriptor to stay open and the same for the life
@@ -52,6 +71,11 @@ mod tests {
         assert_eq!(&buf[..2], b"hi");
         let empty = read(reader.as_fd(), &mut buf).unwrap_err();
         assert_eq!(empty.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(bytes_queued(reader.as_fd()).unwrap(), 0);
+        assert_eq!(write(writer.as_fd(), b"abc").unwrap(), 3);
+        assert_eq!(bytes_queued(reader.as_fd()).unwrap(), 3);
+        assert_eq!(read(reader.as_fd(), &mut buf).unwrap(), 3);
+        set_pipe_size(reader.as_fd(), 1 << 20).unwrap();
         drop(writer);
         assert_eq!(read(reader.as_fd(), &mut buf).unwrap(), 0);
     }

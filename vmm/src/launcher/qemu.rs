@@ -68,14 +68,25 @@ pub(crate) struct QemuSpec<'a> {
     pub console_socket: Option<&'a Path>,
 }
 
+/// The `-cpu` model. Under TCG, `max` without ERMS: with it the guest kernel copies
+/// every buffer with `rep movsb`, which TCG runs a byte per iteration (a 20 MiB `get`
+/// over the link took 1.3-1.5 s with it, 0.95-1.0 s without). The instruction still
+/// works in a guest that booted with the flag (a checkpoint taken before).
+pub(crate) fn cpu_model(accel: Accel) -> &'static str {
+    match accel {
+        Accel::Tcg => "max,erms=off",
+        Accel::Kvm => "host",
+    }
+}
+
 /// The arguments after the program name.
 pub(crate) fn qemu_args(spec: &QemuSpec<'_>) -> Vec<OsString> {
     let mib = spec.size.memory_mib;
     let mut args = Args::default();
     args.push(["-name", spec.name]);
     match spec.accel {
-        Accel::Tcg => args.push(["-accel", "tcg", "-cpu", "max"]),
-        Accel::Kvm => args.push(["-accel", "kvm", "-cpu", "host"]),
+        Accel::Tcg => args.push(["-accel", "tcg", "-cpu", cpu_model(Accel::Tcg)]),
+        Accel::Kvm => args.push(["-accel", "kvm", "-cpu", cpu_model(Accel::Kvm)]),
     }
     args.push(["-M", "microvm,memory-backend=mem,acpi=on"]);
     args.push(["-m".to_owned(), format!("{mib}M")]);
@@ -314,7 +325,7 @@ mod tests {
             "-accel",
             "tcg",
             "-cpu",
-            "max",
+            "max,erms=off",
             "-M",
             "microvm,memory-backend=mem,acpi=on",
             "-m",

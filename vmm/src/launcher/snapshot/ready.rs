@@ -335,6 +335,8 @@ fn ready_key(template: &Template, size: Size, accel: Accel, qemu: &Path) -> Stri
     let qemu = crate::launcher::accel::find_program(qemu).unwrap_or_else(|| qemu.to_owned());
     hash.write_file_identity(&qemu);
     hash.write(accel.to_string().as_bytes());
+    // A guest kernel picks its copy routines from the CPU's flags at boot.
+    hash.write(crate::launcher::qemu::cpu_model(accel).as_bytes());
     format!("{}-{size}-{:016x}", template.name, hash.0)
 }
 

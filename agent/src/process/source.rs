@@ -1,0 +1,301 @@
+//! Where a child's output is read from: a pipe or a terminal, in chunks.
+//!
+//! # Why a streaming pipe is read on a timer
+//! Under TCG every chunk the agent forwards costs the guest's one vCPU about a
+//! millisecond and a half (the wake-up, the frame, the link's write and the VM exit
+//! behind it), whatever its size; and every `write` a child makes to a pipe the
+//! agent polls wakes the agent, which preempts the child. A program that prints in
+//! 4 KiB pieces (anything writing through stdio to a pipe) would spend most of its
+//! time on its reader. So once a pipe has been read recently (it is *streaming*),
+//! its next read takes the pipe out of the reactor, sleeps [`COALESCE_WAIT`] while
+//! the child writes into it undisturbed, and reads what accumulated; it stays out
+//! while the stream goes on, and only a read that finds it empty puts it back, to
+//! be woken by the next write. A pipe
+//! holding [`COALESCE_BYTES`] or more is read at once, and a streaming pipe is made
+//! [`PIPE_BYTES`] large, so a fast writer rarely blocks on a full pipe meanwhile.
+//!
+//! The first write after a quiet spell is read at once (an interactive program's
+//! line is not held back), and so is everything once the process exited (its exec's
+//! reply waits for it). A terminal is never held back: its echo is typing's
+//! feedback.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::unix::AsyncFd;
+use tokio::net::unix::pipe;
+
+use crate::sys;
+
+/// How long a streaming pipe's read lets the child write before taking what the
+/// pipe holds: the most a streamed line is held back.
+pub const COALESCE_WAIT: Duration = Duration::from_millis(20);
+
+/// A pipe read again within this long of its last read is streaming.
+pub const BURST_GAP: Duration = Duration::from_millis(50);
+
+/// A streaming pipe holding this much is read without waiting.
+pub const COALESCE_BYTES: usize = 32 * 1024;
+
+/// The capacity asked for the agent's output pipes (the kernel's default is 64
+/// KiB): what a child can write during one [`COALESCE_WAIT`] without blocking. The
+/// kernel allocates a pipe's pages only as they are written, so an idle pipe costs
+/// no more than a small one.
+pub const PIPE_BYTES: usize = 1024 * 1024;
+
+/// Where output comes from.
+#[derive(Debug)]
+pub enum Source {
+    /// A pipe (stdout or stderr).
+    Pipe(OutputPipe),
+    /// A terminal's master end.
+    Terminal(Arc<AsyncFd<OwnedFd>>),
+}
+
+impl Source {
+    /// A pipe's read end.
+    pub fn pipe(receiver: pipe::Receiver) -> Self {
+        Self::Pipe(OutputPipe {
+            state: PipeState::Registered(receiver),
+            enlarged: false,
+        })
+    }
+
+    /// The next chunk of at most `max` bytes, or `None` at end of file. Cancel-safe.
+    /// `last_read` is when the previous chunk was read: a pipe read again within
+    /// [`BURST_GAP`] of it is streaming (see the module's documentation). `None`
+    /// reads at once; a terminal always does.
+    pub async fn read_chunk(
+        &mut self,
+        max: usize,
+        last_read: Option<Instant>,
+    ) -> io::Result<Option<Vec<u8>>> {
+        match self {
+            Self::Pipe(pipe) => pipe.read_chunk(max, last_read).await,
+            Self::Terminal(fd) => read_terminal(fd, max).await,
+        }
+    }
+}
+
+/// A pipe's read end, in the reactor or, while it streams, out of it.
+#[derive(Debug)]
+pub struct OutputPipe {
+    state: PipeState,
+    /// Made [`PIPE_BYTES`] large (when it first streamed: a short-lived child's
+    /// pipes are never resized).
+    enlarged: bool,
+}
+
+#[derive(Debug)]
+enum PipeState {
+    /// Polled by the reactor: the child's next write wakes the reader.
+    Registered(pipe::Receiver),
+    /// Out of the reactor (non-blocking): the child's writes wake nobody.
+    Unregistered(OwnedFd),
+    /// Putting the descriptor back into the reactor failed; every read fails.
+    Broken,
+}
+
+impl OutputPipe {
+    async fn read_chunk(
+        &mut self,
+        max: usize,
+        last_read: Option<Instant>,
+    ) -> io::Result<Option<Vec<u8>>> {
+        let streaming = last_read.is_some_and(|at| at.elapsed() < BURST_GAP);
+        let mut waited = !streaming;
+        loop {
+            match &self.state {
+                PipeState::Registered(receiver) => {
+                    receiver.readable().await?;
+                    if !waited {
+                        waited = true;
+                        if queued(receiver.as_fd()) < COALESCE_BYTES.min(max) {
+                            self.unregister()?;
+                            // Cancelled here, the pipe stays out of the reactor
+                            // with nothing read; the next call reads it.
+                            tokio::time::sleep(COALESCE_WAIT).await;
+                            continue;
+                        }
+                    }
+                    let mut buf = Vec::with_capacity(max);
+                    match receiver.try_read_buf(&mut buf) {
+                        Ok(0) => return Ok(None),
+                        Ok(_) => return Ok(Some(buf)),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                PipeState::Unregistered(fd) => {
+                    if !waited {
+                        waited = true;
+                        if queued(fd.as_fd()) < COALESCE_BYTES.min(max) {
+                            tokio::time::sleep(COALESCE_WAIT).await;
+                            continue;
+                        }
+                    }
+                    match read_up_to(fd.as_fd(), max)? {
+                        Some(buf) if buf.is_empty() => return Ok(None),
+                        Some(buf) => return Ok(Some(buf)),
+                        // Empty: the next write wakes the reader again.
+                        None => self.register()?,
+                    }
+                }
+                PipeState::Broken => {
+                    return Err(io::Error::other(
+                        "the output pipe could not rejoin the reactor",
+                    ))
+                }
+            }
+        }
+    }
+
+    fn unregister(&mut self) -> io::Result<()> {
+        match std::mem::replace(&mut self.state, PipeState::Broken) {
+            PipeState::Registered(receiver) => {
+                let fd = receiver.into_nonblocking_fd()?;
+                if !self.enlarged {
+                    self.enlarged = true;
+                    enlarge(&fd);
+                }
+                self.state = PipeState::Unregistered(fd);
+            }
+            other => self.state = other,
+        }
+        Ok(())
+    }
+
+    fn register(&mut self) -> io::Result<()> {
+        if let PipeState::Unregistered(fd) = std::mem::replace(&mut self.state, PipeState::Broken) {
+            self.state = PipeState::Registered(pipe::Receiver::from_owned_fd(fd)?);
+        }
+        Ok(())
+    }
+}
+
+/// Bytes the pipe holds; 0 when the kernel cannot tell (the read then waits).
+fn queued(fd: BorrowedFd<'_>) -> usize {
+    sys::bytes_queued(fd).unwrap_or(0)
+}
+
+/// One non-blocking read of at most `max` bytes: `Some(empty)` at end of file,
+/// `None` when the pipe is empty.
+fn read_up_to(fd: BorrowedFd<'_>, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = vec![0u8; max];
+    loop {
+        match sys::read(fd, &mut buf) {
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn read_terminal(fd: &AsyncFd<OwnedFd>, max: usize) -> io::Result<Option<Vec<u8>>> {
+    loop {
+        let mut guard = fd.readable().await?;
+        let mut buf = vec![0u8; max];
+        let read = guard.try_io(|inner| sys::read(inner.get_ref().as_fd(), &mut buf));
+        match read {
+            Err(_would_block) => continue,
+            Ok(Ok(0)) => return Ok(None),
+            Ok(Ok(n)) => {
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            // The last holder of the terminal's other end closed it.
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(None),
+            Ok(Err(e)) => return Err(e),
+        }
+    }
+}
+
+/// Asks for a [`PIPE_BYTES`] pipe; a kernel that refuses keeps the default size
+/// (only the coalescing suffers).
+fn enlarge(fd: &OwnedFd) {
+    if let Err(error) = sys::set_pipe_size(fd.as_fd(), PIPE_BYTES) {
+        tracing::debug!(%error, "cannot enlarge an output pipe");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// A pipe whose read end is a [`Source`] and whose write end a blocking `File`.
+    fn pipe_pair() -> (Source, std::fs::File) {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let receiver = pipe::Receiver::from_owned_fd(read).unwrap();
+        (Source::pipe(receiver), std::fs::File::from(write))
+    }
+
+    #[tokio::test]
+    async fn a_quiet_pipe_is_read_at_once() {
+        let (mut source, mut writer) = pipe_pair();
+        writer.write_all(b"hello").unwrap();
+        let started = Instant::now();
+        let long_ago = Instant::now().checked_sub(BURST_GAP * 2);
+        let chunk = source.read_chunk(1024, long_ago).await.unwrap();
+        assert_eq!(chunk.as_deref(), Some(&b"hello"[..]));
+        assert!(started.elapsed() < COALESCE_WAIT, "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_streaming_pipe_gathers_what_the_child_writes_meanwhile() {
+        let (mut source, mut writer) = pipe_pair();
+        let writes = std::thread::spawn(move || {
+            for _ in 0..40 {
+                writer.write_all(&[b'x'; 100]).unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let (mut total, mut chunks, mut last_read) = (0, 0, None);
+        while let Some(chunk) = source.read_chunk(64 * 1024, last_read).await.unwrap() {
+            last_read = Some(Instant::now());
+            total += chunk.len();
+            chunks += 1;
+        }
+        writes.join().unwrap();
+        assert_eq!(total, 4000);
+        // 40 writes 1 ms apart: read at most every COALESCE_WAIT after the first.
+        assert!(chunks <= 10, "{chunks} chunks");
+    }
+
+    #[tokio::test]
+    async fn a_full_streaming_pipe_is_read_without_waiting() {
+        let (mut source, mut writer) = pipe_pair();
+        writer.write_all(&vec![7u8; COALESCE_BYTES]).unwrap();
+        let started = Instant::now();
+        let chunk = source
+            .read_chunk(64 * 1024, Some(Instant::now()))
+            .await
+            .unwrap();
+        assert_eq!(chunk.map(|c| c.len()), Some(COALESCE_BYTES));
+        assert!(started.elapsed() < COALESCE_WAIT, "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_read_cancelled_while_waiting_loses_nothing() {
+        let (mut source, mut writer) = pipe_pair();
+        writer.write_all(b"abc").unwrap();
+        let cut = tokio::time::timeout(
+            COALESCE_WAIT / 4,
+            source.read_chunk(1024, Some(Instant::now())),
+        )
+        .await;
+        assert!(cut.is_err(), "the streaming read waits");
+        writer.write_all(b"def").unwrap();
+        drop(writer);
+        let chunk = source.read_chunk(1024, None).await.unwrap();
+        assert_eq!(chunk.as_deref(), Some(&b"abcdef"[..]));
+        assert_eq!(source.read_chunk(1024, None).await.unwrap(), None);
+    }
+}
