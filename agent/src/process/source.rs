@@ -129,14 +129,23 @@ impl OutputPipe {
                     }
                 }
                 PipeState::Unregistered(fd) => {
+                    let queued = queued(fd.as_fd());
                     if !waited {
                         waited = true;
-                        if queued(fd.as_fd()) < COALESCE_BYTES.min(max) {
+                        if queued < COALESCE_BYTES.min(max) {
                             tokio::time::sleep(COALESCE_WAIT).await;
                             continue;
                         }
                     }
-                    match read_up_to(fd.as_fd(), max)? {
+                    // Empty (or at its end): the reactor says which, without a
+                    // buffer allocated for nothing.
+                    if queued == 0 {
+                        self.register()?;
+                        continue;
+                    }
+                    // A buffer the size of what is there: no 64 KiB zeroed and
+                    // kept for a few bytes.
+                    match read_up_to(fd.as_fd(), queued.min(max))? {
                         Some(buf) if buf.is_empty() => return Ok(None),
                         Some(buf) => return Ok(Some(buf)),
                         // Empty: the next write wakes the reader again.

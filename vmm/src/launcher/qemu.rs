@@ -84,10 +84,8 @@ pub(crate) fn qemu_args(spec: &QemuSpec<'_>) -> Vec<OsString> {
     let mib = spec.size.memory_mib;
     let mut args = Args::default();
     args.push(["-name", spec.name]);
-    match spec.accel {
-        Accel::Tcg => args.push(["-accel", "tcg", "-cpu", cpu_model(Accel::Tcg)]),
-        Accel::Kvm => args.push(["-accel", "kvm", "-cpu", cpu_model(Accel::Kvm)]),
-    }
+    let accel = spec.accel.to_string();
+    args.push(["-accel", &accel, "-cpu", cpu_model(spec.accel)]);
     args.push(["-M", "microvm,memory-backend=mem,acpi=on"]);
     args.push(["-m".to_owned(), format!("{mib}M")]);
     match spec.ram_file {
