@@ -897,7 +897,7 @@ async fn a_disk_vm_checkpoints_and_branches() {
     sh(&c, "echo child > /root-marker && sync").await;
     assert_eq!(sh(&parent_client, "cat /root-marker").await, "after\n");
     // A second checkpoint of the source chains onto the first one's disk; taken
-    // live, its disk switches at the switchover.
+    // live, its disk switches in the stop before the background snapshot.
     let second = host
         .launcher
         .checkpoint(

@@ -238,7 +238,7 @@ pub struct VmCheckpointArgs {
     pub name: Option<String>,
     /// How RAM is captured: `live` copies it while the guest runs (a short pause
     /// whatever the memory in use), `paused` while it is stopped (the shortest call
-    /// for a small guest), `auto` picks by the RAM in use.
+    /// for a small guest), `auto` picks by the RAM in use (live from 128 MiB).
     #[arg(long, value_enum, default_value_t = CaptureMethodArg::Auto)]
     pub method: CaptureMethodArg,
     /// Print JSON.
@@ -249,11 +249,12 @@ pub struct VmCheckpointArgs {
 /// `vm checkpoint --method`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CaptureMethodArg {
-    /// Live above a size, paused below.
+    /// Live from 128 MiB of RAM in use, paused below.
     Auto,
     /// Stop the VM, then copy its RAM.
     Paused,
-    /// Copy RAM while the VM runs, stop it for the rest.
+    /// Write-protect RAM and copy it while the VM runs (a short pause whatever
+    /// the RAM in use; a longer call).
     Live,
 }
 

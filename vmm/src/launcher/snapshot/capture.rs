@@ -32,6 +32,12 @@ const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 /// checkpoint seconds long: the stream goes to a local file, so no limit.
 const MAX_BANDWIDTH: u64 = 64 << 30;
 
+/// From how much RAM in use (the RAM file's allocated bytes) `auto` captures live:
+/// below it a paused copy stops the guest for ~60 ms or less under TCG, the call is
+/// short and the source keeps its holes; above it a paused copy's pause grows by
+/// ~0.5 ms a MiB while a live capture's stays near 15 ms.
+const AUTO_LIVE_BYTES: u64 = 128 << 20;
+
 /// How long the source's agent may take to have its clock set after a checkpoint.
 const CLOCK_FIX_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -62,21 +68,20 @@ pub struct CheckpointSpec {
 /// How a checkpoint captures the guest's RAM.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum CaptureMethod {
-    /// [`CaptureMethod::Paused`] for now. A live capture is only taken when asked
-    /// for: under TCG the check against the source (see `stale_pages`) keeps its
-    /// pause near the paused one's, its call is several times longer, and QEMU's
-    /// pre-copy reads every page of the source's RAM file, which on a tmpfs
-    /// allocates the holes: the source then holds its whole RAM size. A capture that
-    /// leaves the VM stopped (hibernation) is always paused.
+    /// [`CaptureMethod::Live`] once the guest uses 128 MiB of RAM or more (its RAM
+    /// file's allocated bytes), [`CaptureMethod::Paused`] below, and paused where the
+    /// host cannot write-protect the RAM file. A capture that leaves the VM stopped
+    /// (hibernation) is always paused.
     #[default]
     Auto,
     /// Stop the VM, save its device state and copy its RAM file: the shortest call
-    /// for a small guest, but the pause grows with the RAM in use (~0.5 ms per MiB
-    /// under TCG).
+    /// and the source keeps its holes, but the pause grows with the RAM in use
+    /// (~0.5 ms per MiB under TCG).
     Paused,
-    /// Copy RAM while the guest runs (QEMU's pre-copy into a capture QEMU, see
-    /// `live`): the pause is the last dirty pages and the device state, whatever the
-    /// RAM in use; the call takes longer.
+    /// Write-protect RAM and copy it while the guest runs (QEMU's
+    /// `background-snapshot` into a capture QEMU, see `live`): the pause is the
+    /// device state and the protection, whatever the RAM in use; the call takes
+    /// longer, and the source's RAM file is then allocated whole.
     Live,
 }
 
@@ -175,22 +180,32 @@ impl Launcher {
         let shared_ram = fs::read_link(run.join(RAM_LINK))
             .ok()
             .filter(|p| p.is_file());
-        let live = match (spec.method, after) {
-            (_, AfterCapture::StayPaused) | (CaptureMethod::Paused, _) => false,
-            (CaptureMethod::Live, _) => true,
-            (CaptureMethod::Auto, _) => false,
+        let mut method = match (spec.method, after) {
+            (_, AfterCapture::StayPaused) => CaptureMethod::Paused,
+            (CaptureMethod::Auto, _) => auto_method(shared_ram.as_deref()),
+            (method, _) => method,
         };
-        // Under TCG the image is checked against the stopped source's RAM file at
-        // the end (see `stale_pages`).
-        if live && shared_ram.is_none() {
-            return Err(not_capable(
-                "its RAM is not a file of its own (a restored child maps its checkpoint's): capture it paused",
-            ));
+        if method == CaptureMethod::Live {
+            let Some(ram) = shared_ram.as_deref() else {
+                return Err(not_capable(
+                    "its RAM is not a file of its own (a restored child maps its checkpoint's): capture it paused",
+                ));
+            };
+            match live::prepare(&mut qmp, ram).await {
+                Ok(()) => {}
+                Err(error) if spec.method == CaptureMethod::Auto => {
+                    tracing::info!(vm = %id, error = %crate::error_chain(&error), "no live capture here: the checkpoint is paused");
+                    method = CaptureMethod::Paused;
+                }
+                Err(error) => return Err(error),
+            }
         }
+        let live = method == CaptureMethod::Live;
         if !live {
             qmp.set_migration_capabilities(&[
                 ("x-ignore-shared", shared_ram.is_some()),
                 ("pause-before-switchover", false),
+                ("background-snapshot", false),
             ])
             .await
             .map_err(qemu("set the migration capabilities"))?;
@@ -239,32 +254,21 @@ impl Launcher {
                 disk.as_ref().map(|d| d.size),
             )
             .await?;
-            if let Err(error) = live::start_precopy(&mut qmp, &sink).await {
-                let _ = qmp.execute("migrate_cancel", serde_json::Value::Null).await;
-                live::reset_capabilities(&mut qmp).await;
-                drop(sink);
-                return Err(error);
-            }
-            // The guest runs while RAM streams; it is stopped from the switchover on.
-            match live::await_switchover(&mut qmp).await {
-                Ok(stopped) => {
-                    // KVM's dirty log is exact; TCG's misses writes (see `stale_pages`).
-                    let check_against = (machine.accel == crate::launcher::Accel::Tcg)
-                        .then_some(shared_ram.as_deref())
-                        .flatten();
-                    let captured = capture_switchover(
-                        &mut qmp,
-                        &mut sink,
-                        temp.path(),
-                        disk.as_ref(),
-                        check_against,
-                    )
-                    .await
-                    .map(|backing| (0, backing));
-                    (stopped, captured, Some(sink))
+            // QEMU stops the guest itself, after it has read every page (which maps
+            // them) and resumes it once RAM is protected. A disk must switch in the
+            // same stop, so a VM with one is stopped first: then that reading is in
+            // the pause (~70 ms for 200 MiB of pages QEMU never mapped, the first time).
+            let pause_started = Instant::now();
+            if disk.is_some() {
+                if let Err(error) = qmp.stop().await {
+                    let _ = qmp.cont().await;
+                    return Err(qemu("pause the VM")(error));
                 }
-                Err(error) => (Instant::now(), Err(error), Some(sink)),
             }
+            let captured = capture_live(&mut qmp, &mut sink, temp.path(), disk.as_ref())
+                .await
+                .map(|backing| (0, backing));
+            (pause_started, captured, Some(sink))
         } else {
             // The pause: nothing in here may return early without `cont`, unless the
             // VM is to stay stopped.
@@ -404,9 +408,17 @@ impl Launcher {
     }
 }
 
+/// What `auto` captures a VM as (see [`CaptureMethod::Auto`]).
+fn auto_method(shared_ram: Option<&Path>) -> CaptureMethod {
+    match shared_ram {
+        Some(ram) if allocated_bytes(ram) >= AUTO_LIVE_BYTES => CaptureMethod::Live,
+        _ => CaptureMethod::Paused,
+    }
+}
+
 /// How long the guest was stopped, from QEMU's own `STOP` and `RESUME` events: the
-/// same measure for both methods (a live capture's stop happens inside QEMU, at the
-/// switchover). `None` for a VM that stays stopped, or without timestamps.
+/// same measure for both methods (a live capture's stop happens inside QEMU's
+/// background snapshot). `None` for a VM that stays stopped, or without timestamps.
 async fn pause_of(qmp: &mut Qmp, after: AfterCapture) -> Option<Duration> {
     if after == AfterCapture::StayPaused {
         return None;
@@ -476,23 +488,31 @@ async fn capture_paused(
     Ok((bytes, backing))
 }
 
-/// The paused part of a live capture (the source stopped before its switchover):
-/// the disk switch; the last pages and the device state go to the sink; once it has
-/// loaded them, its image is checked against the source's RAM file. Returns the
-/// frozen disk's backing.
-async fn capture_switchover(
+/// A live capture: the disk switch (the VM stopped for it), then QEMU's
+/// background snapshot into the sink (it stops the guest if it runs, saves the device
+/// state, protects RAM and resumes the guest itself), until the sink has loaded all
+/// of it. Returns the frozen disk's backing.
+async fn capture_live(
     qmp: &mut Qmp,
     sink: &mut live::Sink,
     temp: &Path,
     disk: Option<&DiskSwitch>,
-    source_ram: Option<&Path>,
 ) -> Result<Option<PathBuf>, SnapshotError> {
     let backing = switch_disk(qmp, temp, disk).await?;
-    live::finish_switchover(qmp).await?;
-    sink.wait_loaded().await?;
-    if let Some(source_ram) = source_ram {
-        live::patch_stale_pages(source_ram, &live::sink_ram_file(temp)).await?;
+    live::begin(qmp, sink).await?;
+    let stats = qmp
+        .wait_migration(MIGRATION_TIMEOUT)
+        .await
+        .map_err(qemu("copy RAM while the guest runs"))?;
+    if stats.status != MigrationStatus::Completed {
+        return Err(SnapshotError::Qemu {
+            step: "copy RAM while the guest runs",
+            error: crate::launcher::qmp::QmpError::MigrationFailed {
+                desc: stats.error_desc.unwrap_or_else(|| stats.status.to_string()),
+            },
+        });
     }
+    sink.wait_loaded().await?;
     Ok(backing)
 }
 

@@ -3,38 +3,40 @@
 //!
 //! The paused capture ([`super::capture`]) stops the VM, saves its device state and
 //! copies the RAM file while it is stopped: about 0.5 ms per MiB in use under TCG, so
-//! a guest with 4 GiB in use would stop for two seconds. Here QEMU's own pre-copy
-//! migration moves RAM while the guest runs, with QEMU's dirty tracking (TCG's dirty
-//! bitmap, KVM's dirty log), into a *sink*: a second QEMU of the same machine started
-//! with `-S -incoming`, whose RAM is a shared file in the checkpoint folder. The sink
-//! never runs a vCPU. The source stops only for the last dirty pages, the disk switch
-//! (`pause-before-switchover` holds the migration there while the disk moves to its
-//! new overlay) and its device state. Once the stream has arrived, the sink's RAM
-//! file *is* the checkpoint's RAM image, and the sink saves its device state with
-//! `x-ignore-shared` exactly as a paused capture saves the source's: children and
-//! wakes restore from it unchanged, mapping the image copy-on-write.
+//! a guest with 4 GiB in use would stop for two seconds. Here QEMU's
+//! `background-snapshot` stops the guest only to save its device state and to
+//! write-protect its RAM with userfaultfd, then lets it run while every page goes,
+//! once, into a *sink*: a second QEMU of the same machine started with `-S
+//! -incoming`, whose RAM is a shared file in the checkpoint folder. A page the guest
+//! writes meanwhile faults in the host kernel and is sent before the write lands, so
+//! the image is the guest's RAM at the stop, exactly, whatever the accelerator (TCG's
+//! stores and KVM's both go through the host's page tables). The sink never runs a
+//! vCPU. Once the stream has arrived, its RAM file *is* the checkpoint's RAM image,
+//! and the sink saves its device state with `x-ignore-shared` exactly as a paused
+//! capture saves the source's: children and wakes restore from it unchanged,
+//! mapping the image copy-on-write.
 //!
 //! Why not the alternatives (measured on this kind of host, QEMU 7.2 under TCG):
-//! - `background-snapshot` (userfaultfd write protection) writes RAM into the
-//!   migration stream, which children could only load by copying, not map.
-//! - The host kernel's soft-dirty bits (track writes to the RAM file ourselves and
-//!   copy it while the guest runs) are not built into every kernel
-//!   (`CONFIG_MEM_SOFT_DIRTY`), and miss writes made by other processes.
+//! - QEMU's pre-copy migration into the same sink (built first): under TCG its dirty
+//!   bitmap missed writes made through cached TLB entries (18-36 stale pages of
+//!   131072 on a guest writing all along, enough to crash a child), and comparing
+//!   the image with the stopped source to find them kept the pause at 250-420 ms.
+//! - The host kernel's soft-dirty bits (track writes to the RAM file ourselves) are
+//!   not built into every kernel (`CONFIG_MEM_SOFT_DIRTY`; not into this one).
 //! - A reflink copy of the RAM file needs a filesystem with reflinks; tmpfs has none.
 //!
-//! What it costs: a second QEMU for the length of the call; a call several times
-//! longer than a paused capture's (the sink must start, and every page crosses a
-//! socket once); and QEMU's first pass reads every page of the source's RAM file,
-//! which on a tmpfs allocates its holes, so the source then holds its whole RAM
-//! size. Under TCG the check of `stale_pages` keeps the pause near a paused
-//! capture's. So it is opt-in ([`super::capture::CaptureMethod::Live`]).
+//! What it costs: a second QEMU for the length of the call, and a call several times
+//! longer than a paused capture's (every page crosses a socket once). QEMU 7.2 reads
+//! every page before it protects RAM, and a read of a tmpfs hole allocates it: the
+//! source's RAM file is then allocated whole ([`prepare`] allocates it up front, so
+//! that happens while the guest runs). So `auto` captures live only once the guest
+//! uses enough RAM for a paused copy to stop it noticeably.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::json;
 use std::process::Command;
 
 use super::manifest::RAM_FILE;
@@ -56,23 +58,8 @@ const SINK_CONSOLE: &str = "live-console.log";
 /// How long the sink's monitor may take to answer (a QEMU start under TCG).
 const SINK_QMP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The longest stop the pre-copy aims for: QEMU stops the source once what is left
-/// to send fits in it.
-const DOWNTIME_TARGET: Duration = Duration::from_millis(20);
-
-/// A guest that dirties memory faster than the stream moves it never fits the
-/// target: QEMU's `auto-converge` throttles its vCPUs, and after this many passes
-/// over RAM the target is lifted, so the next pass is the last.
-const MAX_PASSES: u64 = 16;
-
-/// The lifted target (QEMU's parameter is in milliseconds, at most 2000 s).
-const DOWNTIME_LIFTED: Duration = Duration::from_secs(60);
-
-/// How long the whole pre-copy may take.
-const PRECOPY_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// How often the source's migration is polled for the pre-switchover stop.
-const POLL: Duration = Duration::from_millis(2);
+/// How long the whole stream may take to load.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long the sink may take to exit after `quit`.
 const SINK_EXIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -194,7 +181,7 @@ impl Sink {
     pub(crate) async fn wait_loaded(&mut self) -> Result<(), SnapshotError> {
         let loaded = self
             .qmp
-            .wait_incoming(PRECOPY_TIMEOUT)
+            .wait_incoming(STREAM_TIMEOUT)
             .await
             .map_err(qemu_error("load the stream into the capture QEMU"))?;
         if matches!(loaded, RunState::Paused | RunState::Prelaunch) {
@@ -229,7 +216,7 @@ impl Sink {
             .map_err(qemu_error("start saving the device state"))?;
         let stats = self
             .qmp
-            .wait_migration(PRECOPY_TIMEOUT)
+            .wait_migration(STREAM_TIMEOUT)
             .await
             .map_err(qemu_error("save the device state"))?;
         if stats.status != MigrationStatus::Completed {
@@ -264,141 +251,68 @@ impl Drop for SinkFiles {
     }
 }
 
-/// Sets the source up for a pre-copy to the sink and starts it. The guest runs on.
-pub(crate) async fn start_precopy(source: &mut Qmp, sink: &Sink) -> Result<(), SnapshotError> {
+/// Sets the source up for a live capture, while the guest still runs: every hole of
+/// its RAM file allocated (QEMU 7.2 reads every page before it protects RAM,
+/// and a read of a tmpfs hole allocates it: done in the pause, that took ~230 ms for a
+/// 512 MiB guest), and the capability on. QEMU checks there that userfaultfd can
+/// write-protect this RAM (Linux with `CONFIG_PTE_MARKER_UFFD_WP` for a shared file):
+/// an error here leaves the VM untouched.
+pub(crate) async fn prepare(source: &mut Qmp, source_ram: &Path) -> Result<(), SnapshotError> {
+    let ram = source_ram.to_owned();
+    tokio::task::spawn_blocking(move || allocate_holes(&ram))
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|allocated| allocated)
+        .map_err(|error| write_error(source_ram, error))?;
     source
         .set_migration_capabilities(&[
             ("x-ignore-shared", false),
-            ("pause-before-switchover", true),
-            ("auto-converge", true),
+            ("pause-before-switchover", false),
+            ("background-snapshot", true),
         ])
         .await
-        .map_err(qemu_error("set the migration capabilities"))?;
-    set_downtime(source, DOWNTIME_TARGET).await?;
+        .map_err(qemu_error("turn on the background snapshot"))?;
     source
         .set_max_bandwidth(MAX_BANDWIDTH)
         .await
-        .map_err(qemu_error("raise the migration bandwidth"))?;
+        .map_err(qemu_error("raise the migration bandwidth"))
+}
+
+/// Allocates every hole of a RAM file (`fallocate`, which keeps what is written).
+fn allocate_holes(ram: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let file = fs::OpenOptions::new().write(true).open(ram)?;
+    let len = file.metadata()?.len();
+    let len = libc::off_t::try_from(len).map_err(std::io::Error::other)?;
+    nix::fcntl::fallocate(
+        file.as_raw_fd(),
+        nix::fcntl::FallocateFlags::empty(),
+        0,
+        len,
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// Starts the background snapshot of the (stopped) source into the sink: QEMU saves
+/// the device state, write-protects RAM with userfaultfd and resumes the guest
+/// itself, then sends every page once (a page the guest is about to write goes
+/// first, and is written only once it has been sent).
+pub(crate) async fn begin(source: &mut Qmp, sink: &Sink) -> Result<(), SnapshotError> {
     source
         .migrate(&sink.uri())
         .await
-        .map_err(qemu_error("start the pre-copy"))
-}
-
-/// Waits until the pre-copy has stopped the source before its switchover: the guest
-/// is paused from here until `cont`. Returns when that happened.
-pub(crate) async fn await_switchover(source: &mut Qmp) -> Result<Instant, SnapshotError> {
-    let started = Instant::now();
-    let mut lifted = false;
-    let mut polls = 0u32;
-    loop {
-        // One `query-migrate` a poll, read raw: the typed stats lack the pass count.
-        let raw = source
-            .execute("query-migrate", serde_json::Value::Null)
-            .await
-            .map_err(qemu_error("follow the pre-copy"))?;
-        let status = MigrationStatus::from(raw["status"].as_str().unwrap_or("none").to_owned());
-        let passes = raw["ram"]["dirty-sync-count"].as_u64().unwrap_or(0);
-        polls += 1;
-        if polls.is_multiple_of(64) {
-            tracing::debug!(%status, passes, sent = raw["ram"]["transferred"].as_u64(), remaining = raw["ram"]["remaining"].as_u64(), mbps = raw["ram"]["mbps"].as_f64(), elapsed_ms = started.elapsed().as_millis(), "pre-copy");
-        }
-        match status {
-            MigrationStatus::PreSwitchover => return Ok(Instant::now()),
-            MigrationStatus::Failed | MigrationStatus::Cancelled => {
-                let desc = raw["error-desc"]
-                    .as_str()
-                    .map_or_else(|| status.to_string(), str::to_owned);
-                return Err(SnapshotError::Qemu {
-                    step: "copy RAM while the guest runs",
-                    error: QmpError::MigrationFailed { desc },
-                });
-            }
-            _ => {}
-        }
-        let waited = started.elapsed();
-        if !lifted && passes > MAX_PASSES {
-            // The guest dirties faster than the stream drains: stop it at the next pass.
-            set_downtime(source, DOWNTIME_LIFTED).await?;
-            lifted = true;
-        }
-        if waited > PRECOPY_TIMEOUT {
-            return Err(SnapshotError::Qemu {
-                step: "copy RAM while the guest runs",
-                error: QmpError::MigrationFailed {
-                    desc: format!("not done after {PRECOPY_TIMEOUT:?}"),
-                },
-            });
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Lets the held migration send the device state and end (the source is then
-/// `postmigrate`, still paused).
-pub(crate) async fn finish_switchover(source: &mut Qmp) -> Result<(), SnapshotError> {
-    source
-        .execute("migrate-continue", json!({ "state": "pre-switchover" }))
-        .await
-        .map_err(qemu_error("let the migration switch over"))?;
-    let stats = source
-        .wait_migration(PRECOPY_TIMEOUT)
-        .await
-        .map_err(qemu_error("send the device state"))?;
-    if stats.status == MigrationStatus::Completed {
-        Ok(())
-    } else {
-        Err(SnapshotError::Qemu {
-            step: "send the device state",
-            error: QmpError::MigrationFailed {
-                desc: stats.status.to_string(),
-            },
-        })
-    }
+        .map_err(qemu_error("start the background snapshot"))
 }
 
 /// Puts the source's capabilities back for a later paused capture (whose migration
-/// must not wait at a switchover nobody continues).
+/// must carry no RAM: its stream goes to a file).
 pub(crate) async fn reset_capabilities(source: &mut Qmp) {
     if let Err(error) = source
-        .set_migration_capabilities(&[("pause-before-switchover", false)])
+        .set_migration_capabilities(&[("background-snapshot", false)])
         .await
     {
         tracing::warn!(%error, "cannot reset the migration capabilities after a live capture");
     }
-}
-
-async fn set_downtime(source: &mut Qmp, limit: Duration) -> Result<(), SnapshotError> {
-    let millis = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
-    source
-        .execute(
-            "migrate-set-parameters",
-            json!({ "downtime-limit": millis }),
-        )
-        .await
-        .map(drop)
-        .map_err(qemu_error("set the migration's downtime target"))
-}
-
-/// Brings the sink's image up to the stopped source's RAM file (see `stale_pages`).
-pub(crate) async fn patch_stale_pages(
-    source_ram: &Path,
-    image: &Path,
-) -> Result<(), SnapshotError> {
-    let (source, target) = (source_ram.to_owned(), image.to_owned());
-    let started = Instant::now();
-    let patched = tokio::task::spawn_blocking(move || super::stale_pages::patch(&source, &target))
-        .await
-        .map_err(std::io::Error::other)
-        .and_then(|patched| patched)
-        .map_err(|error| write_error(image, error))?;
-    tracing::debug!(
-        compared_mib = patched.compared_bytes >> 20,
-        stale_pages = patched.pages,
-        ms = started.elapsed().as_millis(),
-        "live capture: image checked against the stopped source"
-    );
-    Ok(())
 }
 
 /// The RAM file the sink fills: the checkpoint's image, in the folder being written.

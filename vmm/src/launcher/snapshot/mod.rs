@@ -41,7 +41,6 @@ pub mod manifest;
 pub mod ready;
 pub mod received;
 pub mod restore;
-mod stale_pages;
 pub mod users;
 
 use std::path::PathBuf;
