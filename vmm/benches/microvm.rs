@@ -8,7 +8,8 @@
 //! - round trips to one VM over one connection (medians and 90th percentiles): a bare
 //!   request (`ps` on an empty table), a local `std::process::Command::new("true")`
 //!   next to an agent exec of `true` (interleaved), and a `write_file` of 16 B next
-//!   to one of 4 KiB; then the ratios;
+//!   to one of 4 KiB; then the ratios, and an exec next to the in-guest floor (a
+//!   fork+exec of `true` by the guest's own shell);
 //! - boot-to-ready (QEMU's start to the agent's `Ready`) over sequential boots:
 //!   median, min and max, the whole `Launcher::boot` call's median, and the
 //!   recipe's 1.30 s figure as a reference line.
@@ -211,6 +212,8 @@ async fn round_trips(vm: &Vm) -> Trips {
         assert_eq!(reply.exit.and_then(|e| e.code), Some(0), "{reply:?}");
     }
 
+    let floor = in_guest_spawn(&client).await;
+
     let small = vec![b's'; SMALL_PAYLOAD_BYTES];
     let large = vec![b'l'; LARGE_PAYLOAD_BYTES];
     let (mut small_writes, mut large_writes) =
@@ -254,6 +257,12 @@ async fn round_trips(vm: &Vm) -> Trips {
         micros(remote.median.saturating_sub(local.median))
     );
     println!(
+        "VM exec / a fork+exec of true inside the guest ({:.1} µs, busybox sh, median of {FLOOR_ROUNDS} \
+         loops of {FLOOR_SPAWNS}): {:.2}x",
+        micros(floor),
+        ratio(remote.median, floor)
+    );
+    println!(
         "VM exec / bare request: {:.2}x; bare request / local spawn: {:.2}x",
         ratio(remote.median, bare.median),
         ratio(bare.median, local.median)
@@ -270,6 +279,42 @@ async fn round_trips(vm: &Vm) -> Trips {
         write: small.median,
         local: local.median,
     }
+}
+
+/// Spawns per in-guest loop, and loops (interleaved with empty ones).
+const FLOOR_SPAWNS: usize = 200;
+const FLOOR_ROUNDS: usize = 5;
+
+/// The in-guest floor of an exec: one fork+exec of `true` by the guest's own shell,
+/// as (a loop of [`FLOOR_SPAWNS`] `true`s minus the same loop without them) per
+/// spawn, both run as one exec each and timed from here (busybox has no clock
+/// finer than a second), the median of [`FLOOR_ROUNDS`] interleaved pairs.
+async fn in_guest_spawn(client: &Client) -> Duration {
+    let script =
+        |body: &str| format!("i=0; while [ $i -lt {FLOOR_SPAWNS} ]; do {body}i=$((i+1)); done");
+    let (with, without) = (script("/bin/true; "), script(""));
+    let mut per_spawn = Vec::with_capacity(FLOOR_ROUNDS);
+    for _ in 0..FLOOR_ROUNDS {
+        let full = timed_shell(client, &with).await;
+        let empty = timed_shell(client, &without).await;
+        per_spawn.push(full.saturating_sub(empty) / u32::try_from(FLOOR_SPAWNS).unwrap());
+    }
+    per_spawn.sort();
+    per_spawn[FLOOR_ROUNDS / 2]
+}
+
+/// One exec of a shell script that must succeed, timed from here.
+async fn timed_shell(client: &Client, script: &str) -> Duration {
+    let request = ExecRequest {
+        spec: ProcessSpec::new(Command::Shell(script.to_owned())),
+        stdin: Vec::new(),
+        timeout_ms: None,
+        stream: false,
+    };
+    let start = Instant::now();
+    let reply = client.exec(request).await.unwrap();
+    assert_eq!(reply.exit.and_then(|e| e.code), Some(0), "{reply:?}");
+    start.elapsed()
 }
 
 /// The agent's size on disk (`/init`) and what it holds resident as an idle PID 1,

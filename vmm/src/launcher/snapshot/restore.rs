@@ -230,7 +230,9 @@ impl Launcher {
             .map_err(|e| ChildError::Start(crate::launcher::LaunchError::Token(e)))?;
         let hostname = format!("sandbox-{}", vm.id());
         let identify = async {
+            let began = std::time::Instant::now();
             let client = connect(&vm.url(), vm.token()).await?;
+            let connected = began.elapsed();
             // Both at once (the agent serves requests concurrently): a guest just
             // restored is slow, and each round trip through it costs tens of ms.
             let first = resumed_now(true);
@@ -244,8 +246,16 @@ impl Launcher {
             );
             resumed?;
             reidentified?;
+            let identified = began.elapsed();
             // Then the clock once more, over a warm path (see `resume`).
-            settle_clock(&client).await
+            let settled = settle_clock(&client).await;
+            tracing::debug!(
+                connect_ms = connected.as_millis(),
+                identity_ms = (identified - connected).as_millis(),
+                clock_ms = (began.elapsed() - identified).as_millis(),
+                "child identified"
+            );
+            settled
         };
         let Ok(identified) = tokio::time::timeout(IDENTITY_TIMEOUT, identify).await else {
             return Err(ChildError::Identity(SnapshotError::IdentityTimeout {
@@ -325,6 +335,10 @@ async fn settle_clock(client: &Client) -> Result<(), ClientError> {
         client
             .resumed(resumed_now(false).wall_clock_ns, Vec::new(), false)
             .await?;
+        tracing::debug!(
+            round_trip_ms = sent.elapsed().as_millis(),
+            "clock set again"
+        );
         if sent.elapsed() <= CLOCK_ROUND_TRIP_GOAL {
             break;
         }
