@@ -117,13 +117,16 @@ impl Launcher {
             return Err(SnapshotError::Count(count));
         }
         let started = Instant::now();
+        // Paused, whatever the RAM in use: the children wait for the whole capture,
+        // and a paused one is the shortest call (measured with 256 MiB dirtied under
+        // TCG: 0.29 s, against 2.7 s live, for a 225 ms pause against 13 ms).
         let checkpoint = self
             .checkpoint(
                 id,
                 CheckpointSpec {
                     name: None,
                     ephemeral: true,
-                    method: super::CaptureMethod::Auto,
+                    method: super::CaptureMethod::Paused,
                 },
             )
             .await?;
