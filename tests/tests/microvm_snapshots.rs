@@ -831,24 +831,26 @@ async fn a_live_checkpoint_of_a_busy_guest_is_consistent() {
             "{what}: the writer is not running: {ps:?}"
         );
     }
-    // A second live capture of the same VM works too (capabilities were reset), and
-    // a paused one after it.
-    let again = host
-        .launcher
-        .checkpoint(
-            vm.id(),
-            CheckpointSpec {
-                method: CaptureMethod::Paused,
-                ..CheckpointSpec::default()
-            },
+    // A paused capture works after a live one (capabilities were reset); one asked
+    // for while it runs is refused, not let to cancel its migration.
+    let paused = CheckpointSpec {
+        method: CaptureMethod::Paused,
+        ..CheckpointSpec::default()
+    };
+    let (again, during) = tokio::join!(
+        host.launcher.checkpoint(vm.id(), paused.clone()),
+        host.launcher.checkpoint(vm.id(), paused)
+    );
+    assert!(
+        matches!(during, Err(SnapshotError::Busy { .. })),
+        "a second capture at once: {during:?}"
+    );
+    let again = again.unwrap_or_else(|e| {
+        panic!(
+            "paused checkpoint after a live one failed: {}",
+            sandbox_vmm::error_chain(&e)
         )
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "paused checkpoint after a live one failed: {}",
-                sandbox_vmm::error_chain(&e)
-            )
-        });
+    });
     drop(child);
     for vm in children {
         vm.shutdown(Duration::from_secs(5)).await.unwrap();

@@ -119,6 +119,9 @@ impl ToolError {
                  (list_checkpoints, delete_checkpoint) and try again."
             }
             SnapshotError::Count(_) => "Ask for fewer.",
+            SnapshotError::Busy { .. } => {
+                "Another snapshot of this sandbox is being taken; try again in a moment."
+            }
             SnapshotError::Child { .. }
             | SnapshotError::Identity { .. }
             | SnapshotError::IdentityTimeout { .. } => {

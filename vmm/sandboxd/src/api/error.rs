@@ -150,7 +150,7 @@ fn snapshot_error(error: &SnapshotError) -> ApiError {
             (StatusCode::NOT_FOUND, "not_found")
         }
         SnapshotError::NotPromoted(_) => (StatusCode::CONFLICT, "conflict"),
-        SnapshotError::NameTaken(_) | SnapshotError::InUse { .. } => {
+        SnapshotError::NameTaken(_) | SnapshotError::InUse { .. } | SnapshotError::Busy { .. } => {
             (StatusCode::CONFLICT, "conflict")
         }
         SnapshotError::BadName(_) | SnapshotError::Count(_) => {

@@ -155,6 +155,10 @@ impl Launcher {
                 "it uses the vsock transport (vhost-user-vsock cannot be migrated); start it with the serial transport",
             ));
         }
+        // Held to the end: one capture of a VM at a time.
+        let _capturing = lock_captures(&run)
+            .map_err(|error| write_error(&run.join(CAPTURE_LOCK), error))?
+            .ok_or_else(|| SnapshotError::Busy { id: id.to_string() })?;
         let machine: MachineSpec = fs::read(run.join(MACHINE_FILE))
             .ok()
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
@@ -406,6 +410,20 @@ impl Launcher {
             size,
         })
     }
+}
+
+/// The file in a VM's run folder whose `flock` a capture holds.
+const CAPTURE_LOCK: &str = "capture.lock";
+
+/// Takes the VM's capture lock, or `None` while another capture (in any process)
+/// holds it.
+fn lock_captures(run: &Path) -> io::Result<Option<fs::File>> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(run.join(CAPTURE_LOCK))?;
+    Ok(crate::launcher::sys::try_lock_exclusive(&file)?.then_some(file))
 }
 
 /// What `auto` captures a VM as (see [`CaptureMethod::Auto`]).

@@ -86,6 +86,13 @@ pub enum SnapshotError {
         /// What was found.
         state: String,
     },
+    /// Another checkpoint or hibernation of the VM is under way (one QEMU runs one
+    /// migration at a time, and a second would cancel the first's).
+    #[error("VM {id} is being captured already; try again once that ends")]
+    Busy {
+        /// The VM.
+        id: String,
+    },
     /// QEMU refused or failed a step.
     #[error("QEMU failed to {step}")]
     Qemu {
