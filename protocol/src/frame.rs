@@ -77,6 +77,35 @@ pub fn encode_into<T: Serialize>(msg: &T, max: usize, out: &mut Vec<u8>) -> Resu
     Ok(())
 }
 
+/// Like [`encode_into`] for a message whose last field is a byte string: `head` is
+/// the message up to that field's length, `tail` its bytes, appended as they are
+/// (postcard writes a byte string as its length and then the bytes), so a big
+/// payload is copied once, into the frame, not first into a message of its own.
+pub fn encode_with_tail<T: Serialize>(
+    head: &T,
+    tail: &[u8],
+    max: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    let start = out.len();
+    out.extend_from_slice(&[0; LEN_PREFIX_BYTES]);
+    if let Err(error) = postcard::to_extend(head, Appender(out)) {
+        out.truncate(start);
+        return Err(FrameError::Encode(error));
+    }
+    let len = out.len() - start - LEN_PREFIX_BYTES + tail.len();
+    let prefix = match u32::try_from(len) {
+        Ok(prefix) if len <= max => prefix,
+        _ => {
+            out.truncate(start);
+            return Err(FrameError::TooLarge { len, max });
+        }
+    };
+    out.extend_from_slice(tail);
+    out[start..start + LEN_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
+    Ok(())
+}
+
 /// Lets postcard append to a borrowed buffer.
 struct Appender<'a>(&'a mut Vec<u8>);
 

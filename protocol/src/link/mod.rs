@@ -41,7 +41,7 @@ pub mod mux;
 
 use serde::{Deserialize, Serialize};
 
-use crate::frame::{decode_body, encode_into, FrameError, LEN_PREFIX_BYTES};
+use crate::frame::{decode_body, encode_into, encode_with_tail, FrameError, LEN_PREFIX_BYTES};
 use crate::ready::Ready;
 
 /// Starts every session, in both directions. As a length prefix its first four bytes
@@ -163,6 +163,20 @@ pub fn encode_frame(frame: &LinkFrame, out: &mut Vec<u8>) -> Result<(), FrameErr
     encode_into(frame, LINK_FRAME_BYTES, out)
 }
 
+/// The variant index of [`LinkFrame::Data`] on the wire.
+const DATA_VARIANT: u32 = 3;
+
+/// Appends the frame `encode_frame` makes of a [`LinkFrame::Data`] of `bytes`,
+/// copying them once, straight from the caller's buffer.
+pub fn encode_data(channel: ChannelId, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), FrameError> {
+    encode_with_tail(
+        &(DATA_VARIANT, channel, bytes.len()),
+        bytes,
+        LINK_FRAME_BYTES,
+        out,
+    )
+}
+
 /// Appends the session marker and then `frame` (an `Attach` or `Attached`).
 pub fn encode_session_start(frame: &LinkFrame, out: &mut Vec<u8>) -> Result<(), FrameError> {
     let start = out.len();
@@ -264,6 +278,34 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_data_frame_encoded_from_a_slice_is_the_data_frame() {
+        for len in [0usize, 1, 127, 128, 16_384, LINK_DATA_BYTES] {
+            let bytes: Vec<u8> = (0..=250u8).cycle().take(len).collect();
+            for channel in [0, 1, 300, ChannelId::MAX] {
+                let mut framed = vec![7];
+                encode_frame(
+                    &LinkFrame::Data {
+                        channel,
+                        bytes: bytes.clone(),
+                    },
+                    &mut framed,
+                )
+                .unwrap();
+                let mut direct = vec![7];
+                encode_data(channel, &bytes, &mut direct).unwrap();
+                assert_eq!(direct, framed, "len {len}, channel {channel}");
+            }
+        }
+        let mut out = vec![1, 2];
+        let over = vec![0; LINK_FRAME_BYTES];
+        assert!(matches!(
+            encode_data(1, &over, &mut out),
+            Err(FrameError::TooLarge { .. })
+        ));
+        assert_eq!(out, [1, 2], "a refused frame leaves nothing");
+    }
 
     fn ready() -> Ready {
         Ready {

@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use super::{
-    encode_frame, encode_session_start, ChannelId, LinkDecoder, LinkFrame, LinkItem,
+    encode_data, encode_frame, encode_session_start, ChannelId, LinkDecoder, LinkFrame, LinkItem,
     CHANNEL_WINDOW_BYTES, CREDIT_BATCH_BYTES, LINK_DATA_BYTES, MAX_CHANNELS,
 };
 
@@ -168,6 +168,22 @@ impl Outbox {
         self.tx.send(Outgoing { session, bytes }).await.is_ok()
     }
 
+    /// Queues a `Data` frame of `bytes` for `channel` in `session` (encoded straight
+    /// from `bytes`); false when the writer is gone.
+    pub async fn send_data(&self, session: u64, channel: ChannelId, bytes: &[u8]) -> bool {
+        let mut frame = Vec::new();
+        if encode_data(channel, bytes, &mut frame).is_err() {
+            return true;
+        }
+        self.tx
+            .send(Outgoing {
+                session,
+                bytes: frame,
+            })
+            .await
+            .is_ok()
+    }
+
     /// Like [`Outbox::send`], without waiting: a control frame from a context that
     /// must not block (the reader). Dropped when the queue is full, so only frames
     /// whose loss the peer survives go this way: a `Close` (its channel is gone from
@@ -192,16 +208,22 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
     let mut bytes = Vec::new();
     while rx.recv_many(&mut batch, OUTBOX_FRAMES).await > 0 {
         let current = outbox.session();
-        bytes.clear();
-        for out in batch.drain(..) {
-            if out.session == current {
+        batch.retain(|out| out.session == current);
+        // One frame (a big `Data`, typically) goes out as it is, not copied first.
+        let write: &[u8] = if let [only] = batch.as_slice() {
+            &only.bytes
+        } else {
+            bytes.clear();
+            for out in &batch {
                 bytes.extend_from_slice(&out.bytes);
             }
-        }
-        if !bytes.is_empty() {
-            stream.write_all(&bytes).await?;
+            &bytes
+        };
+        if !write.is_empty() {
+            stream.write_all(write).await?;
             stream.flush().await?;
         }
+        batch.clear();
         if bytes.capacity() > 4 * READ_CHUNK_BYTES {
             bytes = Vec::new();
         }
@@ -491,11 +513,7 @@ impl Channel {
                     return;
                 };
                 permits.forget();
-                let data = LinkFrame::Data {
-                    channel: id,
-                    bytes: buf[..n].to_vec(),
-                };
-                if !outbox.send(session, &data).await {
+                if !outbox.send_data(session, id, &buf[..n]).await {
                     return;
                 }
             }
