@@ -201,21 +201,11 @@ impl Launcher {
                     tracing::info!(vm = %id, error = %crate::error_chain(&error), "no live capture here: the checkpoint is paused");
                     method = CaptureMethod::Paused;
                 }
-                Err(error) => return Err(error),
+                Err(error) => {
+                    live::reset_capabilities(&mut qmp).await;
+                    return Err(error);
+                }
             }
-        }
-        let live = method == CaptureMethod::Live;
-        if !live {
-            qmp.set_migration_capabilities(&[
-                ("x-ignore-shared", shared_ram.is_some()),
-                ("pause-before-switchover", false),
-                ("background-snapshot", false),
-            ])
-            .await
-            .map_err(qemu("set the migration capabilities"))?;
-            qmp.set_max_bandwidth(MAX_BANDWIDTH)
-                .await
-                .map_err(qemu("raise the migration bandwidth"))?;
         }
 
         let root = folder.parent().unwrap_or(folder).to_owned();
@@ -248,16 +238,38 @@ impl Launcher {
             false => None,
         };
 
-        let (pause_started, captured, sink) = if live {
-            let mut sink = live::Sink::start(
-                &self.config.qemu_path,
-                &self.config.qemu_img_path,
-                &machine,
-                &run,
-                &live::sink_ram_file(temp.path()),
-                disk.as_ref().map(|d| d.size),
-            )
-            .await?;
+        let mut sink = None;
+        if method == CaptureMethod::Live {
+            match self
+                .start_sink(&machine, &run, temp.path(), disk.as_ref())
+                .await
+            {
+                Ok(started) => sink = Some(started),
+                Err(error) if spec.method == CaptureMethod::Auto => {
+                    tracing::warn!(vm = %id, error = %crate::error_chain(&error), "no capture QEMU: the checkpoint is paused");
+                    let _ = fs::remove_file(live::sink_ram_file(temp.path()));
+                }
+                Err(error) => {
+                    live::reset_capabilities(&mut qmp).await;
+                    return Err(error);
+                }
+            }
+        }
+        let live = sink.is_some();
+        if !live {
+            qmp.set_migration_capabilities(&[
+                ("x-ignore-shared", shared_ram.is_some()),
+                ("pause-before-switchover", false),
+                ("background-snapshot", false),
+            ])
+            .await
+            .map_err(qemu("set the migration capabilities"))?;
+            qmp.set_max_bandwidth(MAX_BANDWIDTH)
+                .await
+                .map_err(qemu("raise the migration bandwidth"))?;
+        }
+
+        let (pause_started, captured, sink) = if let Some(mut sink) = sink {
             // QEMU stops the guest itself, after it has read every page (which maps
             // them) and resumes it once RAM is protected. A disk must switch in the
             // same stop, so a VM with one is stopped first: then that reading is in
@@ -306,38 +318,59 @@ impl Launcher {
         }
         let (stream_bytes, disk_backing) = captured?;
         resumed?;
-        // A live capture's device state and RAM image come from the sink, now that
-        // the guest runs again.
-        let stream_bytes = match sink {
-            Some(sink) => sink.save(&temp.path().join(STATE_FILE)).await?,
-            None => stream_bytes,
+        let parent = record.checkpoint.clone();
+        let qemu_version = qmp.greeting().version.to_string();
+        let qemu_args = qemu_args_of(record.qemu_pid);
+        let ram = match (live, shared_ram) {
+            (true, _) | (false, Some(_)) => RamImage::File,
+            (false, None) => RamImage::InStream,
+        };
+        let finished = async move {
+            // A live capture's device state and RAM image come from the sink, now
+            // that the guest runs again.
+            let stream_bytes = match sink {
+                Some(sink) => sink.save(&temp.path().join(STATE_FILE)).await?,
+                None => stream_bytes,
+            };
+            let manifest = Manifest {
+                id: ckpt_id.to_owned(),
+                name: spec.name.clone(),
+                ephemeral: spec.ephemeral,
+                created_at_unix_ms: run_dir::now_unix_ms(),
+                source_vm: id.to_string(),
+                parent,
+                machine,
+                ram,
+                disk_backing,
+                qemu_version,
+                qemu_args,
+                pause_ms: u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                state_bytes: stream_bytes,
+                ram_bytes: allocated_bytes(&temp.path().join(RAM_FILE)),
+                disk_bytes: allocated_bytes(&temp.path().join(DISK_FILE)),
+            };
+            let text = serde_json::to_vec_pretty(&manifest)
+                .map_err(|e| write_error(temp.path(), io::Error::other(e)))?;
+            write_private(&temp.path().join(MANIFEST_FILE), &text)?;
+            temp.commit(folder)?;
+            Ok::<_, SnapshotError>(manifest)
+        }
+        .await;
+        let manifest = match finished {
+            Ok(manifest) => manifest,
+            Err(error) => {
+                // The checkpoint will not exist: the VM's new overlay must not name
+                // its disk, and a VM that was to stay stopped goes on after all.
+                if let Some(disk) = &disk {
+                    undo_disk_switch(&mut qmp, disk).await;
+                }
+                if after == AfterCapture::StayPaused {
+                    let _ = qmp.cont().await;
+                }
+                return Err(error);
+            }
         };
         tracing::info!(vm = %id, checkpoint = %ckpt_id, pause_ms = pause.as_millis(), "checkpoint captured");
-
-        let manifest = Manifest {
-            id: ckpt_id.to_owned(),
-            name: spec.name.clone(),
-            ephemeral: spec.ephemeral,
-            created_at_unix_ms: run_dir::now_unix_ms(),
-            source_vm: id.to_string(),
-            parent: record.checkpoint.clone(),
-            machine,
-            ram: match (live, shared_ram) {
-                (true, _) | (false, Some(_)) => RamImage::File,
-                (false, None) => RamImage::InStream,
-            },
-            disk_backing,
-            qemu_version: qmp.greeting().version.to_string(),
-            qemu_args: qemu_args_of(record.qemu_pid),
-            pause_ms: u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
-            state_bytes: stream_bytes,
-            ram_bytes: allocated_bytes(&temp.path().join(RAM_FILE)),
-            disk_bytes: allocated_bytes(&temp.path().join(DISK_FILE)),
-        };
-        let text = serde_json::to_vec_pretty(&manifest)
-            .map_err(|e| write_error(temp.path(), io::Error::other(e)))?;
-        write_private(&temp.path().join(MANIFEST_FILE), &text)?;
-        temp.commit(folder)?;
         if disk.is_some() {
             // The VM's disk is now an overlay on the checkpoint's: the checkpoint is
             // in use while the VM lives.
@@ -365,6 +398,36 @@ impl Launcher {
             pause,
             total: started.elapsed(),
         })
+    }
+
+    /// Starts the capture QEMU of a live capture into `temp`, its RAM file (the
+    /// checkpoint's image) made first, 0600 like a paused capture's copy.
+    async fn start_sink(
+        &self,
+        machine: &MachineSpec,
+        run: &Path,
+        temp: &Path,
+        disk: Option<&DiskSwitch>,
+    ) -> Result<live::Sink, SnapshotError> {
+        let ram = live::sink_ram_file(temp);
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&ram)
+                .map_err(|error| write_error(&ram, error))?;
+        }
+        live::Sink::start(
+            &self.config.qemu_path,
+            &self.config.qemu_img_path,
+            machine,
+            run,
+            &ram,
+            disk.map(|d| d.size),
+        )
+        .await
     }
 
     /// Before the pause: the overlay the disk will switch to, created with its final
@@ -567,9 +630,15 @@ async fn switch_disk(
 /// header names a checkpoint that will not exist, so point it at the image it is
 /// really based on (QEMU keeps using the chain it has open either way).
 async fn undo_disk_switch(qmp: &mut Qmp, disk: &DiskSwitch) {
+    let (node, file) = top_image_of(qmp).await;
+    if file != disk.next.to_string_lossy() {
+        // The switch never happened (`blockdev-snapshot-sync` failed): the top is
+        // still `current`, whose header must not be pointed at itself.
+        return;
+    }
     let arguments = json!({
         "device": DISK_DEVICE,
-        "image-node-name": node_name_of(qmp).await,
+        "image-node-name": node,
         "backing-file": disk.current.to_string_lossy(),
     });
     if let Err(error) = qmp.execute("change-backing-file", arguments).await {
@@ -577,19 +646,24 @@ async fn undo_disk_switch(qmp: &mut Qmp, disk: &DiskSwitch) {
     }
 }
 
-/// The node name of `disk0`'s active image.
-async fn node_name_of(qmp: &mut Qmp) -> String {
+/// The node name and file of `disk0`'s active image (empty when QEMU does not say).
+async fn top_image_of(qmp: &mut Qmp) -> (String, String) {
     let Ok(blocks) = qmp.execute("query-block", serde_json::Value::Null).await else {
-        return String::new();
+        return (String::new(), String::new());
     };
-    blocks
+    let inserted = blocks
         .as_array()
         .into_iter()
         .flatten()
         .find(|b| b["device"] == DISK_DEVICE)
-        .and_then(|b| b["inserted"]["node-name"].as_str())
-        .unwrap_or_default()
-        .to_owned()
+        .map(|b| &b["inserted"]);
+    let field = |name: &str| {
+        inserted
+            .and_then(|i| i[name].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    (field("node-name"), field("file"))
 }
 
 /// `qemu-img info`: virtual size and backing file of an image in use (`-U`).

@@ -251,19 +251,15 @@ impl Drop for SinkFiles {
     }
 }
 
-/// Sets the source up for a live capture, while the guest still runs: every hole of
-/// its RAM file allocated (QEMU 7.2 reads every page before it protects RAM,
-/// and a read of a tmpfs hole allocates it: done in the pause, that took ~230 ms for a
-/// 512 MiB guest), and the capability on. QEMU checks there that userfaultfd can
-/// write-protect this RAM (Linux with `CONFIG_PTE_MARKER_UFFD_WP` for a shared file):
-/// an error here leaves the VM untouched.
+/// Sets the source up for a live capture, while the guest still runs. First the
+/// capability: QEMU checks there that userfaultfd can write-protect this RAM (Linux
+/// with `CONFIG_PTE_MARKER_UFFD_WP` for a shared file), and an error leaves the VM
+/// and its RAM file as they were. Then every hole of the RAM file is allocated:
+/// QEMU 7.2 reads every page before it protects RAM, and a read of a tmpfs hole
+/// allocates it (done in the pause, that took ~230 ms for a 512 MiB guest); but only
+/// if its filesystem has room for that and [`RAM_HEADROOM_BYTES`] more, so a capture
+/// never fills the tmpfs that the other VMs' RAM lives on.
 pub(crate) async fn prepare(source: &mut Qmp, source_ram: &Path) -> Result<(), SnapshotError> {
-    let ram = source_ram.to_owned();
-    tokio::task::spawn_blocking(move || allocate_holes(&ram))
-        .await
-        .map_err(std::io::Error::other)
-        .and_then(|allocated| allocated)
-        .map_err(|error| write_error(source_ram, error))?;
     source
         .set_migration_capabilities(&[
             ("x-ignore-shared", false),
@@ -275,14 +271,40 @@ pub(crate) async fn prepare(source: &mut Qmp, source_ram: &Path) -> Result<(), S
     source
         .set_max_bandwidth(MAX_BANDWIDTH)
         .await
-        .map_err(qemu_error("raise the migration bandwidth"))
+        .map_err(qemu_error("raise the migration bandwidth"))?;
+    let ram = source_ram.to_owned();
+    tokio::task::spawn_blocking(move || allocate_holes(&ram))
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|allocated| allocated)
+        .map_err(|error| write_error(source_ram, error))
 }
+
+/// What a live capture leaves free on the RAM files' filesystem, at least.
+pub(crate) const RAM_HEADROOM_BYTES: u64 = 512 << 20;
 
 /// Allocates every hole of a RAM file (`fallocate`, which keeps what is written).
 fn allocate_holes(ram: &Path) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
     let file = fs::OpenOptions::new().write(true).open(ram)?;
-    let len = file.metadata()?.len();
+    let meta = file.metadata()?;
+    let len = meta.len();
+    let holes = len.saturating_sub(meta.blocks().saturating_mul(512));
+    let stats = nix::sys::statvfs::fstatvfs(&file).map_err(std::io::Error::from)?;
+    #[allow(clippy::useless_conversion)] // The field types differ between libcs.
+    let free = u64::from(stats.blocks_available()).saturating_mul(u64::from(stats.fragment_size()));
+    if free < holes.saturating_add(RAM_HEADROOM_BYTES) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            format!(
+                "allocating the RAM file's {} MiB of holes would leave less than {} MiB free on its filesystem ({} MiB free)",
+                holes >> 20,
+                RAM_HEADROOM_BYTES >> 20,
+                free >> 20
+            ),
+        ));
+    }
     let len = libc::off_t::try_from(len).map_err(std::io::Error::other)?;
     nix::fcntl::fallocate(
         file.as_raw_fd(),
