@@ -151,6 +151,9 @@ impl ToolError {
         match error {
             CaptureError::Unreachable(error) => Self::unreachable(Op::Other, sandbox_id, error),
             CaptureError::Snapshot(error) => Self::snapshot(tool, error),
+            CaptureError::Interrupted => Self::new(format!(
+                "{tool} failed: the node is shutting down. Try again once it is back."
+            )),
         }
     }
 

@@ -145,6 +145,9 @@ pub enum CaptureError {
     /// The launcher's snapshot failed.
     #[error(transparent)]
     Snapshot(SnapshotError),
+    /// The capture's task ended before it did (the node is shutting down).
+    #[error("The capture was interrupted: the node is shutting down")]
+    Interrupted,
 }
 
 /// New VMs (children of a fork or branch) that could not become sandboxes; none of

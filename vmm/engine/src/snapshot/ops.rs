@@ -121,7 +121,7 @@ impl Node {
                 wanted: count,
                 error,
             })?;
-        let fork = capture(&parent, |vm_id| async move {
+        let fork = capture(&parent, host, move |host, vm_id| async move {
             host.launcher()
                 .fork(&vm_id, count, host.branch_spec())
                 .await
@@ -171,7 +171,7 @@ impl Node {
             ephemeral: false,
             ..CheckpointSpec::default()
         };
-        let taken = capture(&sandbox, |vm_id| async move {
+        let taken = capture(&sandbox, host, |host, vm_id| async move {
             host.launcher().checkpoint(&vm_id, spec).await
         })
         .await
@@ -322,8 +322,9 @@ impl Node {
         self.replaceable(host, name)?;
         let sandbox = self.sandbox(sandbox_id).map_err(PromoteError::Lookup)?;
         let started = Instant::now();
-        let promoted = capture(&sandbox, |vm_id| async move {
-            host.launcher().promote(&vm_id, name).await
+        let template_name = name.to_owned();
+        let promoted = capture(&sandbox, host, |host, vm_id| async move {
+            host.launcher().promote(&vm_id, &template_name).await
         })
         .await
         .map_err(PromoteError::Capture)?;
@@ -352,8 +353,8 @@ impl Node {
     }
 
     /// The snapshot host; `None` in attach mode.
-    fn snapshot_host(&self) -> Option<&SnapshotHost> {
-        self.snapshots().map(Arc::as_ref)
+    fn snapshot_host(&self) -> Option<&Arc<SnapshotHost>> {
+        self.snapshots()
     }
 
     /// Refuses a promotion that would replace a built template, or the template the
@@ -430,13 +431,31 @@ impl Node {
 /// Runs a launcher capture (`fork`, `checkpoint`, `promote`) on `sandbox`'s VM while
 /// holding it running: woken first if it sleeps, and not hibernated, woken or
 /// destroyed by anything else until the capture ends.
-async fn capture<T, F>(sandbox: &Sandbox, run: impl FnOnce(VmId) -> F) -> Result<T, CaptureError>
+///
+/// It runs in a task of its own, which the caller awaits: a capture dropped halfway
+/// (a client that hung up, and the request with it) could leave the VM stopped, or
+/// its disk on an overlay naming a checkpoint that never came. The sandbox's lease
+/// is held in that task, so it also ends before the next operation on the sandbox.
+async fn capture<T, F>(
+    sandbox: &Arc<Sandbox>,
+    host: &Arc<SnapshotHost>,
+    run: impl FnOnce(Arc<SnapshotHost>, VmId) -> F + Send + 'static,
+) -> Result<T, CaptureError>
 where
-    F: std::future::Future<Output = Result<T, SnapshotError>>,
+    F: std::future::Future<Output = Result<T, SnapshotError>> + Send + 'static,
+    T: Send + 'static,
 {
-    let running = sandbox.running().await.map_err(CaptureError::Unreachable)?;
-    let vm_id = running.vm().vm.id().clone();
-    run(vm_id).await.map_err(CaptureError::Snapshot)
+    let (sandbox, host) = (sandbox.clone(), host.clone());
+    let task = tokio::spawn(async move {
+        let running = sandbox.running().await.map_err(CaptureError::Unreachable)?;
+        let vm_id = running.vm().vm.id().clone();
+        run(host, vm_id).await.map_err(CaptureError::Snapshot)
+    });
+    match task.await {
+        Ok(done) => done,
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        Err(_) => Err(CaptureError::Interrupted),
+    }
 }
 
 /// Bytes a checkpoint occupies on disk.

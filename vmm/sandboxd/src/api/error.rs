@@ -181,6 +181,11 @@ fn capture(error: &CaptureError) -> ApiError {
     match error {
         CaptureError::Unreachable(error) => unreachable(error),
         CaptureError::Snapshot(error) => snapshot_error(error),
+        CaptureError::Interrupted => ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            error_chain(error),
+        ),
     }
 }
 
