@@ -7,9 +7,15 @@
 //! 1. **Checkpoint** ([`capture`]): `stop`; a disk, if any, moves to a fresh overlay
 //!    (`blockdev-snapshot-sync`), so the old one is frozen and becomes the
 //!    checkpoint's disk; the device state (~60 KB) is migrated to a file; the RAM file
-//!    is copied sparsely; `cont`. The pause is that window. Then the source's clock is
-//!    corrected, and the checkpoint folder, written under a temporary name, is
-//!    renamed into place: a failed or interrupted checkpoint leaves nothing.
+//!    is copied sparsely; `cont`. The pause is that window, and it grows with the RAM
+//!    in use, so a guest using 128 MiB or more is captured *live* instead (`live`:
+//!    QEMU's background snapshot stops it only for the device state and the write
+//!    protection of its RAM). Then the source's clock is corrected, and the
+//!    checkpoint folder, written under a temporary name, is renamed into place: a
+//!    failed checkpoint leaves nothing, and the VM's disk backs onto what it did
+//!    before. One capture of a VM runs at a time (a `flock` in its run folder). A
+//!    capture's future must be run to its end: the engine runs each in a task of its
+//!    own, so a dropped request does not cut one short.
 //! 2. **Branch** ([`restore`]): each child is the same machine (same device
 //!    arguments, kept in `machine.json`) started with `-incoming defer`, its RAM the
 //!    checkpoint's RAM file mapped copy-on-write (`share=off`: children share the page
