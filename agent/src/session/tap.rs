@@ -16,10 +16,10 @@
 //! a job never blocks on a full pipe.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sandbox_protocol::Stream;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use crate::budget::{Budget, Charge, UNCHARGED_BYTES};
 use crate::process::pump::DRAIN_IDLE_AFTER_EXIT;
@@ -134,6 +134,9 @@ pub struct Tap {
     state: Mutex<TapState>,
     /// Bumped on every change, for waiters.
     changed: watch::Sender<u64>,
+    /// Told when an evaluation's code has finished (its marker is on its way): the
+    /// reader then stops gathering output (see [`read`]).
+    marker_expected: Notify,
 }
 
 impl Tap {
@@ -144,6 +147,7 @@ impl Tap {
             record,
             state: Mutex::new(TapState::default()),
             changed: watch::channel(0).0,
+            marker_expected: Notify::new(),
         });
         match source {
             Some(source) => {
@@ -182,6 +186,12 @@ impl Tap {
     /// The evaluation's code finished; its output ends at `marker`.
     pub fn expect(&self, marker: &[u8]) {
         self.lock().splitter = Some(Splitter::new(marker.to_vec()));
+        self.marker_expected.notify_one();
+    }
+
+    /// An evaluation waits for its marker.
+    fn expecting(&self) -> bool {
+        self.lock().splitter.is_some()
     }
 
     /// Resolves once the marker was seen, or the stream ended.
@@ -292,14 +302,25 @@ impl Tap {
 
 /// Reads `source` until end of file. Like [`crate::process::pump`], the stream
 /// settles for `logs` followers at end of file or once quiet after the exit.
+///
+/// Chatty output is gathered like an exec's ([`Source::read_chunk`]: a pipe read
+/// again soon after its last read waits a moment for more), except while an
+/// evaluation waits for its marker: a wait under way is cut short when the code
+/// finishes, so an evaluation never ends later for it.
 async fn read(tap: Arc<Tap>, mut source: Source) {
     let mut progress = tap.record.subscribe();
     let mut settled = false;
+    let mut last_read = None;
     loop {
         let exited = progress.borrow_and_update().exit.is_some();
         let next = if settled || !exited {
+            let gather = last_read.filter(|_| !tap.expecting());
             tokio::select! {
-                next = source.read_chunk(crate::process::pump::READ_BYTES, None) => next,
+                next = source.read_chunk(crate::process::pump::READ_BYTES, gather) => next,
+                () = tap.marker_expected.notified(), if gather.is_some() => {
+                    last_read = None;
+                    continue;
+                }
                 _ = progress.changed(), if !settled && !exited => continue,
             }
         } else {
@@ -319,6 +340,7 @@ async fn read(tap: Arc<Tap>, mut source: Source) {
         };
         match next {
             Ok(Some(data)) => {
+                last_read = Some(Instant::now());
                 tap.charge_for(data.len()).await;
                 tap.accept(&data);
             }
