@@ -38,7 +38,7 @@ pub enum Wanted<'a> {
 async fn catalogue(state: &AppState) -> Option<Vec<Peer>> {
     let membership = state.membership.as_ref()?;
     match tokio::time::timeout(CATALOGUE_WITHIN, membership.nodes()).await {
-        Ok(Ok(nodes)) => Some(nodes),
+        Ok(Ok(nodes)) => Some(with_own_state(nodes, state)),
         Ok(Err(error)) => {
             tracing::warn!(error = %error, "cannot read the fleet's catalogue: placing here");
             None
@@ -50,6 +50,25 @@ async fn catalogue(state: &AppState) -> Option<Vec<Peer>> {
             None
         }
     }
+}
+
+/// `nodes` with this node's entry as the node knows itself now. Its record in etcd
+/// lags its claims and releases by a publish (an etcd put, seconds when etcd's disk
+/// is slow): placement read from it alone would keep a node that has just filled
+/// picking itself, and its claims would fail `at_capacity` while peers had room.
+fn with_own_state(mut nodes: Vec<Peer>, state: &AppState) -> Vec<Peer> {
+    // As the node publishes it (`fleet::local_state`): every sandbox it holds.
+    let live_claims = state.node.registry().list().len();
+    let capacity = state.node.pool().map(|pool| pool.max());
+    let draining = state.node.is_draining();
+    for peer in nodes.iter_mut().filter(|peer| peer.this_node) {
+        peer.record.used = live_claims;
+        if let Some(capacity) = capacity {
+            peer.record.capacity = capacity;
+        }
+        peer.record.draining = draining;
+    }
+    nodes
 }
 
 /// Another node that can wake the parked sandbox of `parked` (for a node that
