@@ -2,7 +2,8 @@
 //! timeout or a deadline reaches background, double-forked and `setsid`'d children;
 //! a fork bomb neither starves the agent nor outlives its exec; a memory hog is
 //! reported as killed by the OOM killer; what a finished exec leaves behind is listed
-//! and killable; the agent sits in its own cgroup and survives all of it.
+//! and killable, and a finished exec's empty cgroup goes to the next exec; the agent
+//! sits in its own cgroup and survives all of it.
 //!
 //! The test builds its own template (the busybox base with the agent built from this
 //! checkout) into a folder of its own, so it never touches the shared `default`.
@@ -162,6 +163,59 @@ fn main() -> std::process::ExitCode {
             run: || block_on(a_broken_cgroup_mount_keeps_exec()),
         },
     ])
+}
+
+/// A finished exec's empty cgroup goes to the next exec: execs sent one after
+/// another keep to a few cgroups (they held one each for their records' five
+/// minutes, 26 KiB of kernel memory apiece); one that leaves a process behind
+/// keeps its own; a recycled cgroup removed under the agent is replaced.
+async fn finished_execs_give_their_cgroups_on(client: &Client) {
+    let count = async || {
+        let listed = sh(client, "ls -d /sys/fs/cgroup/workload/exec-* | wc -l").await;
+        listed.trim().parse::<usize>().unwrap()
+    };
+    let before = count().await;
+    for _ in 0..20 {
+        sh(client, "true").await;
+    }
+    let after = count().await;
+    assert!(
+        after <= before + 1,
+        "20 execs made {} cgroups",
+        after - before
+    );
+
+    let (left, _) = exec_timed(
+        client,
+        "sleep 600 >/dev/null 2>&1 &",
+        Duration::from_secs(60),
+    )
+    .await;
+    let kept = detail(client, left.pid).await.cgroup.unwrap();
+    let next = exec_cgroup(client, "an exec that left a process").await;
+    assert_ne!(
+        next,
+        format!("0::{kept}\n"),
+        "a cgroup with a process went on"
+    );
+    assert_eq!(detail(client, left.pid).await.live_pids, 1);
+    client.kill(left.pid, libc::SIGKILL).await.unwrap();
+
+    // The last exec's cgroup waits for the next; a spawned process removes it.
+    let waiting = exec_cgroup(client, "the kill").await;
+    let path = format!("/sys/fs/cgroup{}", waiting.trim().trim_start_matches("0::"));
+    client
+        .spawn(ProcessSpec::new(Command::Shell(format!("rmdir {path}"))))
+        .await
+        .unwrap();
+    let removed = eventually(Duration::from_secs(30), async || {
+        client.stat(&path).await.is_err()
+    })
+    .await;
+    assert!(removed, "{path} was not removed");
+    let replaced = exec_cgroup(client, "the removal of a recycled cgroup").await;
+    assert_ne!(replaced, waiting);
+    assert!(replaced.starts_with("0::/workload/exec-"), "{replaced}");
 }
 
 /// The cgroup a fresh exec runs in, asserting it ran.
@@ -324,6 +378,7 @@ async fn workloads_are_confined_in_cgroups() {
     assert!(own.starts_with("0::/workload/exec-"), "{own}");
     let recorded = detail(&client, reply.pid).await.cgroup.unwrap();
     assert_eq!(own, format!("0::{recorded}\n"));
+    finished_execs_give_their_cgroups_on(&client).await;
 
     // Spawns and terminals get a cgroup of their own too.
     let spawned = client

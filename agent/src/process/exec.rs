@@ -47,7 +47,7 @@ const STREAM_QUEUE_CHUNKS: usize = 4;
 
 /// Runs `request` to completion (or its deadline).
 pub async fn exec(
-    table: &ProcessTable,
+    table: &Arc<ProcessTable>,
     request: ExecRequest,
     events: &Events,
 ) -> Result<ExecReply, ProcessError> {
@@ -138,7 +138,7 @@ pub async fn exec(
     }
     kill_guard.disarm();
     if !timed_out {
-        kill_leftovers_at(record.clone(), started + deadline);
+        kill_leftovers_at(table.clone(), record.clone(), started + deadline);
     }
     // The OOM killer's victims die of SIGKILL: no other exit is worth a read of
     // `memory.events` on the exec's path.
@@ -220,15 +220,19 @@ async fn finished(progress: &mut tokio::sync::watch::Receiver<super::table::Prog
 }
 
 /// Kills what a finished exec left in its cgroup (unconfined: its process group)
-/// once its deadline `at` passes (see the module docs). Nothing to do without
-/// leftovers.
-fn kill_leftovers_at(record: Arc<ProcessRecord>, at: Instant) {
+/// once its deadline `at` passes (see the module docs). Without leftovers its
+/// cgroup goes to a later exec instead (see [`super::cgroup`]).
+fn kill_leftovers_at(table: Arc<ProcessTable>, record: Arc<ProcessRecord>, at: Instant) {
     tokio::spawn(async move {
         // Look for leftovers only once the reply is on its way: reading
         // `cgroup.events` costs about 0.4 ms in a TCG guest, which the client should
         // not wait for. (A yield waits until every task ready now, the ones that
         // queue and write the reply included, has run.)
         tokio::task::yield_now().await;
+        if let Some(cgroup) = record.give_up_cgroup() {
+            table.confinement().recycle(cgroup);
+            return;
+        }
         if !record.has_leftovers() {
             return;
         }
@@ -250,7 +254,7 @@ const CGROUP_EMPTY_POLL: Duration = Duration::from_millis(5);
 /// Resolves once the record's cgroup holds no process (at once without a cgroup), so
 /// the reply to a timed-out exec means "nothing of it is left".
 async fn cgroup_emptied(record: &ProcessRecord) {
-    let Some(cgroup) = &record.cgroup else {
+    let Some(cgroup) = record.live_cgroup() else {
         return;
     };
     while cgroup.populated() {

@@ -26,7 +26,7 @@ pub fn kill(table: &ProcessTable, request: KillRequest) -> Result<(), ProcessErr
         signal,
         error,
     };
-    if let Some(cgroup) = &record.cgroup {
+    if let Some(cgroup) = record.live_cgroup() {
         return cgroup.signal(signal).map_err(signal_error);
     }
     if record.progress().exit.is_some() {

@@ -30,7 +30,7 @@
 
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
@@ -397,20 +397,25 @@ pub fn start(
         },
         default_interrupt: kind == ProcessKind::Session,
     };
-    let cgroup = table
-        .confinement()
-        .create(kind)
-        .map_err(|error| ProcessError::Cgroup {
-            program: program.clone(),
-            error,
-        })?;
+    let cgroup_error = |error| ProcessError::Cgroup {
+        program: program.clone(),
+        error,
+    };
+    let mut cgroup = table.confinement().create(kind).map_err(cgroup_error)?;
 
     let record = {
         let mut permit = table.spawn_gate();
-        let started = match (table.confinement(), &cgroup) {
-            (Confinement::Cgroups(tree), Some(cgroup)) => {
-                clone_or_fork(tree, cgroup, &plan, &executable, child, setup, &mut permit)
-            }
+        let started = match (table.confinement(), &mut cgroup) {
+            (Confinement::Cgroups(tree), Some(cgroup)) => clone_or_fork(
+                tree,
+                cgroup,
+                kind,
+                &plan,
+                &executable,
+                child,
+                setup,
+                &mut permit,
+            ),
             _ => {
                 // Restored when dropped, also when the start fails.
                 let _unshield = permit.unshield_oom();
@@ -436,10 +441,23 @@ pub fn start(
         record
     };
     // From here on the child is tracked; failures below only lose its output.
+    // Each is the agent's end of a pipe `wire` just made, as the unchecked
+    // constructors require once non-blocking.
+    let nonblocking = |fd: OwnedFd| {
+        crate::sys::set_fresh_pipe_nonblocking(fd.as_fd())
+            .ok()
+            .map(|()| fd)
+    };
     let pipes = ChildPipes {
-        stdin: stdin.and_then(|fd| pipe::Sender::from_owned_fd(fd).ok()),
-        stdout: stdout.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()),
-        stderr: stderr.and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok()),
+        stdin: stdin
+            .and_then(nonblocking)
+            .and_then(|fd| pipe::Sender::from_owned_fd_unchecked(fd).ok()),
+        stdout: stdout
+            .and_then(nonblocking)
+            .and_then(|fd| pipe::Receiver::from_owned_fd_unchecked(fd).ok()),
+        stderr: stderr
+            .and_then(nonblocking)
+            .and_then(|fd| pipe::Receiver::from_owned_fd_unchecked(fd).ok()),
     };
     Ok((record, pipes))
 }
@@ -453,10 +471,15 @@ struct Setup {
 }
 
 /// Starts the child straight into `cgroup` with `clone3` (see [`crate::sys::spawn`]);
-/// where the kernel cannot, forks it and has it join the cgroup before `exec`.
+/// where the kernel cannot, forks it and has it join the cgroup before `exec`. A
+/// recycled cgroup the child cannot be cloned into (the workload removed it, or
+/// gave it sub-cgroups with controllers: `ENODEV`, `EBUSY`) is removed and
+/// replaced by a fresh one of `kind`.
+#[allow(clippy::too_many_arguments)]
 fn clone_or_fork(
     tree: &CgroupTree,
-    cgroup: &NewCgroup,
+    cgroup: &mut NewCgroup,
+    kind: ProcessKind,
     plan: &LaunchPlan,
     executable: &Path,
     stdio: [OwnedFd; 3],
@@ -477,7 +500,17 @@ fn clone_or_fork(
     )?
     .with_oom_score_reset(permit.oom_shielded())
     .with_default_interrupt(setup.default_interrupt);
-    match tree.clone_into(&image, cgroup) {
+    let mut cloned = tree.clone_into(&image, cgroup);
+    if cgroup.recycled && matches!(cloned, Err(CloneError::Clone(_))) {
+        tracing::info!(
+            cgroup = cgroup.cgroup.relative(),
+            "a recycled cgroup cannot take a child: using a fresh one"
+        );
+        let fresh = tree.create_fresh(kind)?;
+        tree.discard(&std::mem::replace(cgroup, fresh).cgroup);
+        cloned = tree.clone_into(&image, cgroup);
+    }
+    match cloned {
         Ok(pid) => Ok(pid),
         Err(CloneError::Clone(error) | CloneError::Exec(error)) => Err(error),
         Err(CloneError::Unsupported) => {

@@ -178,7 +178,9 @@ impl OutputPipe {
 
     fn register(&mut self) -> io::Result<()> {
         if let PipeState::Unregistered(fd) = std::mem::replace(&mut self.state, PipeState::Broken) {
-            self.state = PipeState::Registered(pipe::Receiver::from_owned_fd(fd)?);
+            // It was registered before, so it is a pipe's read end in
+            // non-blocking mode still: the checks would be three system calls.
+            self.state = PipeState::Registered(pipe::Receiver::from_owned_fd_unchecked(fd)?);
         }
         Ok(())
     }

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -117,7 +118,10 @@ pub struct ProcessRecord {
     /// requests in flight at once never interleave.
     pub input_order: tokio::sync::Mutex<()>,
     /// Its own cgroup, when the agent confines in cgroups (see [`super::cgroup`]).
-    pub cgroup: Option<ProcessCgroup>,
+    cgroup: Option<ProcessCgroup>,
+    /// Its cgroup went to a later exec once it finished (see
+    /// [`ProcessRecord::give_up_cgroup`]): nothing of it is left there.
+    cgroup_given_up: AtomicBool,
     state: Mutex<RecordState>,
     progress: watch::Sender<Progress>,
 }
@@ -145,6 +149,7 @@ impl ProcessRecord {
             pty,
             input_order: tokio::sync::Mutex::new(()),
             cgroup: None,
+            cgroup_given_up: AtomicBool::new(false),
             state: Mutex::new(RecordState {
                 ring: OutputRing::new(RING_BYTES),
                 capture,
@@ -167,12 +172,45 @@ impl ProcessRecord {
         self
     }
 
+    /// Its cgroup while it acts on it: `None` without one, and once the cgroup went
+    /// to a later exec.
+    pub fn live_cgroup(&self) -> Option<&ProcessCgroup> {
+        self.cgroup
+            .as_ref()
+            .filter(|_| !self.cgroup_given_up.load(Ordering::Acquire))
+    }
+
+    /// For a finished exec: its cgroup, when a later exec may have it (empty, not
+    /// frozen, and the process did not die of `SIGKILL`, the OOM killer's signal);
+    /// from then on the record no longer acts on it. `None` otherwise, and the
+    /// second time.
+    pub fn give_up_cgroup(&self) -> Option<&ProcessCgroup> {
+        let exit = self.progress().exit?;
+        if exit.signal == Some(libc::SIGKILL) {
+            return None;
+        }
+        let cgroup = self.live_cgroup()?;
+        if !cgroup.reusable() {
+            return None;
+        }
+        (!self.cgroup_given_up.swap(true, Ordering::AcqRel)).then_some(cgroup)
+    }
+
+    /// Whether its cgroup went to a later exec.
+    fn gave_up_cgroup(&self) -> bool {
+        self.cgroup_given_up.load(Ordering::Acquire)
+    }
+
     /// Kills the process and everything it started: its whole cgroup when it has
     /// one, else its process group (a child that called `setsid` escapes that). After
     /// it exited, the group is signalled only while it has members: the kernel keeps
     /// the number of a group with members allocated, so it names no other process;
     /// an empty group's number may have been reused, so it is left alone.
     pub fn kill_all_of_it(&self) -> std::io::Result<()> {
+        if self.gave_up_cgroup() {
+            // It finished with its cgroup empty: nothing is left to kill.
+            return Ok(());
+        }
         match &self.cgroup {
             Some(cgroup) => cgroup.kill(),
             None if self.progress().exit.is_none() || self.group_members() > 0 => {
@@ -187,6 +225,7 @@ impl ProcessRecord {
     /// they stay listed and killable.
     pub fn has_leftovers(&self) -> bool {
         self.progress().exit.is_some()
+            && !self.gave_up_cgroup()
             && match &self.cgroup {
                 Some(cgroup) => cgroup.populated(),
                 None => self.group_members() > 0,
@@ -200,18 +239,19 @@ impl ProcessRecord {
 
     /// The OOM killer's kills in its cgroup, if any.
     pub fn oom_kill(&self) -> Option<OomKill> {
-        self.cgroup.as_ref()?.oom_kill(self.pid)
+        self.live_cgroup()?.oom_kill(self.pid)
     }
 
     /// The `ps_detail` row.
     pub fn detail(&self) -> ProcessDetail {
-        let live = self.cgroup.as_ref().map_or_else(
-            || match self.progress().exit {
+        let live = match (&self.cgroup, self.gave_up_cgroup()) {
+            (Some(_), true) => 0,
+            (Some(cgroup), false) => cgroup.pids().len(),
+            (None, _) => match self.progress().exit {
                 None => 1,
                 Some(_) => self.group_members(),
             },
-            |c| c.pids().len(),
-        );
+        };
         ProcessDetail {
             info: self.info(),
             cgroup: self.cgroup.as_ref().map(|c| c.relative().to_owned()),
@@ -493,7 +533,7 @@ impl ProcessTable {
         }
         drop(records);
         for record in &expired {
-            if let Some(cgroup) = &record.cgroup {
+            if let Some(cgroup) = record.live_cgroup() {
                 self.confinement.discard(cgroup);
             }
         }
@@ -700,5 +740,79 @@ mod tests {
         assert_eq!(table.forget_expired(later), 1);
         assert!(table.get(Pid(7)).is_err());
         assert!(!dir.exists());
+    }
+
+    /// A plain directory standing in for a cgroup whose `cgroup.events` says `events`,
+    /// and an exec record in it that exited as `exit`.
+    fn exec_in_cgroup(
+        name: &str,
+        events: &str,
+        exit: ExitStatus,
+    ) -> (std::path::PathBuf, Arc<ProcessRecord>) {
+        let dir = std::env::temp_dir().join(format!("sbx-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.events"), events).unwrap();
+        let rec = ProcessRecord::new(Pid(9), ProcessKind::Exec, vec![], 0, None, None)
+            .with_cgroup(Some(ProcessCgroup::at(&dir)));
+        rec.mark_exited(exit);
+        (dir, Arc::new(rec))
+    }
+
+    const EXITED: ExitStatus = ExitStatus {
+        code: Some(0),
+        signal: None,
+    };
+
+    #[test]
+    fn a_finished_execs_empty_cgroup_is_given_up_once_and_no_longer_acted_on() {
+        let (dir, rec) = exec_in_cgroup("give-up", "populated 0\nfrozen 0\n", EXITED);
+        assert!(rec.give_up_cgroup().is_some());
+        assert!(rec.give_up_cgroup().is_none(), "given up twice");
+        assert!(rec.live_cgroup().is_none());
+        // Another exec runs there now: this record sees nothing of it.
+        std::fs::write(dir.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+        assert!(!rec.has_leftovers());
+        assert!(rec.kill_all_of_it().is_ok());
+        let detail = rec.detail();
+        assert_eq!(detail.live_pids, 0);
+        assert_eq!(
+            detail.cgroup.as_deref(),
+            Some(dir.display().to_string().as_str())
+        );
+        // Forgetting the record leaves the directory to its new user.
+        let table = ProcessTable::new(Duration::from_secs(1));
+        table.insert(rec);
+        assert_eq!(
+            table.forget_expired(Instant::now() + Duration::from_secs(2)),
+            1
+        );
+        assert!(dir.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_cgroup_with_processes_frozen_or_after_a_sigkill_is_kept() {
+        let killed = ExitStatus {
+            code: None,
+            signal: Some(libc::SIGKILL),
+        };
+        for (name, events, exit) in [
+            ("populated", "populated 1\nfrozen 0\n", EXITED),
+            ("frozen", "populated 0\nfrozen 1\n", EXITED),
+            ("killed", "populated 0\nfrozen 0\n", killed),
+        ] {
+            let (dir, rec) = exec_in_cgroup(name, events, exit);
+            assert!(rec.give_up_cgroup().is_none(), "{name}");
+            assert!(rec.live_cgroup().is_some(), "{name}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        // Still running: not yet.
+        let dir = std::env::temp_dir().join(format!("sbx-running-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        let rec = ProcessRecord::new(Pid(10), ProcessKind::Exec, vec![], 0, None, None)
+            .with_cgroup(Some(ProcessCgroup::at(&dir)));
+        assert!(rec.give_up_cgroup().is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

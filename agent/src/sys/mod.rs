@@ -49,7 +49,10 @@ pub use cgroup::{
     is_cgroup2, is_procfs, is_read_only, mount_cgroup2, mount_proc, remount_read_write,
 };
 pub use clock::{set_wall_clock, unix_time_ms};
-pub use fd::{bytes_queued, read, register_async, set_nonblocking, set_pipe_size, write};
+pub use fd::{
+    bytes_queued, read, register_async, set_fresh_pipe_nonblocking, set_nonblocking, set_pipe_size,
+    write,
+};
 pub use limits::raise_open_file_limit;
 pub use net::{interface_flags, set_interface_flags};
 pub use proc::{

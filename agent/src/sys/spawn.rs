@@ -501,12 +501,19 @@ fn child_steps(image: &ChildImage) -> Result<(), c_int> {
 /// Sets this process's `oom_score_adj` to 0; failures are ignored (see
 /// [`ChildImage::with_oom_score_reset`]).
 fn reset_oom_score() {
-    // SAFETY: open reads a NUL-terminated literal path; it returns a new fd or -1.
-    let fd = unsafe {
-        libc::open(
+    // Raw: musl's `open` follows an O_CLOEXEC open with an `fcntl` for kernels that
+    // ignored the flag, one system call more on every start.
+    // SAFETY: openat reads a NUL-terminated literal path; it returns a new fd or -1.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::c_long::from(libc::AT_FDCWD),
             c"/proc/self/oom_score_adj".as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC,
+            libc::c_long::from(libc::O_WRONLY | libc::O_CLOEXEC),
         )
+    };
+    let Ok(fd) = c_int::try_from(rc) else {
+        return;
     };
     if fd < 0 {
         return;
