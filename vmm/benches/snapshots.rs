@@ -71,6 +71,25 @@ async fn sh(client: &Client, script: &str) {
     assert_eq!(reply.exit.and_then(|e| e.code), Some(0), "{script}");
 }
 
+/// CPU time (user + system) a process has used so far, from `/proc/PID/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = text
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    // utime and stime: fields 14 and 15 of stat(5), here 11 and 12 from `state` on.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf takes an integer and returns one.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .unwrap_or(100)
+        .max(1);
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
 /// PSS of a process in MiB (`Pss:` of `/proc/PID/smaps_rollup`).
 fn pss_mib(pid: u32) -> f64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
@@ -291,6 +310,10 @@ fn main() {
             }
             let took = started.elapsed();
             let pids: Vec<u32> = fork.children.iter().filter_map(Vm::qemu_pid).collect();
+            // What the children's QEMUs spent to get there: on this machine's cores
+            // the fork cannot answer sooner than that work divided among them.
+            let cpu: Duration = pids.iter().map(|&p| cpu_time(p)).sum();
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
             let idle: f64 = pids.iter().map(|&p| pss_mib(p)).sum::<f64>() / n as f64;
             for child in &fork.children {
                 sh(&client(child).await, "head -c 33554432 /dev/urandom > /tmp/fill").await;
@@ -301,6 +324,12 @@ fn main() {
                 ms(fork.checkpoint.pause),
                 ms(took),
                 took.as_secs_f64() / cold.as_secs_f64()
+            );
+            println!(
+                "| fork -n {n}: host CPU of the children's QEMUs until then, per child / over {cores} cores | {:.0} ms / {:.0} ms | {:.0}% of the time to all answering |",
+                ms(cpu / u32::try_from(n).unwrap()),
+                ms(cpu / u32::try_from(cores).unwrap()),
+                100.0 * (cpu.as_secs_f64() / cores as f64) / took.as_secs_f64()
             );
             println!(
                 "| PSS per child, {n} children: idle / after writing 32 MiB | {idle:.1} MiB ({:.1}% of RAM) / {written:.1} MiB | |",
