@@ -34,11 +34,11 @@
 //! A finished exec's cgroup, once empty, goes to the next exec (up to
 //! [`RECYCLED_MAX`] wait): a cgroup is a memory cgroup with its per-CPU statistics
 //! and some forty kernfs files, about 26 KiB of kernel memory that no cgroup
-//! limits, and making one costs more than its `mkdir` (measured in the microVM
-//! exec benchmark: about 1 ms of a 9-10 ms exec of `true`). Kept for their records'
-//! five minutes, as they were, 500 quick execs held 13 MiB of a 512 MiB guest and
-//! every exec slowed as they piled up (9 ms, then 13 ms after 2,000), and a client
-//! exec'ing in a loop could fill the guest with them.
+//! limits, and making one costs more than its `mkdir` (about 1 ms of a 9-10 ms exec
+//! of `true` over a kept connection, measured against execs all run in one cgroup).
+//! Kept for their records' five minutes, as they were, 500 quick execs held 13 MiB
+//! of a 512 MiB guest and every exec slowed as they piled up (9 ms, then 13 ms
+//! after 2,000), and a client exec'ing in a loop could fill the guest with them.
 //!
 //! # Lifecycle of a process's cgroup
 //! - A timed-out or cancelled exec has its whole cgroup killed (`cgroup.kill`, else
