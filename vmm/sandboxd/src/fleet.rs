@@ -101,8 +101,31 @@ fn held_checkpoints(node: &Node) -> Vec<String> {
         .collect()
 }
 
+/// What placement weighs of a node: its slots, the sandboxes it holds (claims and
+/// attached agents alike), and whether it drains. Published in its record, and read
+/// live by the node itself when it places a claim (see `placement`).
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    /// `--max-sandboxes` (one in attach mode).
+    pub capacity: usize,
+    /// Sandboxes held now.
+    pub used: usize,
+    /// Refusing claims.
+    pub draining: bool,
+}
+
+/// `node`'s [`Load`] now, as its status reports it.
+pub fn load_of(node: &Node) -> Load {
+    Load {
+        capacity: node.pool().map_or(1, |pool| pool.max()),
+        used: node.registry().list().len(),
+        draining: node.is_draining(),
+    }
+}
+
 fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str, store: bool) -> LocalState {
     let status = node.status();
+    let load = load_of(node);
     let mut warm = BTreeMap::new();
     if let Some(pool) = &status.pool {
         warm.insert(pool.template.clone(), pool.warm);
@@ -130,8 +153,8 @@ fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str, store: b
     LocalState {
         record: NodeRecord {
             addr: advertise.to_owned(),
-            capacity: status.capacity.max_sandboxes,
-            used: status.capacity.live_claims,
+            capacity: load.capacity,
+            used: load.used,
             warm,
             // Only those that load: a claim placed here must be able to boot.
             templates: status
@@ -142,7 +165,7 @@ fn local_state(node: &Node, advertise: &str, qemu: &str, machine: &str, store: b
                 .collect(),
             checkpoints: held_checkpoints(node),
             store,
-            draining: status.draining,
+            draining: load.draining,
             qemu: qemu.to_owned(),
             machine: machine.to_owned(),
             ..NodeRecord::default()

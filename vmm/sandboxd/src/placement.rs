@@ -57,16 +57,11 @@ async fn catalogue(state: &AppState) -> Option<Vec<Peer>> {
 /// is slow): placement read from it alone would keep a node that has just filled
 /// picking itself, and its claims would fail `at_capacity` while peers had room.
 fn with_own_state(mut nodes: Vec<Peer>, state: &AppState) -> Vec<Peer> {
-    // As the node publishes it (`fleet::local_state`): every sandbox it holds.
-    let live_claims = state.node.registry().list().len();
-    let capacity = state.node.pool().map(|pool| pool.max());
-    let draining = state.node.is_draining();
+    let load = crate::fleet::load_of(&state.node);
     for peer in nodes.iter_mut().filter(|peer| peer.this_node) {
-        peer.record.used = live_claims;
-        if let Some(capacity) = capacity {
-            peer.record.capacity = capacity;
-        }
-        peer.record.draining = draining;
+        peer.record.capacity = load.capacity;
+        peer.record.used = load.used;
+        peer.record.draining = load.draining;
     }
     nodes
 }
