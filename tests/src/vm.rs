@@ -47,7 +47,6 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use sandbox_protocol::{Request, ShutdownRequest};
 use sandbox_vmm::client::{AgentUrl, Client, ConnectOptions};
 use sandbox_vmm::error_chain;
 use sandbox_vmm::launcher::{BootSpec, Launcher, LauncherConfig, TemplateRef, Vm};
@@ -418,15 +417,27 @@ fn request_power_off(url: AgentUrl, token: String) -> Result<(), String> {
             return Err(format!("{} is gone", path.display()));
         }
     }
-    let sent = on_own_thread(Duration::from_secs(10), async move {
-        let mut raw = RawConnection::to(&url).await.hello(Some(token)).await;
-        raw.call(1, Request::Shutdown(ShutdownRequest { reboot: false }))
-            .await;
+    // Through the client, whose errors are values: a guest dying under a test (the
+    // kill tests do it on purpose) is an error message here, not a panic.
+    let (sender, outcome) = std::sync::mpsc::channel();
+    let finished = on_own_thread(Duration::from_secs(10), async move {
+        let options = ConnectOptions {
+            token: Some(token),
+            ..Default::default()
+        };
+        let result = match Client::connect(&url, &options).await {
+            Ok(client) => client
+                .shutdown(false)
+                .await
+                .map_err(|error| error_chain(&error)),
+            Err(error) => Err(format!("cannot connect: {}", error_chain(&error))),
+        };
+        let _ = sender.send(result);
     });
-    if sent {
-        Ok(())
-    } else {
-        Err("no reply to the shutdown request".to_owned())
+    match outcome.try_recv() {
+        Ok(result) => result,
+        Err(_) if finished => Err("the request's thread ended without an answer".to_owned()),
+        Err(_) => Err("no reply to the shutdown request within 10 s".to_owned()),
     }
 }
 

@@ -1,10 +1,10 @@
 //! Fleet membership on a real etcd: three `sandboxd` with their own homes and
 //! ports (no warm pool, so no VM boots) register under leases they keep alive.
-//! All three appear as peers within a second; a drain on one is visible from the
-//! others at once; `kill -9` of one drops it within the lease's TTL; SIGTERM of
-//! another drops it at once (lease revoked); with etcd stopped the node keeps
-//! serving and `GET /v1/peers` says etcd is unreachable; with etcd back it
-//! re-registers on a new lease. A second test claims a real microVM on one node
+//! All three appear as peers, and a drain on one is visible from the others,
+//! within moments (each step prints how long it took); `kill -9` of one drops it
+//! within the lease's TTL; SIGTERM of another drops it at once (lease revoked);
+//! with etcd stopped the node keeps serving and `GET /v1/peers` says etcd is
+//! unreachable; with etcd back it re-registers on a new lease. A second test claims a real microVM on one node
 //! and `kill -9`s that node: the sandbox is reported lost fleet-wide, and found
 //! again when the node restarts and re-adopts it.
 //!
@@ -27,6 +27,16 @@ use support::{test_dir, Daemon};
 
 /// The lease TTL the nodes run with.
 const TTL_SECS: u64 = 3;
+
+/// How long a change one node publishes may take to show on another. On an idle
+/// machine it is milliseconds (each test prints what it saw); the bound is for a
+/// CI machine whose two cores and disk the other suites keep busy. A bound this
+/// test enforces is a correctness check, not a benchmark.
+const PROMPTLY: Duration = Duration::from_secs(10);
+
+/// How long past the lease's TTL a dead node's records may linger, for the same
+/// reason.
+const EXPIRY_SLACK_SECS: u64 = 5;
 
 async fn start_node(dir: &Path, name: &str, etcd: &Etcd) -> Daemon {
     let home = dir.join(name);
@@ -117,8 +127,8 @@ async fn fleet() {
         std::fs::read_to_string(file).unwrap().trim().to_owned()
     };
 
-    // All three register within a second of starting.
-    let all = within(Duration::from_secs(1), "three peers", async || {
+    // All three register (within milliseconds of starting on an idle machine).
+    let all = within(PROMPTLY, "three peers", async || {
         let peers = a.get("/v1/peers").await;
         (node_ids(&peers.json).len() == 3).then_some(peers.json)
     })
@@ -176,7 +186,7 @@ async fn fleet() {
     assert_eq!(drained.status, 200, "{drained:?}");
     let drained_at = Instant::now();
     for viewer in [&a, &c] {
-        within(Duration::from_secs(1), "the drain seen", async || {
+        within(PROMPTLY, "the drain seen", async || {
             let peers = viewer.get("/v1/peers").await;
             (draining_of(&peers.json, &b_id) == Some(true)).then_some(())
         })
@@ -188,7 +198,7 @@ async fn fleet() {
     b.kill9().await;
     let killed_at = Instant::now();
     within(
-        Duration::from_secs(TTL_SECS + 2),
+        Duration::from_secs(TTL_SECS + EXPIRY_SLACK_SECS),
         "the killed node's record expired",
         async || {
             let peers = a.get("/v1/peers").await;
@@ -293,7 +303,7 @@ async fn lost_and_found() {
     let owner_path = format!("/v1/sandboxes/{id}/owner");
 
     // Another node names the owner, and sends the sandbox's calls there.
-    let owner = within(Duration::from_secs(3), "the owner record", async || {
+    let owner = within(PROMPTLY, "the owner record", async || {
         let answer = a.get(&owner_path).await;
         (answer.status == 200).then_some(answer.json)
     })
@@ -311,7 +321,7 @@ async fn lost_and_found() {
     b.kill9().await;
     let killed_at = Instant::now();
     let peers = within(
-        Duration::from_secs(TTL_SECS + 2),
+        Duration::from_secs(TTL_SECS + EXPIRY_SLACK_SECS),
         "the sandbox listed lost",
         async || {
             let peers = a.get("/v1/peers").await;
@@ -359,7 +369,7 @@ async fn lost_and_found() {
         )
         .await;
     assert_eq!(released.status, 200, "{released:?}");
-    within(Duration::from_secs(3), "the records removed", async || {
+    within(PROMPTLY, "the records removed", async || {
         let answer = a.get(&owner_path).await;
         (answer.status == 404).then_some(())
     })

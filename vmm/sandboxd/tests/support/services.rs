@@ -39,14 +39,29 @@ pub struct Etcd {
     log: PathBuf,
 }
 
+/// Where a test etcd keeps its data: on `/dev/shm` when the machine has it. etcd
+/// fsyncs every write, and on a disk the other suites fill with VM images one put
+/// waited over a second (CI once saw a sandbox's records take over 3 s to appear);
+/// a test etcd's durability across a power cut is nothing these tests check, and
+/// its data still outlives a kill of etcd.
+fn etcd_data_dir(dir: &Path) -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return dir.join("etcd");
+    }
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    shm.join(format!("sbx-test-etcd-{}-{n}", std::process::id()))
+}
+
 impl Etcd {
-    /// Starts etcd with its data under `dir`.
+    /// Starts etcd with its log under `dir`, its data in [`etcd_data_dir`].
     pub fn start(dir: &Path) -> Self {
         let mut etcd = Self {
             child: None,
             url: format!("http://127.0.0.1:{}", free_port()),
             peer_url: format!("http://127.0.0.1:{}", free_port()),
-            data: dir.join("etcd"),
+            data: etcd_data_dir(dir),
             log: dir.join("etcd.log"),
         };
         etcd.spawn();
@@ -97,6 +112,9 @@ impl Etcd {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.stop();
+        if self.data.starts_with("/dev/shm") {
+            let _ = std::fs::remove_dir_all(&self.data);
+        }
     }
 }
 
