@@ -371,9 +371,11 @@ async fn load_incoming(qmp_socket: &Path, incoming: &Incoming) -> Result<(), Str
     qmp.set_migration_capabilities(&[("x-ignore-shared", ignore_shared)])
         .await
         .map_err(text)?;
-    qmp.migrate_incoming(&format!("exec:cat {}", shell_quote(&incoming.state)))
-        .await
-        .map_err(text)?;
+    let state = std::fs::File::open(&incoming.state)
+        .map_err(|error| format!("cannot open {}: {error}", incoming.state.display()))?;
+    qmp.migrate_incoming_from_file(&state).await.map_err(text)?;
+    // QEMU holds its own descriptor of the file now.
+    drop(state);
     let state = qmp.wait_incoming(INCOMING_TIMEOUT).await.map_err(text)?;
     if state != super::qmp::RunState::Running {
         // The source was stopped for the checkpoint, so the copy arrives paused.
@@ -413,12 +415,6 @@ pub(crate) async fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
     }
 }
 
-/// `path` quoted for `/bin/sh` (QEMU runs `exec:` URIs through it).
-pub(crate) fn shell_quote(path: &Path) -> String {
-    let text = path.to_string_lossy();
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
 /// The kernel parameters the launcher adds for a transport and token.
 pub(crate) fn transport_params(transport: AgentTransport, token: &str) -> String {
     match transport {
@@ -426,16 +422,5 @@ pub(crate) fn transport_params(transport: AgentTransport, token: &str) -> String
             format!("sandbox.token={token} sandbox.serial={SERIAL_PORT_NAME}")
         }
         AgentTransport::Vsock => format!("sandbox.token={token}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn paths_are_quoted_for_the_shell() {
-        assert_eq!(shell_quote(Path::new("/a b/c")), "'/a b/c'");
-        assert_eq!(shell_quote(Path::new("/it's")), r"'/it'\''s'");
     }
 }

@@ -29,6 +29,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -298,20 +299,44 @@ impl Qmp {
         arguments: Value,
         deadline: Deadline,
     ) -> Result<Value, QmpError> {
-        let id = self.send(command, arguments, deadline).await?;
+        let id = self.send(command, arguments, None, deadline).await?;
+        self.reply_to(command, &id, deadline).await
+    }
+
+    /// Hands QEMU the open file `file` under `name` (QMP `getfd`: the descriptor rides
+    /// the command's message as `SCM_RIGHTS`), for a later `fd:NAME` migration URI.
+    /// QEMU keeps its own copy of the descriptor; a second `getfd` of the same name
+    /// replaces (and closes) the first.
+    pub async fn send_fd(&mut self, name: &str, file: &impl AsFd) -> Result<(), QmpError> {
+        const COMMAND: &str = "getfd";
+        let deadline = Deadline::after(self.command_timeout);
+        let arguments = serde_json::json!({ "fdname": name });
+        let id = self
+            .send(COMMAND, arguments, Some(file.as_fd()), deadline)
+            .await?;
+        self.reply_to(COMMAND, &id, deadline).await.map(drop)
+    }
+
+    /// Reads until the reply to `command` (sent as `id`) arrives, queueing events.
+    async fn reply_to(
+        &mut self,
+        command: &str,
+        id: &Value,
+        deadline: Deadline,
+    ) -> Result<Value, QmpError> {
         loop {
             match receive(&mut self.reader, command, deadline).await? {
                 Message::Return {
                     id: Some(got),
                     value,
-                } if got == id => return Ok(value),
+                } if got == *id => return Ok(value),
                 // An error without an id answers a command QEMU could not parse: ours,
                 // as only one is in flight.
                 Message::Error {
                     id: reply_id,
                     class,
                     desc,
-                } if reply_id.as_ref().is_none_or(|got| *got == id) => {
+                } if reply_id.as_ref().is_none_or(|got| got == id) => {
                     return Err(QmpError::Command {
                         command: command.to_owned(),
                         class,
@@ -353,6 +378,7 @@ impl Qmp {
         &mut self,
         command: &str,
         arguments: Value,
+        fd: Option<BorrowedFd<'_>>,
         deadline: Deadline,
     ) -> Result<Value, QmpError> {
         if self.sending {
@@ -367,7 +393,15 @@ impl Qmp {
         let mut line = message.to_string().into_bytes();
         line.push(b'\n');
         self.sending = true;
-        let written = tokio::time::timeout_at(deadline.at, self.writer.write_all(&line)).await;
+        let write = async {
+            let mut rest: &[u8] = &line;
+            if let Some(fd) = fd {
+                let sent = send_with_fd(self.writer.as_ref(), rest, fd).await?;
+                rest = &rest[sent..];
+            }
+            self.writer.write_all(rest).await
+        };
+        let written = tokio::time::timeout_at(deadline.at, write).await;
         let Ok(written) = written else {
             // Cut off mid-line: `sending` stays set.
             return Err(deadline.expired(format!("QEMU to take {command}")));
@@ -426,6 +460,25 @@ fn starting(error: &io::Error) -> bool {
 }
 
 /// Whether an I/O error means the peer is gone.
+/// Sends the first bytes of `bytes` with `fd` attached (`SCM_RIGHTS`); returns how
+/// many went (the descriptor travels with them; the caller writes the rest).
+async fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let fds = [fd.as_raw_fd()];
+    stream
+        .async_io(tokio::io::Interest::WRITABLE, || {
+            sendmsg::<()>(
+                stream.as_raw_fd(),
+                &[io::IoSlice::new(bytes)],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+            .map_err(io::Error::from)
+        })
+        .await
+}
+
 fn gone(error: &io::Error) -> bool {
     matches!(
         error.kind(),
@@ -750,5 +803,74 @@ pub(crate) mod tests {
         assert!(matches!(error, QmpError::Connect { .. }), "{error:?}");
         assert!(started.elapsed() < Duration::from_secs(2));
         assert!(error.to_string().contains("sbx-qmp-none"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn getfd_carries_the_descriptor_with_its_command() {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use std::os::fd::{FromRawFd, OwnedFd};
+        use std::os::unix::fs::MetadataExt;
+
+        let (mut qmp, peer) = session().await;
+        // The peer reads with recvmsg to see the ancillary data, so it takes the raw
+        // socket back from the scripted one.
+        let Peer { lines, writer } = peer;
+        let theirs = lines.into_inner().into_inner().reunite(writer).unwrap();
+        let theirs = theirs.into_std().unwrap();
+        theirs.set_nonblocking(false).unwrap();
+        let file = tempfile_in_tmp("sbx-qmp-getfd");
+        let sent_ino = file.metadata().unwrap().ino();
+        let server = std::thread::spawn(move || {
+            let mut buffer = [0u8; 512];
+            let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+            let mut iov = [std::io::IoSliceMut::new(&mut buffer)];
+            let message = recvmsg::<()>(
+                theirs.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::empty(),
+            )
+            .unwrap();
+            let mut received = Vec::new();
+            for cmsg in message.cmsgs().unwrap() {
+                if let ControlMessageOwned::ScmRights(fds) = cmsg {
+                    // SAFETY: the kernel just installed these descriptors for us.
+                    received.extend(
+                        fds.into_iter()
+                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                    );
+                }
+            }
+            let length = message.bytes;
+            let line: Value = serde_json::from_slice(&buffer[..length]).unwrap();
+            let received_ino = received.first().map(|fd| {
+                std::fs::File::from(fd.try_clone().unwrap())
+                    .metadata()
+                    .unwrap()
+                    .ino()
+            });
+            let reply = json!({ "return": {}, "id": line["id"] }).to_string() + "\r\n";
+            std::io::Write::write_all(&mut &theirs, reply.as_bytes()).unwrap();
+            (line, received.len(), received_ino)
+        });
+        qmp.send_fd("sandbox-migration", &file).await.unwrap();
+        let (line, count, received_ino) = server.join().unwrap();
+        assert_eq!(line["execute"], "getfd", "{line}");
+        assert_eq!(line["arguments"]["fdname"], "sandbox-migration", "{line}");
+        assert_eq!(count, 1, "one descriptor with the command");
+        assert_eq!(
+            received_ino,
+            Some(sent_ino),
+            "the descriptor of the file sent"
+        );
+    }
+
+    /// A new empty file under the temporary folder (removed at once: the open file
+    /// is all the test needs).
+    fn tempfile_in_tmp(prefix: &str) -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
     }
 }

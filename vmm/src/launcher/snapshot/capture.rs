@@ -17,9 +17,7 @@ use crate::launcher::boot::Launcher;
 use crate::launcher::config::AgentTransport;
 use crate::launcher::qmp::{MigrationStatus, Qmp, RunState};
 use crate::launcher::run_dir::{self, VmId, RAM_LINK};
-use crate::launcher::start::{
-    read_disk_top, shell_quote, write_disk_top, MachineSpec, MACHINE_FILE,
-};
+use crate::launcher::start::{read_disk_top, write_disk_top, MachineSpec, MACHINE_FILE};
 use crate::launcher::{AGENT_SOCKET, DISK_OVERLAY, QMP_SOCKET};
 
 /// How long QEMU's monitor may take to answer the first connection.
@@ -545,9 +543,11 @@ async fn capture_paused(
 ) -> Result<(u64, Option<PathBuf>), SnapshotError> {
     let backing = switch_disk(qmp, temp, disk).await?;
     let state = temp.join(STATE_FILE);
-    qmp.migrate(&format!("exec:cat > {}", shell_quote(&state)))
+    let file = fs::File::create(&state).map_err(|error| write_error(&state, error))?;
+    qmp.migrate_to_file(&file)
         .await
         .map_err(qemu("start saving the device state"))?;
+    drop(file);
     let stats = qmp
         .wait_migration(MIGRATION_TIMEOUT)
         .await

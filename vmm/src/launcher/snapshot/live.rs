@@ -207,13 +207,12 @@ impl Sink {
             .set_max_bandwidth(MAX_BANDWIDTH)
             .await
             .map_err(qemu_error("raise the capture QEMU's bandwidth"))?;
+        let file = std::fs::File::create(state).map_err(|error| write_error(state, error))?;
         self.qmp
-            .migrate(&format!(
-                "exec:cat > {}",
-                crate::launcher::start::shell_quote(state)
-            ))
+            .migrate_to_file(&file)
             .await
             .map_err(qemu_error("start saving the device state"))?;
+        drop(file);
         let stats = self
             .qmp
             .wait_migration(STREAM_TIMEOUT)
