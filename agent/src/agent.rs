@@ -54,6 +54,10 @@ pub struct Agent {
     /// The token clients must present in their `Hello`, if any; `reidentify`
     /// replaces it (see [`Agent::admits`], [`Agent::replace_token`]).
     token: RwLock<Option<String>>,
+    /// Init's thread for `resumed` and `reidentify` (see
+    /// [`crate::machine::worker`]); `None` for an agent that is no init (it refuses
+    /// both), or when the thread could not be started (the work is done in place).
+    pub machine: Option<crate::machine::worker::MachineWorker>,
     started: Instant,
     generation: AtomicU64,
     shutdown: watch::Sender<Option<PowerAction>>,
@@ -78,6 +82,15 @@ impl Agent {
             egress: Arc::new(crate::egress::Egress::new()),
             ports: crate::port::Ports::default(),
             token: RwLock::new(token),
+            machine: is_init
+                .then(|| {
+                    crate::machine::worker::MachineWorker::start()
+                        .inspect_err(|error| {
+                            tracing::warn!(%error, "no machine thread; resumed and reidentify work in place")
+                        })
+                        .ok()
+                })
+                .flatten(),
             started: Instant::now(),
             generation: AtomicU64::new(0),
             shutdown: watch::channel(None).0,

@@ -9,7 +9,10 @@
 //! the same rule for the hostname, but replaces the agent's token for any agent: the
 //! token concerns the agent alone. `shutdown` only records the power action: the
 //! server stops after the reply is sent, and init powers off (see
-//! [`crate::init::power_off`]).
+//! [`crate::init::power_off`]). The blocking part of `resumed` and `reidentify` runs
+//! on a thread kept for it ([`worker`]), which a restored child finds ready.
+
+pub mod worker;
 
 use std::path::Path;
 
@@ -80,15 +83,26 @@ pub async fn resumed(agent: &Agent, request: ResumedRequest) -> Result<AgentInfo
     // A clock without entropy only sets the clock again (the host resends the time
     // until one arrives fast): the random state was renewed by the first.
     let clock_only = request.sets_clock_only();
-    match tokio::task::spawn_blocking(move || resume(&request)).await {
-        Ok(Ok(())) if clock_only => Ok(agent.info()),
-        Ok(Ok(())) => {
+    match on_machine_thread(agent, move || resume(&request)).await? {
+        Ok(()) if clock_only => Ok(agent.info()),
+        Ok(()) => {
             crate::session::warm::reseed_all(&agent.sessions).await;
             agent.bump_generation();
             Ok(agent.info())
         }
-        Ok(Err(error)) => Err(error.to_wire()),
-        Err(join) => Err(WireError::new(ErrorKind::Internal, join.to_string())),
+        Err(error) => Err(error.to_wire()),
+    }
+}
+
+/// Runs `work` on the agent's machine thread. Without one (it could not be started
+/// at boot) the work is done in place: it is a few system calls and a small write.
+async fn on_machine_thread<T: Send + 'static>(
+    agent: &Agent,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, WireError> {
+    match &agent.machine {
+        Some(worker) => worker.run(work).await,
+        None => Ok(work()),
     }
 }
 
@@ -170,10 +184,9 @@ pub async fn reidentify(agent: &Agent, request: ReidentifyRequest) -> Result<(),
             let name = name.clone();
             move || set_hostname(&name, Path::new(HOSTNAME_PATH))
         };
-        match tokio::task::spawn_blocking(job).await {
-            Ok(Ok(())) => tracing::info!(hostname = %name, "reidentify: hostname set"),
-            Ok(Err(error)) => return Err(error.to_wire()),
-            Err(join) => return Err(WireError::new(ErrorKind::Internal, join.to_string())),
+        match on_machine_thread(agent, job).await? {
+            Ok(()) => tracing::info!(hostname = %name, "reidentify: hostname set"),
+            Err(error) => return Err(error.to_wire()),
         }
     }
     if let Some(token) = token {
