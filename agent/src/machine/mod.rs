@@ -56,14 +56,7 @@ impl ResumeError {
     pub fn to_wire(&self) -> WireError {
         match self {
             Self::SetClock(error) | Self::Entropy(error) => WireError::from_io(self, error),
-            Self::MachineId(error) => {
-                let inner = error.to_wire();
-                WireError {
-                    kind: inner.kind,
-                    message: format!("{self}: {}", inner.message),
-                    errno: inner.errno,
-                }
-            }
+            Self::MachineId(error) => file_error_under(self, error),
         }
     }
 }
@@ -103,6 +96,16 @@ async fn on_machine_thread<T: Send + 'static>(
     match &agent.machine {
         Some(worker) => worker.run(work).await,
         None => Ok(work()),
+    }
+}
+
+/// A file error as the client sees it, under `what` failed (its kind and errno kept).
+fn file_error_under(what: &dyn std::fmt::Display, error: &FileError) -> WireError {
+    let inner = error.to_wire();
+    WireError {
+        kind: inner.kind,
+        message: format!("{what}: {}", inner.message),
+        errno: inner.errno,
     }
 }
 
@@ -158,14 +161,7 @@ impl ReidentifyError {
             Self::TokenTooLong { .. } => WireError::new(ErrorKind::TooLarge, self.to_string()),
             Self::NotInit => WireError::new(ErrorKind::PermissionDenied, self.to_string()),
             Self::SetHostname { error, .. } => WireError::from_io(self, error),
-            Self::HostnameFile(error) => {
-                let inner = error.to_wire();
-                WireError {
-                    kind: inner.kind,
-                    message: format!("{self}: {}", inner.message),
-                    errno: inner.errno,
-                }
-            }
+            Self::HostnameFile(error) => file_error_under(self, error),
         }
     }
 }

@@ -121,7 +121,7 @@ pub(crate) async fn start(
         program: program.clone(),
         error,
     };
-    let mut child = ChildProcess::spawn("sandbox-relay", command, lifetime)
+    let mut child = ChildProcess::spawn(RELAY_PROGRAM, command, lifetime)
         .await
         .map_err(spawn_failed)?;
     let stdout = child

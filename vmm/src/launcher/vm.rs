@@ -30,6 +30,10 @@ use super::{AgentTransport, LaunchError, AGENT_PORT, AGENT_SOCKET, CONSOLE_LOG, 
 /// How long QEMU gets to exit on `SIGTERM` once the grace period is over.
 const QEMU_TERM_GRACE: Duration = Duration::from_secs(1);
 
+/// How long [`Vm::wait_exit`] waits, after QEMU, for the relay to finish the console
+/// (it drains for up to 2 s itself).
+const RELAY_END_AFTER_QEMU: Duration = Duration::from_secs(3);
+
 /// How long a detached VM's daemon gets to exit on `SIGTERM` after QEMU exited.
 pub(crate) const DAEMON_STOP_GRACE: Duration = Duration::from_secs(2);
 
@@ -199,10 +203,16 @@ impl Vm {
             return Ok(ExitStatus::from_raw(0));
         }
         let qemu = self.qemu.as_mut().ok_or_else(gone)?;
-        qemu.wait().await.map_err(|error| LaunchError::Wait {
+        let status = qemu.wait().await.map_err(|error| LaunchError::Wait {
             what: "QEMU",
             error,
-        })
+        })?;
+        // The relay copies the console: once it has ended, the console log is whole
+        // (a post-mortem read at once finds the guest's last line).
+        if let Some(daemon) = self.daemon.as_mut() {
+            daemon.relay_ended(RELAY_END_AFTER_QEMU).await;
+        }
+        Ok(status)
     }
 
     /// Stops the VM without asking the guest: `SIGTERM` to QEMU, up to `grace` for

@@ -156,6 +156,15 @@ impl VsockDaemon {
         }
     }
 
+    /// Waits up to `within` for a relay to end by itself, which it does once QEMU
+    /// has closed its sockets and the console's last bytes are in its log. Other
+    /// daemons are not waited for (vhost-device-vsock may outlive QEMU).
+    pub(crate) async fn relay_ended(&mut self, within: Duration) {
+        if self.child.name() == super::relay_daemon::RELAY_PROGRAM {
+            let _ = tokio::time::timeout(within, self.child.wait()).await;
+        }
+    }
+
     /// Leaves the daemon running (a detached VM); returns its pid.
     pub(crate) fn release(self) -> u32 {
         self.child.release()

@@ -100,17 +100,30 @@ pub enum RelayError {
 /// Runs the relay until the agent stream ends; `on_ready` gets the agent's `Ready`
 /// from the first `Attached`.
 pub async fn run(config: &RelayConfig, on_ready: impl FnOnce(&Ready)) -> Result<(), RelayError> {
-    if let Some((socket, log)) = config.console.clone() {
+    let console = config.console.clone().map(|(socket, log)| {
         let timeout = config.connect_timeout;
-        tokio::spawn(async move { copy_console(&socket, &log, timeout).await });
-    }
+        tokio::spawn(async move { copy_console(&socket, &log, timeout).await })
+    });
     let stream = connect(&config.agent, config.connect_timeout).await?;
     let listener = listen(&config.listen)?;
     let egress = egress::Egress::new(config.egress.as_ref());
     let result = relay(stream, &listener, &egress, on_ready).await;
     let _ = std::fs::remove_file(&config.listen);
+    // QEMU closes the console with the agent stream as it exits: the console's last
+    // lines (`reboot: Power down`, a panic's end, which post-mortems read) may still
+    // be in its socket. Ending the process now would drop them.
+    if let Some(console) = console {
+        if tokio::time::timeout(CONSOLE_DRAIN, console).await.is_err() {
+            tracing::warn!(
+                "the console did not end with the agent stream; its tail may be missing"
+            );
+        }
+    }
     result
 }
+
+/// How long the relay, its agent stream ended, waits for the console to end too.
+const CONSOLE_DRAIN: Duration = Duration::from_secs(2);
 
 async fn connect(path: &Path, timeout: Duration) -> Result<UnixStream, RelayError> {
     let deadline = tokio::time::Instant::now() + timeout;

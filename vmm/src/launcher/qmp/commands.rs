@@ -301,7 +301,24 @@ impl Qmp {
     /// guest's pause.
     pub async fn migrate_to_file(&mut self, file: &std::fs::File) -> Result<(), QmpError> {
         self.send_fd(MIGRATION_FD_NAME, file).await?;
-        self.migrate(&format!("fd:{MIGRATION_FD_NAME}")).await
+        let started = self.migrate(&format!("fd:{MIGRATION_FD_NAME}")).await;
+        if started.is_err() {
+            self.forget_migration_fd().await;
+        }
+        started
+    }
+
+    /// Best effort, after a migration command failed: QEMU takes the descriptor
+    /// out of its list when it starts the migration, but one refused before that
+    /// (another migration under way) stays, and would keep a file the launcher
+    /// removes open in a VM that runs on. Not found (it was taken) is fine.
+    async fn forget_migration_fd(&mut self) {
+        if let Err(error) = self
+            .execute("closefd", json!({ "fdname": MIGRATION_FD_NAME }))
+            .await
+        {
+            tracing::debug!(%error, "closefd after a failed migration command");
+        }
     }
 
     /// What `query-migrate` says now.
@@ -358,8 +375,13 @@ impl Qmp {
         file: &std::fs::File,
     ) -> Result<(), QmpError> {
         self.send_fd(MIGRATION_FD_NAME, file).await?;
-        self.migrate_incoming(&format!("fd:{MIGRATION_FD_NAME}"))
-            .await
+        let started = self
+            .migrate_incoming(&format!("fd:{MIGRATION_FD_NAME}"))
+            .await;
+        if started.is_err() {
+            self.forget_migration_fd().await;
+        }
+        started
     }
 
     /// Polls `query-status` every [`MIGRATION_POLL`] until the destination leaves
@@ -502,6 +524,34 @@ mod tests {
         let none: MigrationStats = decode::<RawMigration>("q", json!({})).unwrap().into();
         assert_eq!(none.status, MigrationStatus::None);
         assert_eq!(none.total_time, None);
+    }
+
+    #[tokio::test]
+    async fn a_refused_migration_to_a_file_takes_its_descriptor_back() {
+        let (mut qmp, mut peer) = session().await;
+        let path = std::env::temp_dir().join(format!("sbx-qmp-closefd-{}", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let (result, ()) = tokio::join!(qmp.migrate_to_file(&file), async {
+            let (name, arguments, id) = peer.command().await;
+            assert_eq!(name, "getfd");
+            assert_eq!(arguments["fdname"], MIGRATION_FD_NAME);
+            peer.reply(&id, json!({})).await;
+            let (name, arguments, id) = peer.command().await;
+            assert_eq!(name, "migrate");
+            assert_eq!(arguments["uri"], format!("fd:{MIGRATION_FD_NAME}"));
+            let refused = json!({
+                "error": { "class": "GenericError", "desc": "There's a migration process in progress" },
+                "id": id,
+            });
+            peer.send(&refused.to_string()).await;
+            let (name, arguments, id) = peer.command().await;
+            assert_eq!(name, "closefd");
+            assert_eq!(arguments["fdname"], MIGRATION_FD_NAME);
+            peer.reply(&id, json!({})).await;
+        });
+        let error = result.unwrap_err();
+        assert!(error.to_string().contains("in progress"), "{error}");
     }
 
     #[tokio::test]
