@@ -519,7 +519,7 @@ async fn swapped_links(server: &support::McpServer, id: &str, tree: &Tree) {
 /// one rename (so the name always exists).
 fn flip(name: &Path, target: &Path, make: impl Fn(&Path)) {
     let tmp = name.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
+    remove_entirely(&tmp);
     symlink(target, &tmp).unwrap();
     swap_in(&tmp, name);
     // Each state lasts a moment, so copies meet both.
@@ -536,13 +536,23 @@ fn swap_in(tmp: &Path, name: &Path) {
         std::fs::rename(tmp, name).unwrap();
         return;
     }
-    match std::fs::symlink_metadata(tmp) {
-        Ok(meta) if meta.is_dir() => {
-            let _ = std::fs::remove_dir_all(tmp);
+    remove_entirely(tmp);
+}
+
+/// Removes whatever `path` names, retrying: the server may still be writing a
+/// copy into a directory that was just swapped out (it holds the directory open),
+/// so one `remove_dir_all` can meet a file created after it listed the entries.
+fn remove_entirely(path: &Path) {
+    for _ in 0..1000 {
+        let removed = match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => panic!("{}: {e}", path.display()),
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(path),
+            Ok(_) => std::fs::remove_file(path),
+        };
+        if removed.is_err() {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        Ok(_) => {
-            let _ = std::fs::remove_file(tmp);
-        }
-        Err(_) => {}
     }
+    panic!("{} could not be removed", path.display());
 }
