@@ -496,6 +496,37 @@ async fn the_sandstorm_profile_end_to_end() {
     let listed = server.ok("list_sandboxes", json!({})).await;
     assert_eq!(listed["result"].as_array().unwrap().len(), 3, "{listed}");
 
+    // A second branch keeps only what changed since the first (mode diff, the
+    // default), and a sandbox spawned from it has the change; mode full writes the
+    // whole memory again.
+    exec(&server, &a, &["sh", "-c", "echo step 2 >> /tmp/output"]).await;
+    let branch_as = |tag: &str, mode: &str| json!({"sandbox_id": a.id, "tag": tag, "mode": mode, "sandbox_token": a.token});
+    let (diff_tag, full_tag) = (format!("{tag}-diff"), format!("{tag}-full"));
+    let diff = server
+        .ok("branch_sandbox", branch_as(&diff_tag, "diff"))
+        .await;
+    let full = server
+        .ok("branch_sandbox", branch_as(&full_tag, "full"))
+        .await;
+    let bytes = |reply: &Value| reply["bytes_on_disk"].as_u64().unwrap_or(0);
+    eprintln!(
+        "branch_sandbox bytes on disk: first {}, diff {}, full {}",
+        bytes(&branch),
+        bytes(&diff),
+        bytes(&full)
+    );
+    assert!(
+        bytes(&diff) * 3 < bytes(&branch) && bytes(&full) * 4 > bytes(&branch) * 3,
+        "first {branch}, diff {diff}, full {full}"
+    );
+    let from_diff = spawned(
+        &server
+            .ok("spawn_sandboxes", json!({"snapshot_tag": diff_tag, "n": 1}))
+            .await,
+    );
+    let output = exec(&server, &from_diff[0], &["cat", "/tmp/output"]).await;
+    assert_eq!(output["stdout"], "step 1\nREADY\nstep 2\n", "{output}");
+
     eprintln!(
         "spawn of 2 python: {spawn_took:?}; branch_sandbox: {branch_took:?} (paused {} ms); \
          spawn of 2 from the tag: {fan_out_took:?}",
@@ -503,8 +534,8 @@ async fn the_sandstorm_profile_end_to_end() {
     );
     server.disconnect(Duration::from_secs(30)).await;
     assert_nothing_left(&folders.run);
-    // The tag outlives the session, as sandstorm's snapshots do.
-    assert_eq!(folders.checkpoints_left().len(), 1);
+    // The tags outlive the session, as sandstorm's snapshots do.
+    assert_eq!(folders.checkpoints_left().len(), 3);
 }
 
 /// exec_command that must fail; its text.

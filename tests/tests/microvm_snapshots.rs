@@ -67,6 +67,10 @@ fn main() -> std::process::ExitCode {
             run: || block_on(a_live_checkpoint_of_a_busy_guest_is_consistent()),
         },
         VmTest {
+            name: "an_incremental_checkpoint_keeps_what_changed_and_restores_whole",
+            run: || block_on(an_incremental_checkpoint_keeps_what_changed()),
+        },
+        VmTest {
             name: "a_vm_on_an_ext4_root_disk_checkpoints_and_branches",
             run: || block_on(a_disk_vm_checkpoints_and_branches()),
         },
@@ -858,6 +862,123 @@ async fn a_live_checkpoint_of_a_busy_guest_is_consistent() {
     vm.shutdown(Duration::from_secs(5)).await.unwrap();
     for id in [&again.manifest.id, &checkpoint.manifest.id] {
         host.launcher.delete_checkpoint(id).unwrap();
+    }
+    host.assert_empty();
+}
+
+/// A second and third checkpoint of one VM (paused, then live) keep only the pages
+/// that changed since the one before; deleting a base leaves its diffs whole; a
+/// branch of the newest flattens it once and its child has every file whole.
+async fn an_incremental_checkpoint_keeps_what_changed() {
+    let Some(host) = Host::new("incremental") else {
+        return;
+    };
+    let vm = host.boot(default_template()).await;
+    let c = client(&vm).await;
+    let write = |name: &str, mib: u32| {
+        format!(
+            "head -c {} /dev/urandom > /tmp/{name} && sha256sum /tmp/{name} > /tmp/{name}.sum",
+            mib << 20
+        )
+    };
+    let take = |method: CaptureMethod| {
+        let spec = CheckpointSpec {
+            method,
+            incremental: true,
+            ..CheckpointSpec::default()
+        };
+        let launcher = &host.launcher;
+        let id = vm.id().clone();
+        async move {
+            launcher.checkpoint(&id, spec).await.unwrap_or_else(|e| {
+                panic!(
+                    "{method:?} checkpoint failed: {}",
+                    sandbox_vmm::error_chain(&e)
+                )
+            })
+        }
+    };
+    sh(&c, &write("a", 48)).await;
+    let first = take(CaptureMethod::Paused).await;
+    assert_eq!(
+        first.manifest.ram,
+        RamImage::File,
+        "no base yet: a full image"
+    );
+    sh(&c, &write("b", 16)).await;
+    let second = take(CaptureMethod::Paused).await;
+    sh(&c, &write("c", 8)).await;
+    let third = take(CaptureMethod::Live).await;
+    for (what, checkpoint, base, written) in [
+        ("second", &second, &first, 16u64),
+        ("third", &third, &second, 8),
+    ] {
+        let m = &checkpoint.manifest;
+        eprintln!(
+            "{what} checkpoint: RAM {} KiB on disk (its base {} KiB), pause {:?}, call {:?}",
+            m.ram_bytes >> 10,
+            base.manifest.ram_bytes >> 10,
+            checkpoint.pause,
+            checkpoint.total
+        );
+        assert_eq!(m.ram, RamImage::Diff, "{what}");
+        assert_eq!(m.ram_base.as_deref(), Some(base.manifest.id.as_str()));
+        // What was written, and the kernel's own churn: far from a whole image.
+        assert!(m.ram_bytes >= written << 20, "{what}: {} B", m.ram_bytes);
+        assert!(
+            m.ram_bytes < (written + 24) << 20 && m.ram_bytes < first.manifest.ram_bytes / 2,
+            "{what}: {} B for {written} MiB written (the full image: {} B)",
+            m.ram_bytes,
+            first.manifest.ram_bytes
+        );
+    }
+    // Deleting a base keeps what depends on it whole: the second goes, and the
+    // third takes in its pages.
+    host.launcher
+        .delete_checkpoint(&second.manifest.id)
+        .unwrap_or_else(|e| panic!("delete failed: {}", sandbox_vmm::error_chain(&e)));
+    let third_now = host
+        .launcher
+        .checkpoint_store()
+        .find(&third.manifest.id)
+        .unwrap();
+    assert_eq!(
+        third_now.manifest.ram_base.as_deref(),
+        Some(first.manifest.id.as_str())
+    );
+    sh(&c, "rm /tmp/a /tmp/b /tmp/c").await;
+    let children = host
+        .launcher
+        .branch(&third.manifest.id, 1, branch_spec())
+        .await
+        .unwrap_or_else(|e| panic!("branch failed: {}", sandbox_vmm::error_chain(&e)));
+    let child = client(&children[0]).await;
+    let checked = sh(&child, "cd /tmp && sha256sum -c a.sum b.sum c.sum").await;
+    assert_eq!(checked.matches(": OK").count(), 3, "{checked}");
+    let flat = host.launcher.checkpoints().unwrap();
+    let flat = flat
+        .iter()
+        .find(|c| c.manifest.id == third.manifest.id)
+        .unwrap();
+    assert_eq!(flat.manifest.ram, RamImage::File, "the branch flattened it");
+    drop(child);
+    for child in children {
+        child.shutdown(Duration::from_secs(5)).await.unwrap();
+    }
+    // The source goes on, and its next checkpoint is a diff of the flattened one.
+    sh(&c, &write("d", 4)).await;
+    let fourth = take(CaptureMethod::Paused).await;
+    assert_eq!(
+        fourth.manifest.ram_base.as_deref(),
+        Some(third.manifest.id.as_str())
+    );
+    drop(c);
+    vm.shutdown(Duration::from_secs(5)).await.unwrap();
+    // The fourth is based on the third: deleting the third first leaves it whole.
+    for checkpoint in [&third, &first, &fourth] {
+        host.launcher
+            .delete_checkpoint(&checkpoint.manifest.id)
+            .unwrap_or_else(|e| panic!("delete failed: {}", sandbox_vmm::error_chain(&e)));
     }
     host.assert_empty();
 }

@@ -7,8 +7,9 @@
 //! - the checkpoint pause of an idle VM (`stop` to `cont`), median of [`CHECKPOINTS`],
 //!   and the whole call;
 //! - the pause and call of a paused capture next to a live one (RAM copied while the
-//!   guest runs) of one VM after its guest dirtied 0, 64 and 256 MiB, and the size and
-//!   time of a checkpoint after 16 MiB more;
+//!   guest runs) of one VM after its guest dirtied 0, 64 and 256 MiB; then the size,
+//!   pause and call of a second checkpoint after 16 MiB more, incremental next to
+//!   whole, for each method;
 //! - start from a checkpoint (`branch -n 1` to a connected client) and a plain
 //!   `Launcher::boot` that restores the template's ready snapshot, next to the cold
 //!   boot;
@@ -163,18 +164,80 @@ async fn dirtied_checkpoints(launcher: &Launcher) {
             call(&live).as_secs_f64() / call(&paused).as_secs_f64()
         );
     }
-    // A second checkpoint after 16 MiB more costs a whole image again (no
-    // incremental checkpoints yet): its size and time next to the first.
-    let first = take(CaptureMethod::Auto).await;
+    // A second checkpoint after 16 MiB more: whole (as before incremental images)
+    // next to incremental, each method, on the same first checkpoint.
+    let keep = |method, incremental| {
+        let id = vm.id().clone();
+        async move {
+            let spec = CheckpointSpec {
+                method,
+                incremental,
+                ..CheckpointSpec::default()
+            };
+            launcher
+                .checkpoint(&id, spec)
+                .await
+                .unwrap_or_else(|e| panic!("{method:?} checkpoint failed: {}", error_chain(&e)))
+        }
+    };
+    let first = keep(CaptureMethod::Paused, false).await;
     sh(&c, "head -c 16777216 /dev/urandom > /mnt/dirty/more").await;
-    let second = take(CaptureMethod::Auto).await;
+    for method in [CaptureMethod::Paused, CaptureMethod::Live] {
+        let (mut whole, mut diff) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            for (incremental, into) in [(false, &mut whole), (true, &mut diff)] {
+                let second = keep(method, incremental).await;
+                launcher.delete_checkpoint(&second.manifest.id).unwrap();
+                into.push(second);
+            }
+        }
+        let pick = |v: &[sandbox_vmm::launcher::snapshot::Checkpoint]| {
+            (
+                median(v.iter().map(|c| c.pause).collect()),
+                median(v.iter().map(|c| c.total).collect()),
+                v[0].manifest.ram_bytes as f64 / 1048576.0,
+            )
+        };
+        let ((whole_pause, whole_call, whole_mib), (diff_pause, diff_call, diff_mib)) =
+            (pick(&whole), pick(&diff));
+        println!(
+            "| second checkpoint after 16 MiB more, {method:?}: RAM image / pause / call, incremental | {diff_mib:.1} MiB / {:.0} ms / {:.0} ms | whole {whole_mib:.1} MiB / {:.0} ms / {:.0} ms (first {:.1} MiB) |",
+            ms(diff_pause),
+            ms(diff_call),
+            ms(whole_pause),
+            ms(whole_call),
+            first.manifest.ram_bytes as f64 / 1048576.0,
+        );
+        println!(
+            "| the same, incremental / whole | size {:.3}x, pause {:.2}x, call {:.2}x | |",
+            diff_mib / whole_mib,
+            diff_pause.as_secs_f64() / whole_pause.as_secs_f64(),
+            diff_call.as_secs_f64() / whole_call.as_secs_f64()
+        );
+    }
+    // The first branch of an incremental checkpoint flattens it; the next does not.
+    let diff = keep(CaptureMethod::Paused, true).await;
+    let mut branches = Vec::new();
+    for _ in 0..2 {
+        let started = Instant::now();
+        let children = launcher
+            .branch(&diff.manifest.id, 1, BranchSpec::default())
+            .await
+            .unwrap_or_else(|e| panic!("branch failed: {}", error_chain(&e)));
+        let _ = client(&children[0]).await;
+        branches.push(started.elapsed());
+        for child in children {
+            child.shutdown(GRACE).await.unwrap();
+        }
+    }
     println!(
-        "| checkpoint after 16 MiB more: RAM image / call | {:.1} MiB / {:.0} ms | first {:.1} MiB / {:.0} ms |",
-        second.manifest.ram_bytes as f64 / 1048576.0,
-        ms(second.total),
-        first.manifest.ram_bytes as f64 / 1048576.0,
-        ms(first.total)
+        "| branch -n 1 of an incremental checkpoint to first answer: first (flattens) / next | {:.0} / {:.0} ms | first {:.2}x of next |",
+        ms(branches[0]),
+        ms(branches[1]),
+        branches[0].as_secs_f64() / branches[1].as_secs_f64()
     );
+    launcher.delete_checkpoint(&diff.manifest.id).unwrap();
+    launcher.delete_checkpoint(&first.manifest.id).unwrap();
     drop(c);
     vm.shutdown(GRACE).await.unwrap();
 }

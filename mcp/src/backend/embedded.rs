@@ -183,9 +183,13 @@ pub fn list_checkpoints(node: &Node) -> Result<ListCheckpointsResult, ToolError>
     Ok(snapshots::checkpoints(&entries))
 }
 
-pub fn delete_checkpoint(node: &Node, key: &str) -> Result<DeleteCheckpointResult, ToolError> {
+pub async fn delete_checkpoint(
+    node: &Node,
+    key: &str,
+) -> Result<DeleteCheckpointResult, ToolError> {
     let manifest = node
         .delete_checkpoint(key)
+        .await
         .map_err(|error| ToolError::delete_checkpoint(&error))?;
     Ok(snapshots::deleted(&manifest))
 }

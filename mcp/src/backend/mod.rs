@@ -286,7 +286,7 @@ impl Backend {
     /// `delete_checkpoint`
     pub async fn delete_checkpoint(&self, key: &str) -> Result<DeleteCheckpointResult, ToolError> {
         match &self.kind {
-            Kind::Embedded(node) => embedded::delete_checkpoint(node, key),
+            Kind::Embedded(node) => embedded::delete_checkpoint(node, key).await,
             Kind::Node(session) => session.delete_checkpoint(key).await,
         }
     }

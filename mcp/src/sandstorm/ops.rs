@@ -17,11 +17,12 @@ use crate::error::ToolError;
 use sandbox_engine::config::DEFAULT_TTL_SECS;
 use sandbox_engine::node::{sandbox_id_of, Node};
 use sandbox_engine::sandbox::Sandbox;
-use sandbox_engine::snapshot::ops::bytes_on_disk;
+use sandbox_engine::snapshot::ops::{bytes_on_disk, RamCapture};
 use sandbox_engine::snapshot::SnapshotHost;
 use sandbox_engine::util::millis;
 
-/// The modes sandstorm's branch_sandbox takes; all capture the same way here.
+/// The modes sandstorm's branch_sandbox takes: full writes the whole memory, diff
+/// and live (the same here) what changed since the sandbox's last snapshot.
 const BRANCH_MODES: [&str; 3] = ["full", "diff", "live"];
 
 /// The live sandbox `id`, or an error in this profile's words.
@@ -160,8 +161,9 @@ pub async fn branch(node: &Node, params: &BranchSandboxParams) -> Result<BranchI
     if let Some(mode) = &params.mode {
         if !BRANCH_MODES.contains(&mode.as_str()) {
             return Err(ToolError::new(format!(
-                "mode {mode:?} is not one of \"full\", \"diff\", \"live\" (all capture the \
-                 same way here); omit it."
+                "mode {mode:?} is not one of \"full\" (the whole memory), \"diff\" (what \
+                 changed since the sandbox's last snapshot: the default) or \"live\" (the \
+                 same as diff here); omit it."
             )));
         }
         if params.diff {
@@ -178,8 +180,13 @@ pub async fn branch(node: &Node, params: &BranchSandboxParams) -> Result<BranchI
         _ => format!("branch-{}-{}", source.id, unix_ms()),
     };
     free_tag(host, &tag)?;
+    // sandstorm's diff mode is this host's incremental image; full writes it whole.
+    let ram = match params.mode.as_deref() {
+        Some("full") => RamCapture::Whole,
+        _ => RamCapture::Incremental,
+    };
     let taken = node
-        .checkpoint(source.id.as_str(), Some(tag.clone()))
+        .checkpoint_with(source.id.as_str(), Some(tag.clone()), ram)
         .await
         .map_err(|error| ToolError::checkpoint(source.id.as_str(), &error))?;
     Ok(BranchInfo {

@@ -49,8 +49,9 @@ pub struct BranchSandboxParams {
     /// template's name nor one in use. Default `branch-<sandbox_id>-<unix ms>`.
     #[serde(default)]
     pub tag: Option<String>,
-    /// "full", "diff" or "live": accepted, all capture the same way here (the
-    /// result's pause_ms says how long the sandbox paused).
+    /// "full" writes the sandbox's whole memory; "diff" (the default) and "live"
+    /// only what changed since its last snapshot, made whole when first spawned
+    /// from (the result's pause_ms says how long the sandbox paused).
     #[serde(default)]
     pub mode: Option<String>,
     /// The same as mode "diff"; not together with mode or measure_diff.

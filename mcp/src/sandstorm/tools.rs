@@ -90,8 +90,9 @@ impl SandboxServer {
         a new snapshot tag, pausing it only for a moment; it keeps running. \
         spawn_sandboxes with that tag then starts any number of sandboxes from this \
         moment, each diverging on its own. tag defaults to branch-<sandbox_id>-<unix ms>. \
-        mode (full, diff, live), diff, measure_diff and wait are accepted: this server \
-        captures one way, and the snapshot is ready when the call returns. Snapshots stay \
+        mode full writes the whole memory; diff (the default) and live only what changed \
+        since the sandbox's last snapshot; measure_diff and wait are accepted, and the \
+        snapshot is ready when the call returns. Snapshots stay \
         on the host after the session. Requires the sandbox's sandbox_token.",
         output_schema = schema_for_output::<BranchInfo>(),
         annotations(

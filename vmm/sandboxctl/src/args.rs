@@ -241,6 +241,10 @@ pub struct VmCheckpointArgs {
     /// for a small guest), `auto` picks by the RAM in use (live from 128 MiB).
     #[arg(long, value_enum, default_value_t = CaptureMethodArg::Auto)]
     pub method: CaptureMethodArg,
+    /// Write the whole RAM image, not only the pages that changed since the VM's
+    /// last checkpoint (an incremental one is made whole at its first restore).
+    #[arg(long)]
+    pub full: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -531,6 +535,10 @@ pub struct ShArgs {
     pub process: ProcessArgs,
     #[command(flatten)]
     pub run: RunArgs,
+    /// Accepted and ignored, as `sh -c SCRIPT` is typed by habit: the script is
+    /// always a command line.
+    #[arg(short = 'c', hide = true)]
+    pub dash_c: bool,
     /// The shell command line.
     pub script: String,
 }
@@ -833,6 +841,12 @@ mod tests {
             panic!("not sh")
         };
         assert!(sh.run.interactive);
+        // `sh -c SCRIPT`, typed by habit, is `sh SCRIPT`.
+        let cli = Cli::try_parse_from(["sandboxctl", "sh", "-c", "echo -n x | wc -c"]).unwrap();
+        let Command::Sh(sh) = cli.command else {
+            panic!("not sh")
+        };
+        assert_eq!(sh.script, "echo -n x | wc -c");
         // What follows the command is the command's.
         let cli = Cli::try_parse_from(["sandboxctl", "exec", "--", "grep", "-i", "x"]).unwrap();
         let Command::Exec(exec) = cli.command else {

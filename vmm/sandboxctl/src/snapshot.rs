@@ -25,6 +25,7 @@ pub(crate) async fn checkpoint(launcher: &Launcher, args: &VmCheckpointArgs) -> 
             CaptureMethodArg::Paused => CaptureMethod::Paused,
             CaptureMethodArg::Live => CaptureMethod::Live,
         },
+        incremental: !args.full,
     };
     let checkpoint = launcher
         .checkpoint(&id, spec)
@@ -134,7 +135,14 @@ pub(crate) fn list(launcher: &Launcher, args: &VmLsArgs) -> anyhow::Result<u8> {
             manifest.source_vm,
             manifest.machine.template,
             manifest.pause_ms,
-            bytes(manifest.ram_bytes + manifest.state_bytes),
+            match &manifest.ram_base {
+                // An incremental image: what it keeps, and of what.
+                Some(base) => format!(
+                    "{} (changes since {base})",
+                    bytes(manifest.ram_bytes + manifest.state_bytes)
+                ),
+                None => bytes(manifest.ram_bytes + manifest.state_bytes),
+            },
             if users.is_empty() {
                 "-".to_owned()
             } else {
@@ -210,6 +218,9 @@ struct CheckpointView {
     pause_ms: u64,
     state_bytes: u64,
     ram_bytes: u64,
+    /// The checkpoint an incremental RAM image keeps the differences from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ram_base: Option<String>,
     disk_bytes: u64,
     used_by: Vec<String>,
 }
@@ -227,6 +238,7 @@ impl CheckpointView {
             pause_ms: m.pause_ms,
             state_bytes: m.state_bytes,
             ram_bytes: m.ram_bytes,
+            ram_base: m.ram_base.clone(),
             disk_bytes: m.disk_bytes,
             used_by,
         }

@@ -32,7 +32,7 @@ use sandbox_vmm::launcher::snapshot::manifest::{
     read_manifest, DISK_FILE, MAKER_FILE, MANIFEST_FILE,
 };
 use sandbox_vmm::launcher::snapshot::users::backing_chain;
-use sandbox_vmm::launcher::snapshot::Manifest;
+use sandbox_vmm::launcher::snapshot::{flatten, Manifest, RamImage};
 use serde::{Deserialize, Serialize};
 
 /// The log event of each download (the e2e test counts them).
@@ -237,6 +237,15 @@ impl NodeStore {
             let id = id.clone();
             move |why: String| NodeStoreError::Local { id, what, why }
         };
+        // The store holds whole images: an incremental one is flattened first.
+        let manifest = {
+            let (root, folder) = (self.checkpoint_root.clone(), folder.clone());
+            tokio::task::spawn_blocking(move || flatten(&root, &folder))
+                .await
+                .map_err(|e| local("flatten its RAM")(e.to_string()))?
+                .map_err(|e| local("flatten its RAM")(sandbox_vmm::error_chain(&e)))?
+        };
+        let manifest = &manifest;
         let (files, backing) = folder_files(folder, manifest).map_err(local("list its files"))?;
         let meta = serde_json::to_value(Meta {
             manifest: manifest.clone(),
@@ -307,6 +316,7 @@ impl NodeStore {
         let temp = TempFolder::create(&self.checkpoint_root.join(format!(".tmp-{id}")))
             .map_err(|e| local("create its temporary folder")(e.to_string()))?;
         valid_chain(&meta.backing).map_err(|why| invalid_meta(id, why))?;
+        valid_identity(&meta.manifest, id).map_err(|why| invalid_meta(id, why))?;
         let report = self.store.download(&stored, temp.path()).await?;
         // The disk chain, re-pointed at the downloaded images (relative: valid once
         // the folder is renamed).
@@ -707,7 +717,8 @@ fn folder_files(folder: &Path, manifest: &Manifest) -> Result<(Files, Vec<Backin
         let name = entry.file_name().to_string_lossy().into_owned();
         let is_file = entry.file_type().is_ok_and(|t| t.is_file());
         // `maker` is this host's writer pid: meaningless elsewhere.
-        if is_file && name != MAKER_FILE {
+        // Dot-files are scratch (a flatten's half-written image).
+        if is_file && name != MAKER_FILE && !name.starts_with('.') {
             files.push((name, entry.path()));
         }
     }
@@ -739,6 +750,19 @@ fn meta_of<T: serde::de::DeserializeOwned>(
 }
 
 /// A stored manifest's meta that this node refuses to act on.
+/// A stored manifest names the checkpoint it is stored as, and its RAM is whole:
+/// uploads are flattened, and an incremental image's base is a local checkpoint's id,
+/// which a stored one could point at another checkpoint of this node.
+fn valid_identity(manifest: &Manifest, id: &str) -> Result<(), String> {
+    if manifest.id != id {
+        return Err(format!("it describes checkpoint {:?}", manifest.id));
+    }
+    if manifest.ram == RamImage::Diff || manifest.ram_base.is_some() {
+        return Err("its RAM is an incremental image".into());
+    }
+    Ok(())
+}
+
 fn invalid_meta(id: &str, why: String) -> NodeStoreError {
     NodeStoreError::Store(StoreError::Manifest {
         id: id.to_owned(),

@@ -226,6 +226,29 @@ pub(crate) fn try_lock_exclusive(file: &File) -> io::Result<bool> {
     }
 }
 
+/// Takes a `flock` on `file`, shared or exclusive, waiting for it (retried on
+/// `EINTR`). The lock lives until every descriptor sharing the open file
+/// description is closed.
+pub(crate) fn lock_blocking(file: &File, exclusive: bool) -> io::Result<()> {
+    let operation = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    loop {
+        // SAFETY: flock only reads the descriptor number, which `file` keeps open for
+        // the duration of the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), operation) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -414,6 +414,7 @@ impl NodeApi {
         let body = CheckpointBody {
             token: String::new(),
             name: name.unwrap_or_default().to_owned(),
+            full: false,
         };
         self.call_sandbox(
             id,

@@ -289,6 +289,10 @@ pub struct CheckpointBody {
     /// A label for it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// Write the whole RAM image, not only the pages that changed since the
+    /// sandbox's last kept checkpoint (a node with a store always does).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub full: bool,
 }
 
 /// A checkpoint, in seed 000's shape (`id`, `name`, `sandbox_id`, `created_at`) and

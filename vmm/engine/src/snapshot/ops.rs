@@ -40,6 +40,17 @@ pub struct Forked {
     pub took: Duration,
 }
 
+/// How much of a sandbox's RAM a checkpoint writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RamCapture {
+    /// The pages that differ from the sandbox's newest kept checkpoint, when it has
+    /// one (the launcher's `diff`); made whole at its first branch or upload.
+    Incremental,
+    /// The whole image: for a checkpoint that is uploaded or branched at once,
+    /// which would make an incremental one whole right away.
+    Whole,
+}
+
 /// A checkpoint taken.
 #[derive(Debug)]
 pub struct Checkpointed {
@@ -154,11 +165,24 @@ impl Node {
         })
     }
 
-    /// Captures the sandbox `sandbox_id` into a checkpoint (named when `name` is).
+    /// Captures the sandbox `sandbox_id` into a checkpoint (named when `name` is),
+    /// keeping only the RAM pages that changed since its last kept checkpoint (see
+    /// [`Node::checkpoint_with`]).
     pub async fn checkpoint(
         &self,
         sandbox_id: &str,
         name: Option<String>,
+    ) -> Result<Checkpointed, CheckpointError> {
+        self.checkpoint_with(sandbox_id, name, RamCapture::Incremental)
+            .await
+    }
+
+    /// Captures the sandbox `sandbox_id` into a checkpoint, its RAM as `ram` says.
+    pub async fn checkpoint_with(
+        &self,
+        sandbox_id: &str,
+        name: Option<String>,
+        ram: RamCapture,
     ) -> Result<Checkpointed, CheckpointError> {
         let host = self.snapshot_host().ok_or(CheckpointError::NotLaunch)?;
         let name = name.filter(|name| !name.trim().is_empty());
@@ -169,6 +193,7 @@ impl Node {
         let spec = CheckpointSpec {
             name,
             ephemeral: false,
+            incremental: ram == RamCapture::Incremental,
             ..CheckpointSpec::default()
         };
         let taken = capture(&sandbox, host, |host, vm_id| async move {
@@ -218,6 +243,8 @@ impl Node {
                 error: Box::new(error),
             })?;
         let children = self.branch_into(&manifest, slots).await?;
+        // As it is now: the branch flattened an incremental one.
+        let manifest = self.find_checkpoint(&manifest.id).unwrap_or(manifest);
         tracing::info!(checkpoint = %manifest.id, count, branch_ms = millis(started.elapsed()), "branched");
         Ok(Branched {
             children,
@@ -268,8 +295,10 @@ impl Node {
             .collect())
     }
 
-    /// Deletes the checkpoint `key` unless something uses it.
-    pub fn delete_checkpoint(&self, key: &str) -> Result<Manifest, DeleteCheckpointError> {
+    /// Deletes the checkpoint `key` unless something uses it. Off the runtime's
+    /// threads: incremental checkpoints based on it first take in its pages, up to
+    /// a RAM image's worth of reading and writing (see the launcher's `diff`).
+    pub async fn delete_checkpoint(&self, key: &str) -> Result<Manifest, DeleteCheckpointError> {
         let host = self
             .snapshot_host()
             .ok_or(DeleteCheckpointError::NotLaunch)?;
@@ -283,9 +312,16 @@ impl Node {
                 users: self.users(&info.users),
             });
         }
-        let manifest = host
-            .launcher()
-            .delete_checkpoint(&info.manifest.id)
+        let store = host.launcher().checkpoint_store();
+        let id = info.manifest.id.clone();
+        let manifest = tokio::task::spawn_blocking(move || store.delete(&id))
+            .await
+            .map_err(|error| {
+                DeleteCheckpointError::Delete(SnapshotError::Write {
+                    path: host.launcher().checkpoint_store().root().to_owned(),
+                    error: std::io::Error::other(error),
+                })
+            })?
             .map_err(DeleteCheckpointError::Delete)?;
         tracing::info!(checkpoint = %manifest.id, "checkpoint deleted");
         Ok(manifest)

@@ -132,7 +132,7 @@ pub async fn delete(
 ) -> Result<Json<CheckpointDeleted>, ApiError> {
     state.require_operator(&headers)?;
     let Some(store) = &state.store else {
-        let manifest = state.node.delete_checkpoint(&id)?;
+        let manifest = state.node.delete_checkpoint(&id).await?;
         return Ok(Json(CheckpointDeleted {
             id: manifest.id.clone(),
             freed_bytes: bytes_on_disk(&manifest),
@@ -149,15 +149,15 @@ pub async fn delete(
     if let Some(entry) = &local {
         if !entry.users.is_empty() {
             // The engine's refusal, with its users named.
-            state.node.delete_checkpoint(&entry.manifest.id)?;
+            state.node.delete_checkpoint(&entry.manifest.id).await?;
         }
     }
     let in_store = store.delete(&stored_id).await?;
     let freed_bytes = match &local {
-        Some(entry) => bytes_on_disk(&state.node.delete_checkpoint(&entry.manifest.id)?),
+        Some(entry) => bytes_on_disk(&state.node.delete_checkpoint(&entry.manifest.id).await?),
         None if in_store => 0,
         // Neither here nor in the store: the engine's own "no checkpoint".
-        None => bytes_on_disk(&state.node.delete_checkpoint(&id)?),
+        None => bytes_on_disk(&state.node.delete_checkpoint(&id).await?),
     };
     Ok(Json(CheckpointDeleted {
         id: stored_id,

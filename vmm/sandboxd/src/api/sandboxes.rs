@@ -14,6 +14,7 @@ use sandbox_engine::image_build::BuildProgress;
 use sandbox_engine::node::{ClaimRequest, NetRequest};
 use sandbox_engine::registry::{Gone, Lookup};
 use sandbox_engine::sandbox::{Lineage, Sandbox};
+use sandbox_engine::snapshot::ops::RamCapture;
 use sandbox_fleet::membership::{token_sha256, Location, SandboxRecord};
 use sandbox_vmm::node_api::wire::{
     CheckpointBody, CheckpointReply, ClaimBody, ClaimReply, EgressLogQuery, EgressLogReply,
@@ -553,7 +554,14 @@ pub async fn checkpoint(
 ) -> Result<Json<CheckpointReply>, ApiError> {
     authorized(&state, &headers, Some(&body.token), &id).await?;
     let name = Some(body.name).filter(|name| !name.trim().is_empty());
-    let taken = state.node.checkpoint(&id, name).await?;
+    // One that goes to the store at once is whole: an upload would flatten an
+    // incremental one right away.
+    let ram = if body.full || state.store.is_some() {
+        RamCapture::Whole
+    } else {
+        RamCapture::Incremental
+    };
+    let taken = state.node.checkpoint_with(&id, name, ram).await?;
     let mut reply = CheckpointReply {
         checkpoint: super::checkpoints::checkpoint_row(&taken.manifest, Vec::new()),
         pause_ms: sandbox_engine::util::millis(taken.pause),

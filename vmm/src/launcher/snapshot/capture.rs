@@ -4,10 +4,12 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::diff::{self, Chain, PAGES_FILE};
 use super::manifest::{
     check_name, Manifest, RamImage, Store, DISK_FILE, INITRAMFS_FILE, KERNEL_FILE, MANIFEST_FILE,
     RAM_FILE, STATE_FILE, TOKEN_FILE,
@@ -61,6 +63,11 @@ pub struct CheckpointSpec {
     pub ephemeral: bool,
     /// How RAM is captured.
     pub method: CaptureMethod,
+    /// Keep only the RAM pages that differ from the VM's newest kept checkpoint
+    /// (see `diff`), when it has one whose chain is short enough; else a full image.
+    /// Ignored for an ephemeral checkpoint and a capture that leaves the VM stopped
+    /// (forks and hibernations restore at once, and want a full image to map).
+    pub incremental: bool,
 }
 
 /// How a checkpoint captures the guest's RAM.
@@ -236,16 +243,21 @@ impl Launcher {
             false => None,
         };
 
+        // The base of an incremental image, its folders locked against a delete
+        // until this checkpoint is committed (and names it).
+        let base = match (&shared_ram, spec.incremental && !spec.ephemeral, after) {
+            (Some(ram), true, AfterCapture::Continue) => self.choose_ram_base(id, ram).await,
+            _ => None,
+        };
         let mut sink = None;
         if method == CaptureMethod::Live {
             match self
-                .start_sink(&machine, &run, temp.path(), disk.as_ref())
+                .start_sink(&machine, &run, ckpt_id, disk.as_ref())
                 .await
             {
                 Ok(started) => sink = Some(started),
                 Err(error) if spec.method == CaptureMethod::Auto => {
                     tracing::warn!(vm = %id, error = %crate::error_chain(&error), "no capture QEMU: the checkpoint is paused");
-                    let _ = fs::remove_file(live::sink_ram_file(temp.path()));
                 }
                 Err(error) => {
                     live::reset_capabilities(&mut qmp).await;
@@ -292,8 +304,14 @@ impl Launcher {
                 let _ = qmp.cont().await;
                 return Err(qemu("pause the VM")(error));
             }
-            let captured =
-                capture_paused(&mut qmp, temp.path(), disk.as_ref(), shared_ram.as_deref()).await;
+            let captured = capture_paused(
+                &mut qmp,
+                temp.path(),
+                disk.as_ref(),
+                shared_ram.as_deref(),
+                base.as_ref().map(|(_, chain)| chain),
+            )
+            .await;
             (pause_started, captured, None)
         };
         if captured.is_err() {
@@ -319,17 +337,40 @@ impl Launcher {
         let parent = record.checkpoint.clone();
         let qemu_version = qmp.greeting().version.to_string();
         let qemu_args = qemu_args_of(record.qemu_pid);
-        let ram = match (live, shared_ram) {
-            (true, _) | (false, Some(_)) => RamImage::File,
-            (false, None) => RamImage::InStream,
+        let ram = match (live, shared_ram, &base) {
+            (_, Some(_), Some(_)) => RamImage::Diff,
+            (true, _, _) | (false, Some(_), None) => RamImage::File,
+            (false, None, _) => RamImage::InStream,
         };
+        let ram_base = base.as_ref().map(|(id, _)| id.clone());
         let finished = async move {
             // A live capture's device state and RAM image come from the sink, now
             // that the guest runs again.
             let stream_bytes = match sink {
-                Some(sink) => sink.save(&temp.path().join(STATE_FILE)).await?,
+                Some(sink) => {
+                    let (bytes, image) = sink.save(&temp.path().join(STATE_FILE)).await?;
+                    // The image, on the tmpfs, goes into the checkpoint now that the
+                    // sink's QEMU is gone: whole, or the pages that differ from the base.
+                    let ram = temp.path().join(RAM_FILE);
+                    match &base {
+                        Some((_, chain)) => {
+                            write_diff(image.path().to_owned(), Arc::clone(chain), ram, temp.path())
+                                .await?
+                        }
+                        None => copy_sparse(image.path(), &ram).await?,
+                    }
+                    bytes
+                }
                 None => stream_bytes,
             };
+            if ram == RamImage::Diff {
+                let temp = temp.path().to_owned();
+                tokio::task::spawn_blocking(move || {
+                    diff::sync(&temp.join(RAM_FILE), &temp.join(PAGES_FILE))
+                })
+                .await
+                .map_err(|error| write_error(&folder.join(RAM_FILE), io::Error::other(error)))??;
+            }
             let manifest = Manifest {
                 id: ckpt_id.to_owned(),
                 name: spec.name.clone(),
@@ -339,6 +380,7 @@ impl Launcher {
                 parent,
                 machine,
                 ram,
+                ram_base,
                 disk_backing,
                 qemu_version,
                 qemu_args,
@@ -351,6 +393,8 @@ impl Launcher {
                 .map_err(|e| write_error(temp.path(), io::Error::other(e)))?;
             write_private(&temp.path().join(MANIFEST_FILE), &text)?;
             temp.commit(folder)?;
+            // The base stays locked until this checkpoint names it.
+            drop(base);
             Ok::<_, SnapshotError>(manifest)
         }
         .await;
@@ -398,31 +442,44 @@ impl Launcher {
         })
     }
 
-    /// Starts the capture QEMU of a live capture into `temp`, its RAM file (the
-    /// checkpoint's image) made first, 0600 like a paused capture's copy.
+    /// The base an incremental capture of VM `id` (its RAM file `ram`) compares
+    /// against (see [`diff::choose_base`]), or `None` for a full image.
+    async fn choose_ram_base(&self, id: &VmId, ram: &Path) -> Option<(String, Arc<Chain>)> {
+        let store = self.checkpoint_store();
+        let root = store.root().to_owned();
+        let ram_len = fs::metadata(ram).ok()?.len();
+        let source_vm = id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let manifests = store.manifests().ok()?;
+            diff::choose_base(&root, &manifests, &source_vm, ram_len)
+                .map(|(id, chain)| (id, Arc::new(chain)))
+        })
+        .await
+        .ok()
+        .flatten()
+    }
+
+    /// Starts the capture QEMU of a live capture of checkpoint `ckpt_id`, its RAM a
+    /// new file on the RAM tmpfs (written there at memory speed, then copied or
+    /// compared into the checkpoint once the guest runs again).
     async fn start_sink(
         &self,
         machine: &MachineSpec,
         run: &Path,
-        temp: &Path,
+        ckpt_id: &str,
         disk: Option<&DiskSwitch>,
     ) -> Result<live::Sink, SnapshotError> {
-        let ram = live::sink_ram_file(temp);
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&ram)
-                .map_err(|error| write_error(&ram, error))?;
-        }
+        let image = live::SinkImage::create(
+            self.config
+                .ram_dir
+                .join(format!("sandbox-capture-{ckpt_id}.ram")),
+        )?;
         live::Sink::start(
             &self.config.qemu_path,
             &self.config.qemu_img_path,
             machine,
             run,
-            &ram,
+            image,
             disk.map(|d| d.size),
         )
         .await
@@ -533,13 +590,14 @@ struct DiskSwitch {
     size: u64,
 }
 
-/// The paused part: disk switch, device state, RAM copy. Returns the stream's size
-/// and the frozen disk's backing.
+/// The paused part: disk switch, device state, RAM copy (or the pages that differ
+/// from `base`). Returns the stream's size and the frozen disk's backing.
 async fn capture_paused(
     qmp: &mut Qmp,
     temp: &Path,
     disk: Option<&DiskSwitch>,
     shared_ram: Option<&Path>,
+    base: Option<&Arc<Chain>>,
 ) -> Result<(u64, Option<PathBuf>), SnapshotError> {
     let backing = switch_disk(qmp, temp, disk).await?;
     let state = temp.join(STATE_FILE);
@@ -562,8 +620,12 @@ async fn capture_paused(
             )),
         ));
     }
-    if let Some(ram) = shared_ram {
-        copy_sparse(ram, &temp.join(RAM_FILE)).await?;
+    match (shared_ram, base) {
+        (Some(ram), Some(base)) => {
+            write_diff(ram.to_owned(), Arc::clone(base), temp.join(RAM_FILE), temp).await?;
+        }
+        (Some(ram), None) => copy_sparse(ram, &temp.join(RAM_FILE)).await?,
+        (None, _) => {}
     }
     let bytes = fs::metadata(&state).map(|m| m.len()).unwrap_or(0);
     Ok((bytes, backing))
@@ -595,6 +657,26 @@ async fn capture_live(
     }
     sink.wait_loaded().await?;
     Ok(backing)
+}
+
+/// Writes the pages of `source` that differ from `base` to `ram_out`, and their
+/// bitmap into `temp`, off the runtime's threads.
+async fn write_diff(
+    source: PathBuf,
+    base: Arc<Chain>,
+    ram_out: PathBuf,
+    temp: &Path,
+) -> Result<(), SnapshotError> {
+    let pages = temp.join(PAGES_FILE);
+    let stats = tokio::task::spawn_blocking(move || diff::write(&source, &base, &ram_out, &pages))
+        .await
+        .map_err(|error| write_error(temp, io::Error::other(error)))??;
+    tracing::debug!(
+        changed = stats.changed_pages,
+        written = stats.written_pages,
+        "incremental RAM image"
+    );
+    Ok(())
 }
 
 /// Moves a stopped VM's disk to its new overlay and links the frozen image into the
@@ -738,7 +820,7 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
 }
 
 /// Bytes a file occupies on disk (0 when absent).
-fn allocated_bytes(path: &Path) -> u64 {
+pub(super) fn allocated_bytes(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     fs::metadata(path).map_or(0, |m| m.blocks() * 512)
 }

@@ -322,7 +322,8 @@ impl Launcher {
         let mut start = self.restore_start(&folder, &manifest, &spec)?;
         if let Some(incoming) = &mut start.incoming {
             incoming.ram = match manifest.ram {
-                RamImage::File => IncomingRam::CopyOf(folder.join(RAM_FILE)),
+                // `restore_start` refused an image that is not flattened.
+                RamImage::File | RamImage::Diff => IncomingRam::CopyOf(folder.join(RAM_FILE)),
                 RamImage::InStream => IncomingRam::Stream,
             };
         }

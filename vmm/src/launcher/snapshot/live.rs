@@ -7,14 +7,18 @@
 //! `background-snapshot` stops the guest only to save its device state and to
 //! write-protect its RAM with userfaultfd, then lets it run while every page goes,
 //! once, into a *sink*: a second QEMU of the same machine started with `-S
-//! -incoming`, whose RAM is a shared file in the checkpoint folder. A page the guest
-//! writes meanwhile faults in the host kernel and is sent before the write lands, so
-//! the image is the guest's RAM at the stop, exactly, whatever the accelerator (TCG's
-//! stores and KVM's both go through the host's page tables). The sink never runs a
-//! vCPU. Once the stream has arrived, its RAM file *is* the checkpoint's RAM image,
-//! and the sink saves its device state with `x-ignore-shared` exactly as a paused
-//! capture saves the source's: children and wakes restore from it unchanged,
-//! mapping the image copy-on-write.
+//! -incoming`, whose RAM is a shared file on the RAM tmpfs ([`SinkImage`]). A page
+//! the guest writes meanwhile faults in the host kernel and is sent before the write
+//! lands, so the image is the guest's RAM at the stop, exactly, whatever the
+//! accelerator (TCG's stores and KVM's both go through the host's page tables). The
+//! sink never runs a vCPU. Once the stream has arrived, the sink saves its device
+//! state with `x-ignore-shared` exactly as a paused capture saves the source's, and
+//! its RAM file is copied sparsely into the checkpoint (or compared with its base,
+//! see `diff`): children and wakes restore from it unchanged, mapping the image
+//! copy-on-write. The sink's RAM was first a file in the checkpoint folder itself,
+//! but every page the stream stored then went through the disk filesystem's
+//! page-fault path: a live capture with 256 MiB dirtied took 2.2-2.7 s, most of it
+//! there.
 //!
 //! Why not the alternatives (measured on this kind of host, QEMU 7.2 under TCG):
 //! - QEMU's pre-copy migration into the same sink (built first): under TCG its dirty
@@ -25,8 +29,9 @@
 //!   not built into every kernel (`CONFIG_MEM_SOFT_DIRTY`; not into this one).
 //! - A reflink copy of the RAM file needs a filesystem with reflinks; tmpfs has none.
 //!
-//! What it costs: a second QEMU for the length of the call, and a call several times
-//! longer than a paused capture's (every page crosses a socket once). QEMU 7.2 reads
+//! What it costs: a second QEMU for the length of the call, room on the RAM tmpfs
+//! for its image, and a call several times longer than a paused capture's (every
+//! page crosses a socket once). QEMU 7.2 reads
 //! every page before it protects RAM, and a read of a tmpfs hole allocates it: the
 //! source's RAM file is then allocated whole ([`prepare`] allocates it up front, so
 //! that happens while the guest runs). So `auto` captures live only once the guest
@@ -39,7 +44,6 @@ use std::time::Duration;
 
 use std::process::Command;
 
-use super::manifest::RAM_FILE;
 use super::SnapshotError;
 use crate::launcher::process::{ChildProcess, Lifetime};
 use crate::launcher::qemu::{qemu_args, QemuSpec};
@@ -72,14 +76,45 @@ pub(crate) struct Sink {
     qemu: ChildProcess,
     qmp: Qmp,
     incoming: PathBuf,
+    /// Its RAM file, the image, on the RAM tmpfs.
+    image: SinkImage,
     /// The sink's files in the run folder, removed when the sink goes (its QEMU,
     /// owned, is killed by its own drop).
     _files: SinkFiles,
 }
 
+/// The RAM image a sink filled, on the RAM tmpfs: removed on drop, once it has been
+/// copied (or compared) into the checkpoint.
+pub(crate) struct SinkImage(PathBuf);
+
+impl SinkImage {
+    /// Creates it, empty and owner-only (it will hold the guest's memory).
+    pub(crate) fn create(path: PathBuf) -> Result<Self, SnapshotError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|error| write_error(&path, error))?;
+        Ok(Self(path))
+    }
+
+    /// The file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SinkImage {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
 impl Sink {
-    /// Starts the sink for the VM in `run` (its machine `machine`), its RAM a shared
-    /// file at `ram_file`, and makes it listen for the stream. `disk_size`: the
+    /// Starts the sink for the VM in `run` (its machine `machine`), its RAM the
+    /// shared file `image`, and makes it listen for the stream. `disk_size`: the
     /// virtual size of the VM's disk, if it has one (the sink gets a blank image of
     /// that size: migration carries no disk contents, and the source's images are
     /// locked by the source).
@@ -88,7 +123,7 @@ impl Sink {
         qemu_img_path: &Path,
         machine: &MachineSpec,
         run: &Path,
-        ram_file: &Path,
+        image: SinkImage,
         disk_size: Option<u64>,
     ) -> Result<Self, SnapshotError> {
         let file = |name: &str| run.join(name);
@@ -124,7 +159,7 @@ impl Sink {
             cmdline: &machine.cmdline,
             vhost_socket: None,
             serial_socket: Some(&port_socket),
-            ram_file: Some((ram_file, true)),
+            ram_file: Some((image.path(), true)),
             incoming: true,
             qmp_socket: Some(&qmp_socket),
             disk: disk.as_deref(),
@@ -153,6 +188,7 @@ impl Sink {
             qemu,
             qmp,
             incoming: file(SINK_INCOMING),
+            image,
             _files: files,
         };
         sink.listen().await?;
@@ -197,8 +233,8 @@ impl Sink {
     }
 
     /// Saves the loaded sink's device state (RAM stays in its file) to `state`, and
-    /// ends the sink. Returns the state's size in bytes.
-    pub(crate) async fn save(mut self, state: &Path) -> Result<u64, SnapshotError> {
+    /// ends the sink. Returns the state's size in bytes and the RAM image.
+    pub(crate) async fn save(mut self, state: &Path) -> Result<(u64, SinkImage), SnapshotError> {
         self.qmp
             .set_migration_capabilities(&[("x-ignore-shared", true)])
             .await
@@ -227,6 +263,7 @@ impl Sink {
         let Self {
             mut qemu,
             qmp,
+            image,
             _files,
             ..
         } = self;
@@ -235,7 +272,7 @@ impl Sink {
             Ok(Ok(_)) => {}
             _ => qemu.kill_and_reap(),
         }
-        Ok(fs::metadata(state).map(|m| m.len()).unwrap_or(0))
+        Ok((fs::metadata(state).map(|m| m.len()).unwrap_or(0), image))
     }
 }
 
@@ -282,7 +319,9 @@ pub(crate) async fn prepare(source: &mut Qmp, source_ram: &Path) -> Result<(), S
 /// What a live capture leaves free on the RAM files' filesystem, at least.
 pub(crate) const RAM_HEADROOM_BYTES: u64 = 512 << 20;
 
-/// Allocates every hole of a RAM file (`fallocate`, which keeps what is written).
+/// Allocates every hole of a RAM file (`fallocate`, which keeps what is written),
+/// if its filesystem keeps [`RAM_HEADROOM_BYTES`] free after that and after the
+/// sink's image, which goes on the same tmpfs and is as large as the file at most.
 fn allocate_holes(ram: &Path) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
@@ -290,15 +329,16 @@ fn allocate_holes(ram: &Path) -> std::io::Result<()> {
     let meta = file.metadata()?;
     let len = meta.len();
     let holes = len.saturating_sub(meta.blocks().saturating_mul(512));
+    let needed = holes.saturating_add(len);
     let stats = nix::sys::statvfs::fstatvfs(&file).map_err(std::io::Error::from)?;
     #[allow(clippy::useless_conversion)] // The field types differ between libcs.
     let free = u64::from(stats.blocks_available()).saturating_mul(u64::from(stats.fragment_size()));
-    if free < holes.saturating_add(RAM_HEADROOM_BYTES) {
+    if free < needed.saturating_add(RAM_HEADROOM_BYTES) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::StorageFull,
             format!(
-                "allocating the RAM file's {} MiB of holes would leave less than {} MiB free on its filesystem ({} MiB free)",
-                holes >> 20,
+                "allocating the RAM file's holes and the capture's image ({} MiB) would leave less than {} MiB free on its filesystem ({} MiB free)",
+                needed >> 20,
                 RAM_HEADROOM_BYTES >> 20,
                 free >> 20
             ),
@@ -334,11 +374,6 @@ pub(crate) async fn reset_capabilities(source: &mut Qmp) {
     {
         tracing::warn!(%error, "cannot reset the migration capabilities after a live capture");
     }
-}
-
-/// The RAM file the sink fills: the checkpoint's image, in the folder being written.
-pub(crate) fn sink_ram_file(temp: &Path) -> PathBuf {
-    temp.join(RAM_FILE)
 }
 
 async fn blank_disk(qemu_img: &Path, disk: &Path, size: u64) -> Result<(), SnapshotError> {

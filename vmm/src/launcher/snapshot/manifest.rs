@@ -4,6 +4,8 @@
 //! - `manifest.json`: [`Manifest`];
 //! - `state`: QEMU's migration stream (device state, and RAM for [`RamImage::InStream`]);
 //! - `ram`: the sparse RAM image ([`RamImage::File`]), mapped copy-on-write by children;
+//!   or the pages that differ from another checkpoint's ([`RamImage::Diff`], with
+//!   `ram-pages`: see [`super::diff`]);
 //! - `disk.qcow2`: the frozen disk overlay, when the machine has a disk;
 //! - `kernel`, `initramfs`: links to (or copies of) what the machine booted, so a
 //!   rebuilt template cannot change what a restore loads;
@@ -54,6 +56,9 @@ pub enum RamImage {
     File,
     /// In the stream (the source's RAM was private: a child of a checkpoint).
     InStream,
+    /// In [`RAM_FILE`] as the pages that differ from [`Manifest::ram_base`]'s RAM
+    /// (see [`super::diff`]); flattened into a [`RamImage::File`] before a restore.
+    Diff,
 }
 
 /// What a checkpoint is.
@@ -76,6 +81,9 @@ pub struct Manifest {
     pub machine: MachineSpec,
     /// Where the RAM is.
     pub ram: RamImage,
+    /// The checkpoint whose RAM a [`RamImage::Diff`] image is based on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ram_base: Option<String>,
     /// The base image `disk.qcow2` is an overlay of (a template disk or another
     /// checkpoint's `disk.qcow2`).
     pub disk_backing: Option<PathBuf>,
@@ -173,14 +181,49 @@ impl Store {
             .ok_or_else(|| SnapshotError::NoCheckpoint(key.to_owned()))
     }
 
-    /// Deletes a checkpoint nobody uses; one in use is refused.
+    /// Deletes a checkpoint nobody uses; one in use is refused, and so is one a
+    /// capture is reading as the base of an incremental image, or being flattened.
+    /// Incremental checkpoints based on it take in its pages first (see
+    /// [`super::diff::absorb`]): they do not hold it.
     pub fn delete(&self, key: &str) -> Result<Manifest, SnapshotError> {
         let info = self.find(key)?;
+        let busy = |id: &str| SnapshotError::InUse {
+            id: id.to_owned(),
+            users: "a checkpoint being written from it".into(),
+        };
+        let _locked = match super::diff::try_lock_for_delete(&info.path) {
+            Ok(Some(lock)) => lock,
+            Ok(None) => return Err(busy(&info.manifest.id)),
+            Err(error) => {
+                return Err(SnapshotError::Write {
+                    path: info.path,
+                    error,
+                })
+            }
+        };
+        // Read again under the lock: a delete of its base may have rebased it
+        // meanwhile (see `diff::absorb`).
+        let info = self.find(&info.manifest.id)?;
         if !info.users.is_empty() {
             return Err(SnapshotError::InUse {
                 id: info.manifest.id,
                 users: info.users.join(", "),
             });
+        }
+        // Listed under the lock: an incremental capture that finished while this
+        // call looked has made it a base.
+        let dependents: Vec<PathBuf> = self
+            .read_all()?
+            .into_iter()
+            .filter(|(_, m)| {
+                m.ram == RamImage::Diff && m.ram_base.as_deref() == Some(&info.manifest.id)
+            })
+            .map(|(path, _)| path)
+            .collect();
+        for dependent in dependents {
+            if super::diff::absorb(&dependent, &info.path)?.is_none() {
+                return Err(busy(&info.manifest.id));
+            }
         }
         remove_folder(&info.path)?;
         Ok(info.manifest)
@@ -244,6 +287,12 @@ impl Store {
             .any(|(_, m)| m.name.as_deref() == Some(name)))
     }
 
+    /// Every complete checkpoint's manifest, without working out its users (which
+    /// reads every VM's run folder and disk chain).
+    pub(crate) fn manifests(&self) -> Result<Vec<Manifest>, SnapshotError> {
+        Ok(self.read_all()?.into_iter().map(|(_, m)| m).collect())
+    }
+
     fn read_all(&self) -> Result<Vec<(PathBuf, Manifest)>, SnapshotError> {
         let entries = match fs::read_dir(&self.root) {
             Ok(entries) => entries,
@@ -262,6 +311,11 @@ impl Store {
             }
             let path = entry.path();
             match read_manifest(&path) {
+                // A manifest names its own folder: ids are paths elsewhere (the base
+                // of an incremental image), so one naming another is not listed.
+                Ok(manifest) if *manifest.id != *entry.file_name().to_string_lossy() => {
+                    tracing::warn!(path = %path.display(), id = %manifest.id, "skipping a checkpoint whose manifest names another folder")
+                }
                 Ok(manifest) => found.push((path, manifest)),
                 Err(error) => {
                     tracing::warn!(path = %path.display(), %error, "skipping an unreadable checkpoint")
@@ -318,7 +372,7 @@ fn remove_folder(path: &Path) -> Result<(), SnapshotError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// The pid of a process that has exited and been reaped.
@@ -329,7 +383,8 @@ mod tests {
         pid
     }
 
-    fn ephemeral(id: &str) -> Manifest {
+    /// A fork's checkpoint `id` as a manifest says it (the other tests' fixture).
+    pub(crate) fn ephemeral(id: &str) -> Manifest {
         Manifest {
             id: id.into(),
             name: None,
@@ -348,6 +403,7 @@ mod tests {
                 disk: false,
             },
             ram: RamImage::File,
+            ram_base: None,
             disk_backing: None,
             qemu_version: "7.2.0".into(),
             qemu_args: Vec::new(),

@@ -15,7 +15,9 @@
 //!    failed checkpoint leaves nothing, and the VM's disk backs onto what it did
 //!    before. One capture of a VM runs at a time (a `flock` in its run folder). A
 //!    capture's future must be run to its end: the engine runs each in a task of its
-//!    own, so a dropped request does not cut one short.
+//!    own, so a dropped request does not cut one short. An *incremental* checkpoint
+//!    ([`diff`]) keeps only the RAM pages that differ from the VM's newest kept one,
+//!    and is made whole at its first restore.
 //! 2. **Branch** ([`restore`]): each child is the same machine (same device
 //!    arguments, kept in `machine.json`) started with `-incoming defer`, its RAM the
 //!    checkpoint's RAM file mapped copy-on-write (`share=off`: children share the page
@@ -41,6 +43,7 @@
 //! a later checkpoint's disk is based on, is refused ([`SnapshotError::InUse`]).
 
 pub mod capture;
+pub mod diff;
 pub mod hibernate;
 mod live;
 pub mod manifest;
@@ -52,6 +55,7 @@ pub mod users;
 use std::path::PathBuf;
 
 pub use capture::{CaptureMethod, Checkpoint, CheckpointSpec};
+pub use diff::flatten;
 pub use hibernate::{Hibernation, NotHibernated, Wake};
 pub use manifest::{CheckpointInfo, Manifest, RamImage};
 pub use ready::Promotion;

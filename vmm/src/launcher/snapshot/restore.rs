@@ -85,7 +85,8 @@ impl Launcher {
             tracing::warn!(%error, "sweep of stale run folders failed");
         }
         let info = self.checkpoint_store().find(key)?;
-        let start = self.restore_start(&info.path, &info.manifest, &spec)?;
+        let manifest = self.flatten_checkpoint(&info.path, info.manifest).await?;
+        let start = self.restore_start(&info.path, &manifest, &spec)?;
         let started =
             futures::future::join_all((0..count).map(|_| self.start_child(start.clone()))).await;
         let mut children = Vec::with_capacity(count);
@@ -127,6 +128,7 @@ impl Launcher {
                     name: None,
                     ephemeral: true,
                     method: super::CaptureMethod::Paused,
+                    incremental: false,
                 },
             )
             .await?;
@@ -143,6 +145,26 @@ impl Launcher {
                 Err(error)
             }
         }
+    }
+
+    /// The checkpoint in `folder` with a full RAM image: an incremental one is
+    /// flattened first, once (see `diff`); others are returned as they are.
+    pub async fn flatten_checkpoint(
+        &self,
+        folder: &Path,
+        manifest: Manifest,
+    ) -> Result<Manifest, SnapshotError> {
+        if manifest.ram != RamImage::Diff {
+            return Ok(manifest);
+        }
+        let root = self.config.checkpoint_root.clone();
+        let folder = folder.to_owned();
+        tokio::task::spawn_blocking(move || super::diff::flatten(&root, &folder))
+            .await
+            .map_err(|error| SnapshotError::Write {
+                path: self.config.checkpoint_root.clone(),
+                error: std::io::Error::other(error),
+            })?
     }
 
     /// What every child of a checkpoint starts from; checks the files are there.
@@ -176,6 +198,11 @@ impl Launcher {
         let ram = match manifest.ram {
             RamImage::File => IncomingRam::Map(need(RAM_FILE)?),
             RamImage::InStream => IncomingRam::Stream,
+            RamImage::Diff => {
+                return Err(damaged(
+                    "its RAM is an incremental image that was not flattened".into(),
+                ))
+            }
         };
         let disk_base = match manifest.machine.disk {
             true => Some(need(DISK_FILE)?),
