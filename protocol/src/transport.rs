@@ -161,13 +161,29 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// Writes everything queued. A buffer grown by a large frame is given back
     /// afterwards, so an idle writer holds at most [`IDLE_BUFFER_BYTES`].
     pub async fn flush(&mut self) -> io::Result<()> {
+        let result = self.flush_keeping_buffer().await;
+        self.give_back_buffer();
+        result
+    }
+
+    /// Writes everything queued and keeps the buffer as grown, for a writer that
+    /// has more to send at once: giving a megabyte back after every batch and growing
+    /// it again for the next costs a page fault per page each time, which under TCG
+    /// was most of a streamed exec's cost in the agent. The caller calls
+    /// [`Self::give_back_buffer`] once the stream pauses.
+    pub async fn flush_keeping_buffer(&mut self) -> io::Result<()> {
         let result = self.inner.write_all(&self.buf).await;
         self.buf.clear();
+        result?;
+        self.inner.flush().await
+    }
+
+    /// Shrinks a buffer grown by large frames back to [`IDLE_BUFFER_BYTES`]; what is
+    /// queued stays.
+    pub fn give_back_buffer(&mut self) {
         if self.buf.capacity() > IDLE_BUFFER_BYTES {
             self.buf.shrink_to(IDLE_BUFFER_BYTES);
         }
-        result?;
-        self.inner.flush().await
     }
 
     /// Queues and writes one frame.
@@ -284,6 +300,13 @@ mod tests {
         writer.write(&big).await.unwrap();
         assert!(writer.buffer_capacity() <= IDLE_BUFFER_BYTES);
         assert_eq!(writer.inner, crate::frame::encode(&big, 2 << 20).unwrap());
+        // A busy writer keeps it until told the stream paused.
+        writer.queue(&big).unwrap();
+        writer.flush_keeping_buffer().await.unwrap();
+        assert!(writer.buffer_capacity() > 1 << 20);
+        assert_eq!(writer.queued_bytes(), 0);
+        writer.give_back_buffer();
+        assert!(writer.buffer_capacity() <= IDLE_BUFFER_BYTES);
     }
 
     #[tokio::test]

@@ -14,6 +14,11 @@
 //! holding [`COALESCE_BYTES`] or more is read at once, and a streaming pipe is made
 //! [`PIPE_BYTES`] large, so a fast writer rarely blocks on a full pipe meanwhile.
 //!
+//! A writer fast enough to fill the pipe before the wait is over (`dd`, `cat` of a
+//! big file) would sit blocked for the rest of it, the guest idle: each wait that
+//! ends on a full pipe halves the next one (down to [`MIN_COALESCE_WAIT`]), and each
+//! that does not doubles it back (up to [`COALESCE_WAIT`]).
+//!
 //! The first write after a quiet spell is read at once (an interactive program's
 //! line is not held back), and so is everything once the process exited (its exec's
 //! reply waits for it). A terminal is never held back: its echo is typing's
@@ -32,6 +37,13 @@ use crate::sys;
 /// How long a streaming pipe's read lets the child write before taking what the
 /// pipe holds: the most a streamed line is held back.
 pub const COALESCE_WAIT: Duration = Duration::from_millis(20);
+
+/// The shortest wait a fast writer brings a streaming pipe's down to (see
+/// [`OutputPipe::adapt_wait`]).
+pub const MIN_COALESCE_WAIT: Duration = Duration::from_millis(1);
+
+/// A pipe's capacity before it is enlarged (the kernel's default).
+const DEFAULT_PIPE_BYTES: usize = 64 * 1024;
 
 /// A pipe read again within this long of its last read is streaming.
 pub const BURST_GAP: Duration = Duration::from_millis(50);
@@ -60,6 +72,8 @@ impl Source {
         Self::Pipe(OutputPipe {
             state: PipeState::Registered(receiver),
             enlarged: false,
+            capacity: DEFAULT_PIPE_BYTES,
+            wait: COALESCE_WAIT,
         })
     }
 
@@ -86,6 +100,10 @@ pub struct OutputPipe {
     /// Made [`PIPE_BYTES`] large (when it first streamed: a short-lived child's
     /// pipes are never resized).
     enlarged: bool,
+    /// What the pipe holds when full, as far as the agent knows.
+    capacity: usize,
+    /// How long the next streaming read lets the child write.
+    wait: Duration,
 }
 
 #[derive(Debug)]
@@ -106,6 +124,7 @@ impl OutputPipe {
     ) -> io::Result<Option<Vec<u8>>> {
         let streaming = last_read.is_some_and(|at| at.elapsed() < BURST_GAP);
         let mut waited = !streaming;
+        let mut slept = false;
         loop {
             match &self.state {
                 PipeState::Registered(receiver) => {
@@ -116,7 +135,8 @@ impl OutputPipe {
                             self.unregister()?;
                             // Cancelled here, the pipe stays out of the reactor
                             // with nothing read; the next call reads it.
-                            tokio::time::sleep(COALESCE_WAIT).await;
+                            tokio::time::sleep(self.wait).await;
+                            slept = true;
                             continue;
                         }
                     }
@@ -130,10 +150,15 @@ impl OutputPipe {
                 }
                 PipeState::Unregistered(fd) => {
                     let queued = queued(fd.as_fd());
+                    if slept {
+                        slept = false;
+                        self.wait = next_wait(self.wait, self.capacity, queued);
+                    }
                     if !waited {
                         waited = true;
                         if queued < COALESCE_BYTES.min(max) {
-                            tokio::time::sleep(COALESCE_WAIT).await;
+                            tokio::time::sleep(self.wait).await;
+                            slept = true;
                             continue;
                         }
                     }
@@ -161,13 +186,20 @@ impl OutputPipe {
         }
     }
 
+    #[cfg(test)]
+    fn adapt_wait(&mut self, queued: usize) {
+        self.wait = next_wait(self.wait, self.capacity, queued);
+    }
+
     fn unregister(&mut self) -> io::Result<()> {
         match std::mem::replace(&mut self.state, PipeState::Broken) {
             PipeState::Registered(receiver) => {
                 let fd = receiver.into_nonblocking_fd()?;
                 if !self.enlarged {
                     self.enlarged = true;
-                    enlarge(&fd);
+                    if let Some(capacity) = enlarge(&fd) {
+                        self.capacity = capacity;
+                    }
                 }
                 self.state = PipeState::Unregistered(fd);
             }
@@ -183,6 +215,18 @@ impl OutputPipe {
             self.state = PipeState::Registered(pipe::Receiver::from_owned_fd_unchecked(fd)?);
         }
         Ok(())
+    }
+}
+
+/// The wait after one of `wait` that found `queued` bytes in a pipe of `capacity`:
+/// a pipe (nearly) full had its writer blocked for part of the wait, so the next is
+/// halved; otherwise it is doubled back toward [`COALESCE_WAIT`].
+fn next_wait(wait: Duration, capacity: usize, queued: usize) -> Duration {
+    let full = queued >= capacity - capacity / 8;
+    if full {
+        (wait / 2).max(MIN_COALESCE_WAIT)
+    } else {
+        (wait * 2).min(COALESCE_WAIT)
     }
 }
 
@@ -227,11 +271,15 @@ async fn read_terminal(fd: &AsyncFd<OwnedFd>, max: usize) -> io::Result<Option<V
     }
 }
 
-/// Asks for a [`PIPE_BYTES`] pipe; a kernel that refuses keeps the default size
-/// (only the coalescing suffers).
-fn enlarge(fd: &OwnedFd) {
-    if let Err(error) = sys::set_pipe_size(fd.as_fd(), PIPE_BYTES) {
-        tracing::debug!(%error, "cannot enlarge an output pipe");
+/// Asks for a [`PIPE_BYTES`] pipe and answers its new capacity; a kernel that
+/// refuses keeps the default size (only the coalescing suffers).
+fn enlarge(fd: &OwnedFd) -> Option<usize> {
+    match sys::set_pipe_size(fd.as_fd(), PIPE_BYTES) {
+        Ok(capacity) => Some(capacity),
+        Err(error) => {
+            tracing::debug!(%error, "cannot enlarge an output pipe");
+            None
+        }
     }
 }
 
@@ -291,6 +339,45 @@ mod tests {
             .unwrap();
         assert_eq!(chunk.map(|c| c.len()), Some(COALESCE_BYTES));
         assert!(started.elapsed() < COALESCE_WAIT, "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_fills_the_pipe_shortens_the_wait_and_a_slow_one_restores_it() {
+        let (read, write) = nix::unistd::pipe().unwrap();
+        let receiver = pipe::Receiver::from_owned_fd(read).unwrap();
+        let Source::Pipe(mut pipe) = Source::pipe(receiver) else {
+            unreachable!()
+        };
+        let mut writer = std::fs::File::from(write);
+        // A first streaming read takes the pipe out of the reactor and enlarges it.
+        writer.write_all(b"x").unwrap();
+        pipe.read_chunk(64 * 1024, Some(Instant::now()))
+            .await
+            .unwrap();
+        assert_eq!(pipe.capacity, PIPE_BYTES);
+        let capacity = pipe.capacity;
+        // Full after every wait: the waits shrink to the floor.
+        for _ in 0..8 {
+            pipe.adapt_wait(capacity);
+        }
+        assert_eq!(pipe.wait, MIN_COALESCE_WAIT);
+        // Little written during the waits: back to the full wait.
+        for _ in 0..8 {
+            pipe.adapt_wait(100);
+        }
+        assert_eq!(pipe.wait, COALESCE_WAIT);
+        // Real waits: a writer with twice the pipe's capacity to write fills it
+        // during each wait, and the waits get shorter.
+        let fill = vec![1u8; 2 * capacity];
+        let filler = std::thread::spawn(move || writer.write_all(&fill));
+        let (mut total, mut shortest) = (0, COALESCE_WAIT);
+        while total < 2 * capacity {
+            let chunk = pipe.read_chunk(64 * 1024, Some(Instant::now())).await;
+            total += chunk.unwrap().map_or(0, |c| c.len());
+            shortest = shortest.min(pipe.wait);
+        }
+        filler.join().unwrap().unwrap();
+        assert!(shortest <= COALESCE_WAIT / 2, "{shortest:?}");
     }
 
     #[tokio::test]

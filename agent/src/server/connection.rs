@@ -70,6 +70,11 @@ const WRITE_STALL: Duration = Duration::from_secs(30);
 /// Bytes batched into one write before flushing.
 const WRITE_BATCH_BYTES: usize = 1024 * 1024;
 
+/// How long the writer keeps an encode buffer grown by a batch once its queue is
+/// empty: longer than a streaming pipe's read interval (20 ms), so a stream of
+/// output reuses one buffer instead of faulting a fresh megabyte in per batch.
+const KEEP_BUFFER_WHILE_QUIET: Duration = Duration::from_millis(100);
+
 /// A running request: how to cancel it, where a put's data goes, and where the
 /// client's consumption reports go (its stream window).
 #[derive(Debug)]
@@ -708,7 +713,7 @@ async fn write_loop<W: AsyncWrite + Send>(
     let mut written: Vec<Charge> = Vec::with_capacity(WRITE_QUEUE_FRAMES);
     // Each frame is dropped once encoded: while a slow client is written to, only
     // the encoded bytes (which its charge covers) are held, not the frame as well.
-    while let Some(Outgoing { frame, charge }) = rx.recv().await {
+    while let Some(Outgoing { frame, charge }) = next_outgoing(&mut writer, &mut rx).await {
         queue(&mut writer, &frame);
         drop(frame);
         written.push(charge);
@@ -727,7 +732,7 @@ async fn write_loop<W: AsyncWrite + Send>(
                 break;
             }
         }
-        let flushed = tokio::time::timeout(WRITE_STALL, writer.flush())
+        let flushed = tokio::time::timeout(WRITE_STALL, writer.flush_keeping_buffer())
             .await
             .unwrap_or_else(|_elapsed| {
                 Err(std::io::Error::new(
@@ -746,6 +751,21 @@ async fn write_loop<W: AsyncWrite + Send>(
         }
     }
     Some(writer)
+}
+
+/// The next frame to write; once the queue stayed empty for
+/// [`KEEP_BUFFER_WHILE_QUIET`], the encode buffer is given back before waiting on.
+async fn next_outgoing<W: AsyncWrite + Unpin>(
+    writer: &mut FrameWriter<W>,
+    rx: &mut mpsc::Receiver<Outgoing>,
+) -> Option<Outgoing> {
+    match tokio::time::timeout(KEEP_BUFFER_WHILE_QUIET, rx.recv()).await {
+        Ok(next) => next,
+        Err(_quiet) => {
+            writer.give_back_buffer();
+            rx.recv().await
+        }
+    }
 }
 
 fn queue<W: AsyncWrite + Unpin>(writer: &mut FrameWriter<W>, frame: &AgentFrame) {

@@ -50,11 +50,12 @@ pub fn bytes_queued(fd: BorrowedFd<'_>) -> io::Result<usize> {
 }
 
 /// Asks the kernel to make the pipe `fd` hold `bytes` (rounded up to pages).
-pub fn set_pipe_size(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<()> {
+pub fn set_pipe_size(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<usize> {
     let bytes =
         libc::c_int::try_from(bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    fcntl(fd.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(bytes))?;
-    Ok(())
+    // The kernel rounds up and answers the size it set.
+    let set = fcntl(fd.as_raw_fd(), FcntlArg::F_SETPIPE_SZ(bytes))?;
+    usize::try_from(set).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))
 }
 
 /// Hands `fd` to tokio's reactor. The caller must be inside a tokio runtime.

@@ -30,6 +30,10 @@ pub const OUTBOX_FRAMES: usize = 64;
 /// Bytes the reader asks the stream for per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
 
+/// How long the writer keeps a batch buffer grown by a burst once its queue is
+/// empty (longer than the agent's 20 ms read interval of a streaming pipe).
+const KEEP_BATCH_BUFFER_WHILE_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Reads link items from the shared stream.
 #[derive(Debug)]
 pub struct LinkReader<R> {
@@ -133,14 +137,54 @@ pub struct Outgoing {
 pub struct Outbox {
     tx: mpsc::Sender<Outgoing>,
     current: Arc<AtomicU64>,
+    /// `Data` frame buffers the writer gave back, for the next `Data` frames: a
+    /// fresh 32 KiB buffer per frame is a fresh mapping for musl's allocator, each
+    /// of its pages faulted in anew (most of a streamed exec's system time in the
+    /// guest, under TCG).
+    spare: Arc<Mutex<Vec<Vec<u8>>>>,
 }
+
+/// Buffers kept in [`Outbox::spare`]: a window's worth of `Data` frames.
+const SPARE_DATA_BUFFERS: usize = CHANNEL_WINDOW_BYTES as usize / LINK_DATA_BYTES;
+
+/// Largest buffer kept as a spare: a `Data` frame's.
+const SPARE_BUFFER_BYTES: usize = LINK_DATA_BYTES + 64;
 
 impl Outbox {
     /// An outbox and the receiver [`write_loop`] drains.
     pub fn new() -> (Self, mpsc::Receiver<Outgoing>) {
         let (tx, rx) = mpsc::channel(OUTBOX_FRAMES);
         let current = Arc::new(AtomicU64::new(0));
-        (Self { tx, current }, rx)
+        let spare = Arc::default();
+        (Self { tx, current, spare }, rx)
+    }
+
+    /// A cleared buffer for a `Data` frame: a spare when there is one.
+    fn data_buffer(&self) -> Vec<u8> {
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(SPARE_BUFFER_BYTES))
+    }
+
+    /// Keeps a written frame's buffer for a later `Data` frame (when it is one's
+    /// size and fewer than [`SPARE_DATA_BUFFERS`] are kept).
+    fn give_back(&self, mut bytes: Vec<u8>) {
+        let capacity = bytes.capacity();
+        if !(LINK_DATA_BYTES..=SPARE_BUFFER_BYTES).contains(&capacity) {
+            return;
+        }
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        if spare.len() < SPARE_DATA_BUFFERS {
+            bytes.clear();
+            spare.push(bytes);
+        }
+    }
+
+    /// Drops the spare buffers (the link went quiet).
+    fn drop_spares(&self) {
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        *spare = Vec::new();
     }
 
     /// The session number frames are sent under now.
@@ -171,7 +215,7 @@ impl Outbox {
     /// Queues a `Data` frame of `bytes` for `channel` in `session` (encoded straight
     /// from `bytes`); false when the writer is gone.
     pub async fn send_data(&self, session: u64, channel: ChannelId, bytes: &[u8]) -> bool {
-        let mut frame = Vec::new();
+        let mut frame = self.data_buffer();
         if encode_data(channel, bytes, &mut frame).is_err() {
             return true;
         }
@@ -206,7 +250,28 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     let mut batch = Vec::new();
     let mut bytes = Vec::new();
-    while rx.recv_many(&mut batch, OUTBOX_FRAMES).await > 0 {
+    loop {
+        // A batch buffer grown by a burst is kept while frames keep coming (growing
+        // it again would fault every page in anew) and given back once the queue
+        // stayed empty for a while.
+        let received = match tokio::time::timeout(
+            KEEP_BATCH_BUFFER_WHILE_QUIET,
+            rx.recv_many(&mut batch, OUTBOX_FRAMES),
+        )
+        .await
+        {
+            Ok(received) => received,
+            Err(_quiet) => {
+                if bytes.capacity() > 4 * READ_CHUNK_BYTES {
+                    bytes = Vec::new();
+                }
+                outbox.drop_spares();
+                rx.recv_many(&mut batch, OUTBOX_FRAMES).await
+            }
+        };
+        if received == 0 {
+            break;
+        }
         let current = outbox.session();
         batch.retain(|out| out.session == current);
         // One frame (a big `Data`, typically) goes out as it is, not copied first.
@@ -223,9 +288,8 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
             stream.write_all(write).await?;
             stream.flush().await?;
         }
-        batch.clear();
-        if bytes.capacity() > 4 * READ_CHUNK_BYTES {
-            bytes = Vec::new();
+        for out in batch.drain(..) {
+            outbox.give_back(out.bytes);
         }
     }
     Ok(())
