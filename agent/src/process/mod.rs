@@ -29,6 +29,7 @@
 //! while it calls `waitpid`, so a child is always in the table before its exit status
 //! can be collected (and std's own wait for a child whose `exec` failed never races us).
 
+pub mod buffers;
 pub mod cgroup;
 pub mod defaults;
 pub mod exec;

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use sandbox_protocol::{OutputChunk, Stream};
 use tokio::sync::mpsc;
 
+use super::buffers::OUTPUT_BUFFERS;
 use super::source::Source;
 use super::table::ProcessRecord;
 
@@ -68,6 +69,7 @@ pub async fn pump(
         let offset = record.push_output(stream, &data);
         if let Some(sink) = &sink {
             // A closed sink means the request went away; keep draining regardless.
+            // The connection's writer gives the buffer back once it is encoded.
             let _ = sink
                 .send(OutputChunk {
                     stream,
@@ -75,6 +77,8 @@ pub async fn pump(
                     data,
                 })
                 .await;
+        } else {
+            OUTPUT_BUFFERS.give_back(data);
         }
     }
     if !settled {

@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::net::unix::pipe;
 
+use super::buffers::OUTPUT_BUFFERS;
 use crate::sys;
 
 /// How long a streaming pipe's read lets the child write before taking what the
@@ -140,11 +141,18 @@ impl OutputPipe {
                             continue;
                         }
                     }
-                    let mut buf = Vec::with_capacity(max);
-                    match receiver.try_read_buf(&mut buf) {
-                        Ok(0) => return Ok(None),
+                    let mut buf = OUTPUT_BUFFERS.take(max);
+                    let read =
+                        receiver.try_io(|| sys::read_into_spare(receiver.as_fd(), &mut buf, max));
+                    match read {
+                        Ok(0) => {
+                            OUTPUT_BUFFERS.give_back(buf);
+                            return Ok(None);
+                        }
                         Ok(_) => return Ok(Some(buf)),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            OUTPUT_BUFFERS.give_back(buf);
+                        }
                         Err(e) => return Err(e),
                     }
                 }
@@ -238,14 +246,18 @@ fn queued(fd: BorrowedFd<'_>) -> usize {
 /// One non-blocking read of at most `max` bytes: `Some(empty)` at end of file,
 /// `None` when the pipe is empty.
 fn read_up_to(fd: BorrowedFd<'_>, max: usize) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = vec![0u8; max];
+    let mut buf = OUTPUT_BUFFERS.take(max);
     loop {
-        match sys::read(fd, &mut buf) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(Some(buf));
+        match sys::read_into_spare(fd, &mut buf, max) {
+            Ok(0) => {
+                OUTPUT_BUFFERS.give_back(buf);
+                return Ok(Some(Vec::new()));
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Ok(_) => return Ok(Some(buf)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                OUTPUT_BUFFERS.give_back(buf);
+                return Ok(None);
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         }
@@ -255,17 +267,21 @@ fn read_up_to(fd: BorrowedFd<'_>, max: usize) -> io::Result<Option<Vec<u8>>> {
 async fn read_terminal(fd: &AsyncFd<OwnedFd>, max: usize) -> io::Result<Option<Vec<u8>>> {
     loop {
         let mut guard = fd.readable().await?;
-        let mut buf = vec![0u8; max];
-        let read = guard.try_io(|inner| sys::read(inner.get_ref().as_fd(), &mut buf));
+        let mut buf = OUTPUT_BUFFERS.take(max);
+        let read =
+            guard.try_io(|inner| sys::read_into_spare(inner.get_ref().as_fd(), &mut buf, max));
         match read {
-            Err(_would_block) => continue,
-            Ok(Ok(0)) => return Ok(None),
-            Ok(Ok(n)) => {
-                buf.truncate(n);
-                return Ok(Some(buf));
+            Ok(Ok(n)) if n > 0 => return Ok(Some(buf)),
+            Err(_would_block) => OUTPUT_BUFFERS.give_back(buf),
+            Ok(Ok(_end)) => {
+                OUTPUT_BUFFERS.give_back(buf);
+                return Ok(None);
             }
             // The last holder of the terminal's other end closed it.
-            Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(None),
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => {
+                OUTPUT_BUFFERS.give_back(buf);
+                return Ok(None);
+            }
             Ok(Err(e)) => return Err(e),
         }
     }

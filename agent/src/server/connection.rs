@@ -39,8 +39,8 @@ use sandbox_protocol::frame::{Decoded, FrameError};
 use sandbox_protocol::limits::{HELLO_FRAME_BYTES, MAX_FRAME_BYTES, MAX_REQUESTS_IN_FLIGHT};
 use sandbox_protocol::transport::{FrameReader, FrameWriter};
 use sandbox_protocol::{
-    AgentFrame, AgentMsg, ClientFrame, ClientMsg, ErrorKind, Hello, HelloReply, Request, RequestId,
-    WireError, MAGIC, PROTOCOL_VERSION,
+    AgentFrame, AgentMsg, ClientFrame, ClientMsg, ErrorKind, Event, Hello, HelloReply, Request,
+    RequestId, WireError, MAGIC, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -52,6 +52,7 @@ use crate::agent::{Agent, AGENT_VERSION};
 use crate::budget::{Charge, UNCHARGED_BYTES};
 use crate::events::{Events, Outgoing};
 use crate::files::stream::{put_channel, PutSender};
+use crate::process::buffers::OUTPUT_BUFFERS;
 
 /// How long a client has to send its `Hello`.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -715,14 +716,14 @@ async fn write_loop<W: AsyncWrite + Send>(
     // the encoded bytes (which its charge covers) are held, not the frame as well.
     while let Some(Outgoing { frame, charge }) = next_outgoing(&mut writer, &mut rx).await {
         queue(&mut writer, &frame);
-        drop(frame);
+        recycle(frame);
         written.push(charge);
         let mut batched = 1;
         while batched < WRITE_QUEUE_FRAMES {
             match rx.try_recv() {
                 Ok(Outgoing { frame, charge }) => {
                     queue(&mut writer, &frame);
-                    drop(frame);
+                    recycle(frame);
                     written.push(charge);
                     batched += 1;
                 }
@@ -765,6 +766,13 @@ async fn next_outgoing<W: AsyncWrite + Unpin>(
             writer.give_back_buffer();
             rx.recv().await
         }
+    }
+}
+
+/// Drops an encoded frame, giving an output chunk's buffer back to the pumps.
+fn recycle(frame: AgentFrame) {
+    if let AgentMsg::Event(Event::Output(chunk)) = frame.msg {
+        OUTPUT_BUFFERS.give_back(chunk.data);
     }
 }
 

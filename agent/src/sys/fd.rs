@@ -33,6 +33,20 @@ pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     Ok(nix::unistd::read(fd.as_raw_fd(), buf)?)
 }
 
+/// One `read(2)` of at most `max` bytes into the spare capacity of `buf` (no
+/// zeroing first), appended to what it holds: the bytes read, 0 at end of file.
+pub fn read_into_spare(fd: BorrowedFd<'_>, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    let len = spare.len().min(max);
+    // SAFETY: `read` writes at most `len` bytes into `spare`, which has room for
+    // `len`; the bytes it reports written are initialised before `set_len` counts them.
+    let read = unsafe { libc::read(fd.as_raw_fd(), spare.as_mut_ptr().cast(), len) };
+    let read = usize::try_from(read).map_err(|_| io::Error::last_os_error())?;
+    // SAFETY: see above; `read <= len <= spare capacity`.
+    unsafe { buf.set_len(buf.len() + read) };
+    Ok(read)
+}
+
 /// One `write(2)` of (a prefix of) `buf`: the bytes written.
 pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     Ok(nix::unistd::write(fd, buf)?)

@@ -50,8 +50,8 @@ pub use cgroup::{
 };
 pub use clock::{set_wall_clock, unix_time_ms};
 pub use fd::{
-    bytes_queued, read, register_async, set_fresh_pipe_nonblocking, set_nonblocking, set_pipe_size,
-    write,
+    bytes_queued, read, read_into_spare, register_async, set_fresh_pipe_nonblocking,
+    set_nonblocking, set_pipe_size, write,
 };
 pub use limits::raise_open_file_limit;
 pub use net::{interface_flags, set_interface_flags};
