@@ -85,7 +85,7 @@ pub fn plan(
     };
     let gid = group.map(|group| group.gid()).transpose()?;
     let passwd = match user {
-        None => PasswdUser::from_uid(Uid::current()).ok().flatten(),
+        None => super::passwd::own_entry(),
         Some(user) => Some(lookup_user(user)?),
     };
     let home = passwd.as_ref().map_or_else(

@@ -37,6 +37,7 @@ pub mod gate;
 pub mod kill;
 pub mod launch;
 pub mod logs;
+pub mod passwd;
 pub mod pty;
 pub mod pump;
 pub mod reaper;
