@@ -3,7 +3,7 @@
 //! sets the hostname, reaps orphans with its one reaper, and turns SIGTERM into the
 //! shutdown path; and, as init, `reidentify` changes the hostname (of the UTS
 //! namespace, and `/etc/hostname` on an overlay private to the mount namespace).
-//! What needs a kernel of its own (the mounts, devtmpfs, modules, the OOM shield,
+//! What needs a kernel of its own (the mounts, devtmpfs, modules, the OOM score,
 //! loopback, the real poweroff) is covered by the microVM tests; here the namespace
 //! refuses some of those steps and the agent must carry on.
 

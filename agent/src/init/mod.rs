@@ -7,7 +7,7 @@
 //! 1. [`early`], before logging exists: mount `/proc` and `/dev`, attach
 //!    `/dev/console` to any closed stdio fd, read the `sandbox.*` kernel parameters
 //!    ([`cmdline`]). The caller then sets up logging with [`BootParams::log`].
-//! 2. [`prepare`]: log the parameter warnings, mount the rest ([`mounts`]), shield
+//! 2. [`prepare`]: log the parameter warnings, mount the rest ([`mounts`]), keep
 //!    init from the OOM killer ([`oom`]), load the modules the image builder listed
 //!    ([`modules`]), switch into a root disk when one is given and this is still the
 //!    initramfs ([`stage_one`]; on success the agent on the disk starts over at 1),
@@ -195,6 +195,19 @@ pub fn is_pid1() -> bool {
     std::process::id() == 1
 }
 
+/// The inode of the initial pid namespace (`PROC_PID_INIT_INO` in the kernel).
+const INITIAL_PID_NAMESPACE_INO: u64 = 0xEFFF_FFFC;
+
+/// True when this process is PID 1 of the initial pid namespace: the machine's
+/// init, not a container's. Only it confines in cgroups, and the kernel treats it
+/// apart (the OOM killer never picks it).
+pub fn is_machine_init() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    is_pid1()
+        && std::fs::metadata("/proc/self/ns/pid")
+            .is_ok_and(|m| m.ino() == INITIAL_PID_NAMESPACE_INO)
+}
+
 /// What [`early`] did, for [`prepare`] to log and report.
 #[derive(Debug, Default)]
 pub struct EarlyReport {
@@ -259,7 +272,10 @@ pub fn prepare(params: &BootParams, early: EarlyReport) -> Result<InitReport, In
     }
 
     match oom::protect_self() {
-        Ok(()) => info!("init: oom_score_adj set to -1000"),
+        Ok(oom::Protection::Kernel) => {
+            info!("init: the machine's init, which the OOM killer never picks")
+        }
+        Ok(oom::Protection::Score) => info!("init: oom_score_adj set to -1000"),
         Err(error) => note(&mut report, error, "oom_score_adj"),
     }
 

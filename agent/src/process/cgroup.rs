@@ -136,10 +136,6 @@ pub const AGENT_MEMORY_MIN_BYTES: u64 = 32 << 20;
 /// The agent's `cpu.weight`; the workload keeps the default 100.
 pub const AGENT_CPU_WEIGHT: u32 = 1000;
 
-/// The inode of the initial pid namespace (`PROC_PID_INIT_INO` in the kernel): the
-/// agent confines only when it is the init of the whole machine.
-const INITIAL_PID_NAMESPACE_INO: u64 = 0xEFFF_FFFC;
-
 /// Rounds of "signal every member" when the kernel has no `cgroup.kill` (< 5.14).
 const KILL_ROUNDS: usize = 100;
 
@@ -287,7 +283,7 @@ impl Confinement {
     /// Sets the tree up under [`CGROUP_MOUNT`] when the agent is the machine's init;
     /// otherwise, or when that fails, process groups.
     pub fn set_up(is_init: bool) -> Self {
-        let tree = if is_init && is_machine_init() {
+        let tree = if is_init && crate::init::is_machine_init() {
             CgroupTree::set_up(Path::new(CGROUP_MOUNT))
         } else {
             Err(CgroupError::NotInit)
@@ -384,12 +380,6 @@ impl Confinement {
             },
         }
     }
-}
-
-/// Whether this process is PID 1 of the initial pid namespace: the machine's init.
-fn is_machine_init() -> bool {
-    std::process::id() == 1
-        && fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == INITIAL_PID_NAMESPACE_INO)
 }
 
 /// The agent's cgroup tree.

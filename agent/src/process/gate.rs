@@ -6,8 +6,9 @@
 //!   the reaper's `waitpid(-1)` (see the module docs of [`crate::process`]). A
 //!   [`SpawnPermit`] is held from before the start until the record is inserted; the
 //!   reaper holds a [`ReapPermit`] around `waitpid`.
-//! - **The agent's own `oom_score_adj`.** As init the agent shields itself from the
-//!   OOM killer (-1000), and a child inherits its parent's score. So each start
+//! - **The agent's own `oom_score_adj`.** As a container's init the agent shields
+//!   itself from the OOM killer (-1000; the machine's init needs no shield, see
+//!   [`crate::init::oom`]), and a child inherits its parent's score. So each start
 //!   lowers the agent's score to 0 and restores it after ([`OomUnshield`]). Two
 //!   starts overlapping would break that: the second would read the lowered 0 as
 //!   "not shielded", or the first would restore -1000 while the second was still
