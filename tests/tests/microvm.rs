@@ -174,10 +174,7 @@ async fn pid1_duties(client: Client) {
 
     // The OOM killer spares the machine's init whatever its score, so the agent
     // leaves it at the default, and its children start there with nothing to reset.
-    assert_eq!(
-        sh(&client, "cat /proc/1/oom_score_adj").await.trim(),
-        "0"
-    );
+    assert_eq!(sh(&client, "cat /proc/1/oom_score_adj").await.trim(), "0");
     // Regression: when init kept -1000, the reset used to come from the agent after
     // the child started, so whatever the child forked at once could keep it. A
     // subshell forks first.
