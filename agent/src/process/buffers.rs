@@ -123,7 +123,8 @@ impl BufferPool {
     }
 
     /// Spare buffers held now.
-    pub fn spare_count(&self) -> usize {
+    #[cfg(test)]
+    fn spare_count(&self) -> usize {
         self.spares().buffers.len()
     }
 }

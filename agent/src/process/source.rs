@@ -141,18 +141,9 @@ impl OutputPipe {
                             continue;
                         }
                     }
-                    let mut buf = OUTPUT_BUFFERS.take(max);
-                    let read =
-                        receiver.try_io(|| sys::read_into_spare(receiver.as_fd(), &mut buf, max));
-                    match read {
-                        Ok(0) => {
-                            OUTPUT_BUFFERS.give_back(buf);
-                            return Ok(None);
-                        }
-                        Ok(_) => return Ok(Some(buf)),
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            OUTPUT_BUFFERS.give_back(buf);
-                        }
+                    match receiver.try_io(|| read_pooled(receiver.as_fd(), max)) {
+                        Ok(chunk) => return Ok(chunk),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                         Err(e) => return Err(e),
                     }
                 }
@@ -246,20 +237,28 @@ fn queued(fd: BorrowedFd<'_>) -> usize {
 /// One non-blocking read of at most `max` bytes: `Some(empty)` at end of file,
 /// `None` when the pipe is empty.
 fn read_up_to(fd: BorrowedFd<'_>, max: usize) -> io::Result<Option<Vec<u8>>> {
-    let mut buf = OUTPUT_BUFFERS.take(max);
     loop {
-        match sys::read_into_spare(fd, &mut buf, max) {
-            Ok(0) => {
-                OUTPUT_BUFFERS.give_back(buf);
-                return Ok(Some(Vec::new()));
-            }
-            Ok(_) => return Ok(Some(buf)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                OUTPUT_BUFFERS.give_back(buf);
-                return Ok(None);
-            }
+        match read_pooled(fd, max) {
+            Ok(Some(buf)) => return Ok(Some(buf)),
+            Ok(None) => return Ok(Some(Vec::new())),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// One `read(2)` of at most `max` bytes into a buffer from [`OUTPUT_BUFFERS`]:
+/// the bytes read, `None` at end of file. The buffer goes back to the pool unless
+/// it carries bytes.
+fn read_pooled(fd: BorrowedFd<'_>, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = OUTPUT_BUFFERS.take(max);
+    let read = sys::read_into_spare(fd, &mut buf, max);
+    match read {
+        Ok(n) if n > 0 => Ok(Some(buf)),
+        other => {
+            OUTPUT_BUFFERS.give_back(buf);
+            other.map(|_end| None)
         }
     }
 }
@@ -267,21 +266,11 @@ fn read_up_to(fd: BorrowedFd<'_>, max: usize) -> io::Result<Option<Vec<u8>>> {
 async fn read_terminal(fd: &AsyncFd<OwnedFd>, max: usize) -> io::Result<Option<Vec<u8>>> {
     loop {
         let mut guard = fd.readable().await?;
-        let mut buf = OUTPUT_BUFFERS.take(max);
-        let read =
-            guard.try_io(|inner| sys::read_into_spare(inner.get_ref().as_fd(), &mut buf, max));
-        match read {
-            Ok(Ok(n)) if n > 0 => return Ok(Some(buf)),
-            Err(_would_block) => OUTPUT_BUFFERS.give_back(buf),
-            Ok(Ok(_end)) => {
-                OUTPUT_BUFFERS.give_back(buf);
-                return Ok(None);
-            }
+        match guard.try_io(|inner| read_pooled(inner.get_ref().as_fd(), max)) {
+            Err(_would_block) => continue,
+            Ok(Ok(chunk)) => return Ok(chunk),
             // The last holder of the terminal's other end closed it.
-            Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => {
-                OUTPUT_BUFFERS.give_back(buf);
-                return Ok(None);
-            }
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Ok(None),
             Ok(Err(e)) => return Err(e),
         }
     }
