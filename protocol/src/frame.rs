@@ -87,13 +87,24 @@ pub fn encode_with_tail<T: Serialize>(
     max: usize,
     out: &mut Vec<u8>,
 ) -> Result<(), FrameError> {
+    encode_with_tails(head, &[tail], max, out)
+}
+
+/// Like [`encode_with_tail`] for a byte string in pieces (a vectored write's), in order.
+pub fn encode_with_tails<T: Serialize>(
+    head: &T,
+    tails: &[&[u8]],
+    max: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    let tail_len: usize = tails.iter().map(|tail| tail.len()).sum();
     let start = out.len();
     out.extend_from_slice(&[0; LEN_PREFIX_BYTES]);
     if let Err(error) = postcard::to_extend(head, Appender(out)) {
         out.truncate(start);
         return Err(FrameError::Encode(error));
     }
-    let len = out.len() - start - LEN_PREFIX_BYTES + tail.len();
+    let len = out.len() - start - LEN_PREFIX_BYTES + tail_len;
     let prefix = match u32::try_from(len) {
         Ok(prefix) if len <= max => prefix,
         _ => {
@@ -101,7 +112,10 @@ pub fn encode_with_tail<T: Serialize>(
             return Err(FrameError::TooLarge { len, max });
         }
     };
-    out.extend_from_slice(tail);
+    out.reserve(tail_len);
+    for tail in tails {
+        out.extend_from_slice(tail);
+    }
     out[start..start + LEN_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
     Ok(())
 }

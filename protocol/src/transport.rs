@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::frame::{encode_into, Decoded, FrameDecoder, FrameError};
+use crate::frame::{encode_into, Decoded, FrameDecoder, FrameError, LEN_PREFIX_BYTES};
 
 /// Bytes the reader asks the stream for per read: small frames batch up, and a large
 /// frame's buffer grows by this much per read as its bytes arrive.
@@ -131,6 +131,11 @@ pub struct FrameWriter<W> {
     inner: W,
     buf: Vec<u8>,
     max: usize,
+    /// Payloads queued by [`Self::queue_with_tail`]: each goes out after the bytes of
+    /// `buf` up to its offset, in a vectored write.
+    tails: Vec<(usize, Vec<u8>)>,
+    /// Payloads written (or dropped by a failed write), for the caller to reuse.
+    spent: Vec<Vec<u8>>,
 }
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
@@ -140,6 +145,8 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             inner,
             buf: Vec::new(),
             max,
+            tails: Vec::new(),
+            spent: Vec::new(),
         }
     }
 
@@ -148,9 +155,65 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         encode_into(msg, self.max, &mut self.buf)
     }
 
+    /// Queues a frame whose last field is a byte string, without copying its bytes:
+    /// `msg` is the frame with that byte string empty (so its encoding ends with the
+    /// string's length, 0), `tail` the bytes, written after the head when flushed
+    /// (copied after all into a stream without vectored writes).
+    /// Once written, `tail` is among [`Self::spent_tails`]. A frame that cannot be
+    /// queued so (too large, or `msg` does not end with an empty byte string) gives
+    /// `tail` back with the error.
+    pub fn queue_with_tail<T: Serialize>(
+        &mut self,
+        msg: &T,
+        tail: Vec<u8>,
+    ) -> Result<(), (FrameError, Vec<u8>)> {
+        let start = self.buf.len();
+        if let Err(error) = encode_into(msg, self.max, &mut self.buf) {
+            return Err((error, tail));
+        }
+        let mut varint = [0u8; 10];
+        let length = match postcard::to_slice(&tail.len(), &mut varint) {
+            Ok(length) => length.len(),
+            Err(error) => {
+                self.buf.truncate(start);
+                return Err((FrameError::Encode(error), tail));
+            }
+        };
+        if self.buf.len() == start + LEN_PREFIX_BYTES || self.buf.last() != Some(&0) {
+            self.buf.truncate(start);
+            return Err((FrameError::Encode(postcard::Error::SerdeSerCustom), tail));
+        }
+        self.buf.pop();
+        self.buf.extend_from_slice(&varint[..length]);
+        let len = self.buf.len() - start - LEN_PREFIX_BYTES + tail.len();
+        let prefix = match u32::try_from(len) {
+            Ok(prefix) if len <= self.max => prefix,
+            _ => {
+                self.buf.truncate(start);
+                let max = self.max;
+                return Err((FrameError::TooLarge { len, max }, tail));
+            }
+        };
+        self.buf[start..start + LEN_PREFIX_BYTES].copy_from_slice(&prefix.to_le_bytes());
+        if self.inner.is_write_vectored() {
+            self.tails.push((self.buf.len(), tail));
+        } else {
+            // Each piece would be a write of its own: one copy costs less.
+            self.buf.extend_from_slice(&tail);
+            self.spent.push(tail);
+        }
+        Ok(())
+    }
+
+    /// The payloads of [`Self::queue_with_tail`] that were written (or lost to a
+    /// failed write) since the last call.
+    pub fn spent_tails(&mut self) -> std::vec::Drain<'_, Vec<u8>> {
+        self.spent.drain(..)
+    }
+
     /// Bytes queued and not yet written.
     pub fn queued_bytes(&self) -> usize {
-        self.buf.len()
+        self.buf.len() + self.tails.iter().map(|(_, tail)| tail.len()).sum::<usize>()
     }
 
     /// Bytes of buffer held now (its capacity), for memory accounting and tests.
@@ -172,7 +235,14 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// was most of a streamed exec's cost in the agent. The caller calls
     /// [`Self::give_back_buffer`] once the stream pauses.
     pub async fn flush_keeping_buffer(&mut self) -> io::Result<()> {
-        let result = self.inner.write_all(&self.buf).await;
+        let result = if self.tails.is_empty() {
+            self.inner.write_all(&self.buf).await
+        } else {
+            let result = write_gathered(&mut self.inner, &self.buf, &self.tails).await;
+            self.spent
+                .extend(self.tails.drain(..).map(|(_, tail)| tail));
+            result
+        };
         self.buf.clear();
         result?;
         self.inner.flush().await
@@ -205,10 +275,111 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     }
 }
 
+/// Writes `head` with each tail inserted at its offset, in vectored writes.
+async fn write_gathered<W: AsyncWrite + Unpin>(
+    stream: &mut W,
+    head: &[u8],
+    tails: &[(usize, Vec<u8>)],
+) -> io::Result<()> {
+    let mut slices = Vec::with_capacity(2 * tails.len() + 1);
+    let mut from = 0;
+    for (at, tail) in tails {
+        slices.push(io::IoSlice::new(&head[from..*at]));
+        slices.push(io::IoSlice::new(tail));
+        from = *at;
+    }
+    slices.push(io::IoSlice::new(&head[from..]));
+    slices.retain(|slice| !slice.is_empty());
+    let mut left = slices.as_mut_slice();
+    while !left.is_empty() {
+        let n = stream.write_vectored(left).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        io::IoSlice::advance_slices(&mut left, n);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::message::{ClientFrame, ClientMsg, Request, RequestId};
+
+    fn output_frame(id: u64, data: Vec<u8>) -> crate::message::AgentFrame {
+        crate::message::AgentFrame {
+            id: RequestId(id),
+            msg: crate::message::AgentMsg::Event(crate::message::Event::Output(
+                crate::output::OutputChunk {
+                    stream: crate::output::Stream::Stderr,
+                    offset: 1 << 40,
+                    data,
+                },
+            )),
+        }
+    }
+
+    /// Queues three output frames with their payloads apart into `near`, and
+    /// checks `far` reads what encoding them whole gives.
+    async fn frames_apart_read_back<S>(near: S, mut far: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let big: Vec<u8> = (0..100_000u32).map(|i| (i % 253) as u8).collect();
+        let mut whole = Vec::new();
+        for (id, data) in [(1, big.clone()), (2, b"small".to_vec()), (3, Vec::new())] {
+            encode_into(&output_frame(id, data), 1 << 20, &mut whole).unwrap();
+        }
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            far.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let mut writer = FrameWriter::new(near, 1 << 20);
+        writer
+            .queue_with_tail(&output_frame(1, Vec::new()), big.clone())
+            .unwrap();
+        writer.queue(&output_frame(2, b"small".to_vec())).unwrap();
+        writer
+            .queue_with_tail(&output_frame(3, Vec::new()), Vec::new())
+            .unwrap();
+        assert_eq!(writer.queued_bytes(), whole.len());
+        writer.flush().await.unwrap();
+        let spent: Vec<_> = writer.spent_tails().collect();
+        assert_eq!(spent, vec![big.clone(), Vec::new()]);
+        writer.get_mut().shutdown().await.unwrap();
+        drop(writer);
+        assert_eq!(reader.await.unwrap(), whole);
+    }
+
+    #[tokio::test]
+    async fn a_frame_queued_with_its_payload_apart_is_the_same_bytes() {
+        // Vectored writes (a socket), in as many parts as the socket takes.
+        let (near, far) = tokio::net::UnixStream::pair().unwrap();
+        frames_apart_read_back(near, far).await;
+        // A stream without vectored writes (copied), narrower than a frame.
+        let (near, far) = tokio::io::duplex(7);
+        frames_apart_read_back(near, far).await;
+    }
+
+    #[test]
+    fn a_tail_that_cannot_go_apart_comes_back() {
+        let mut writer = FrameWriter::new(Vec::new(), 1000);
+        // The message does not end with an empty byte string.
+        let frame = ClientFrame {
+            id: RequestId(4),
+            msg: ClientMsg::Request(Request::Ps),
+        };
+        let (_, tail) = writer.queue_with_tail(&frame, vec![1, 2, 3]).unwrap_err();
+        assert_eq!(tail, vec![1, 2, 3]);
+        // Over the limit with its tail.
+        let (error, tail) = writer
+            .queue_with_tail(&output_frame(1, Vec::new()), vec![0; 2000])
+            .unwrap_err();
+        assert!(matches!(error, FrameError::TooLarge { .. }), "{error}");
+        assert_eq!(tail.len(), 2000);
+        assert_eq!(writer.queued_bytes(), 0);
+    }
 
     #[tokio::test]
     async fn reader_reports_clean_end_and_cut_frames() {

@@ -23,7 +23,7 @@ pub static OUTPUT_BUFFERS: BufferPool = BufferPool::new();
 pub const POOLED_FROM: usize = 8 * 1024;
 
 /// Spares kept: a streaming exec's queue and a batch of its frames.
-const SPARES: usize = 8;
+const SPARES: usize = 16;
 
 /// How long spares are kept without use.
 const KEEP_WHILE_QUIET: Duration = Duration::from_millis(100);

@@ -20,8 +20,10 @@ use super::table::ProcessRecord;
 /// How long output may stay silent after the process exits before the pump stops.
 pub const DRAIN_IDLE_AFTER_EXIT: Duration = Duration::from_millis(100);
 
-/// Largest single read.
-pub(crate) const READ_BYTES: usize = 64 * 1024;
+/// Largest single read: a pipe's capacity, less room for the head of the frame it
+/// is streamed in, so that frame fits two of the link's `Data` frames of at most
+/// 32 KiB (each one write into the virtio-serial port; a full 64 KiB took a third).
+pub(crate) const READ_BYTES: usize = 64 * 1024 - 64;
 
 /// Reads `source` into `record` until it is drained; each chunk also goes to `sink`
 /// when there is one (a streaming exec), which applies backpressure to the child.

@@ -39,8 +39,8 @@ use sandbox_protocol::frame::{Decoded, FrameError};
 use sandbox_protocol::limits::{HELLO_FRAME_BYTES, MAX_FRAME_BYTES, MAX_REQUESTS_IN_FLIGHT};
 use sandbox_protocol::transport::{FrameReader, FrameWriter};
 use sandbox_protocol::{
-    AgentFrame, AgentMsg, ClientFrame, ClientMsg, ErrorKind, Event, Hello, HelloReply, Request,
-    RequestId, WireError, MAGIC, PROTOCOL_VERSION,
+    AgentFrame, AgentMsg, ClientFrame, ClientMsg, ErrorKind, Event, Hello, HelloReply, OutputChunk,
+    Request, RequestId, WireError, MAGIC, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, WriteHalf};
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -68,8 +68,11 @@ const WRITER_DRAIN: Duration = Duration::from_secs(5);
 /// not stalled: stream windows make the agent send only what it consumed.)
 const WRITE_STALL: Duration = Duration::from_secs(30);
 
-/// Bytes batched into one write before flushing.
-const WRITE_BATCH_BYTES: usize = 1024 * 1024;
+/// Bytes batched into one write before flushing. Output chunks written from their
+/// own buffers (see [`queue_frame`]) are held until then, so a batch is kept near
+/// the number the pumps' pool keeps spare (a bigger one left the pumps reading
+/// into fresh buffers, every page faulted in anew).
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
 
 /// How long the writer keeps an encode buffer grown by a batch once its queue is
 /// empty: longer than a streaming pipe's read interval (20 ms), so a stream of
@@ -715,15 +718,13 @@ async fn write_loop<W: AsyncWrite + Send>(
     // Each frame is dropped once encoded: while a slow client is written to, only
     // the encoded bytes (which its charge covers) are held, not the frame as well.
     while let Some(Outgoing { frame, charge }) = next_outgoing(&mut writer, &mut rx).await {
-        queue(&mut writer, &frame);
-        recycle(frame);
+        queue_frame(&mut writer, frame);
         written.push(charge);
         let mut batched = 1;
         while batched < WRITE_QUEUE_FRAMES {
             match rx.try_recv() {
                 Ok(Outgoing { frame, charge }) => {
-                    queue(&mut writer, &frame);
-                    recycle(frame);
+                    queue_frame(&mut writer, frame);
                     written.push(charge);
                     batched += 1;
                 }
@@ -741,8 +742,11 @@ async fn write_loop<W: AsyncWrite + Send>(
                     "the client has read nothing for 30 s",
                 ))
             });
-        // The frames' bytes are in the encode buffer, which the flush empties.
+        // The frames' bytes are written (or lost with the connection).
         written.clear();
+        for data in writer.spent_tails() {
+            OUTPUT_BUFFERS.give_back(data);
+        }
         if let Err(error) = flushed {
             tracing::debug!(%error, "writing to the client failed");
             // Dropping the queue makes every later send fail at once: handlers stop
@@ -768,6 +772,46 @@ async fn next_outgoing<W: AsyncWrite + Unpin>(
         }
     }
 }
+
+/// Queues `frame` for the next flush. A big output chunk's bytes are written from
+/// its own buffer after the frame's head (one copy fewer per byte of a streamed
+/// exec), which goes back to the pumps once written; other frames are encoded
+/// whole, and an output chunk's buffer goes back at once.
+fn queue_frame<W: AsyncWrite + Unpin>(writer: &mut FrameWriter<W>, frame: AgentFrame) {
+    match frame.msg {
+        AgentMsg::Event(Event::Output(mut chunk)) if chunk.data.len() >= WRITTEN_APART_BYTES => {
+            let head = AgentFrame {
+                id: frame.id,
+                msg: AgentMsg::Event(Event::Output(OutputChunk {
+                    stream: chunk.stream,
+                    offset: chunk.offset,
+                    data: Vec::new(),
+                })),
+            };
+            match writer.queue_with_tail(&head, std::mem::take(&mut chunk.data)) {
+                Ok(()) => {}
+                Err((_, data)) => {
+                    chunk.data = data;
+                    let frame = AgentFrame {
+                        id: frame.id,
+                        msg: AgentMsg::Event(Event::Output(chunk)),
+                    };
+                    queue(writer, &frame);
+                    recycle(frame);
+                }
+            }
+        }
+        msg => {
+            let frame = AgentFrame { id: frame.id, msg };
+            queue(writer, &frame);
+            recycle(frame);
+        }
+    }
+}
+
+/// Output chunks at least this big are written from their own buffer (see
+/// [`queue_frame`]); a smaller one costs less to copy than a piece of a vectored write.
+const WRITTEN_APART_BYTES: usize = 4 * 1024;
 
 /// Drops an encoded frame, giving an output chunk's buffer back to the pumps.
 fn recycle(frame: AgentFrame) {

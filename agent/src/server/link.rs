@@ -1,6 +1,6 @@
 //! Serving the link (see `sandbox_protocol::link`): every channel a host client opens
-//! becomes one ordinary connection, served by [`connection::serve`] over an in-memory
-//! pipe, so the protocol, the handshake, admission and cancellation are exactly those
+//! becomes one ordinary connection, served by [`connection::serve`] on the channel
+//! itself (a `ChannelStream`), so the protocol, the handshake, admission and cancellation are exactly those
 //! of a Unix or vsock connection.
 //!
 //! Two kinds of stream carry a link:
@@ -23,10 +23,6 @@ use super::connection::{self, Admissions};
 use super::serial::SerialPort;
 use crate::agent::Agent;
 use crate::ready::ready_message;
-
-/// Bytes buffered in each direction of the in-memory pipe between a channel and its
-/// connection handler (the channel's window bounds what waits on the link side).
-const PIPE_BYTES: usize = 64 * 1024;
 
 /// What a read of 0 bytes means on this stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,13 +176,11 @@ impl Session<'_> {
     async fn open(&self, channel: u32) {
         match self.channels.open(channel) {
             Ok(opened) => {
-                let (ours, theirs) = tokio::io::duplex(PIPE_BYTES);
                 tokio::spawn(connection::serve(
-                    theirs,
+                    opened.into_stream(),
                     self.agent.clone(),
                     self.admissions.clone(),
                 ));
-                tokio::spawn(opened.splice(ours));
             }
             Err(error) => {
                 tracing::warn!(%error, "channel refused");

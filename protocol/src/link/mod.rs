@@ -41,7 +41,7 @@ pub mod mux;
 
 use serde::{Deserialize, Serialize};
 
-use crate::frame::{decode_body, encode_into, encode_with_tail, FrameError, LEN_PREFIX_BYTES};
+use crate::frame::{decode_body, encode_into, encode_with_tails, FrameError, LEN_PREFIX_BYTES};
 use crate::ready::Ready;
 
 /// Starts every session, in both directions. As a length prefix its first four bytes
@@ -169,13 +169,22 @@ const DATA_VARIANT: u32 = 3;
 /// Appends the frame `encode_frame` makes of a [`LinkFrame::Data`] of `bytes`,
 /// copying them once, straight from the caller's buffer.
 pub fn encode_data(channel: ChannelId, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), FrameError> {
-    encode_with_tail(
-        &(DATA_VARIANT, channel, bytes.len()),
-        bytes,
-        LINK_FRAME_BYTES,
-        out,
-    )
+    encode_data_parts(channel, &[bytes], out)
 }
+
+/// Like [`encode_data`] for bytes in pieces (a vectored write's), in order.
+pub fn encode_data_parts(
+    channel: ChannelId,
+    parts: &[&[u8]],
+    out: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    let len: usize = parts.iter().map(|part| part.len()).sum();
+    encode_with_tails(&(DATA_VARIANT, channel, len), parts, LINK_FRAME_BYTES, out)
+}
+
+/// The most a [`LinkFrame::Data`] frame adds to its payload on the wire: the
+/// length prefix, the variant, the channel and the payload's length (varints).
+pub const DATA_FRAME_OVERHEAD_BYTES: usize = LEN_PREFIX_BYTES + 1 + 5 + 5;
 
 /// Appends the session marker and then `frame` (an `Attach` or `Attached`).
 pub fn encode_session_start(frame: &LinkFrame, out: &mut Vec<u8>) -> Result<(), FrameError> {

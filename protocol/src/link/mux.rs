@@ -19,6 +19,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
+mod stream;
+
+pub use stream::ChannelStream;
+
 use super::{
     encode_data, encode_frame, encode_session_start, ChannelId, LinkDecoder, LinkFrame, LinkItem,
     CHANNEL_WINDOW_BYTES, CREDIT_BATCH_BYTES, LINK_DATA_BYTES, MAX_CHANNELS,
@@ -33,6 +37,9 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 /// How long the writer keeps a batch buffer grown by a burst once its queue is
 /// empty (longer than the agent's 20 ms read interval of a streaming pipe).
 const KEEP_BATCH_BUFFER_WHILE_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Frames at least this big are written on their own, not copied into a batch.
+const WRITE_ALONE_BYTES: usize = 16 * 1024;
 
 /// Reads link items from the shared stream.
 #[derive(Debug)]
@@ -274,18 +281,25 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
         }
         let current = outbox.session();
         batch.retain(|out| out.session == current);
-        // One frame (a big `Data`, typically) goes out as it is, not copied first.
-        let write: &[u8] = if let [only] = batch.as_slice() {
-            &only.bytes
-        } else {
-            bytes.clear();
-            for out in &batch {
+        // Small frames are gathered into one write (each write into a virtio port
+        // costs a VM exit); a big one (a full `Data` frame, typically) is written as
+        // it is: copying it into the batch cost more than the write it would share.
+        bytes.clear();
+        for out in &batch {
+            if out.bytes.len() < WRITE_ALONE_BYTES {
                 bytes.extend_from_slice(&out.bytes);
+                continue;
             }
-            &bytes
-        };
-        if !write.is_empty() {
-            stream.write_all(write).await?;
+            if !bytes.is_empty() {
+                stream.write_all(&bytes).await?;
+                bytes.clear();
+            }
+            stream.write_all(&out.bytes).await?;
+        }
+        if !bytes.is_empty() {
+            stream.write_all(&bytes).await?;
+        }
+        if !batch.is_empty() {
             stream.flush().await?;
         }
         for out in batch.drain(..) {
@@ -624,7 +638,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use tokio::io::duplex;
+    use tokio::io::{duplex, DuplexStream};
 
     /// Two link ends over an in-memory stream, each with a table; frames read on one
     /// end are delivered to its table, and `Open`s become channels spliced to a pipe
@@ -727,6 +741,114 @@ mod tests {
             a.channels.len(),
             b.channels.len()
         );
+    }
+
+    /// Opens `id` from `a`, read and written in place there (as the agent serves a
+    /// channel), spliced to a pipe on `b` (as the host's relay does).
+    async fn open_stream(a: &End, b: &mut End, id: ChannelId) -> (ChannelStream, DuplexStream) {
+        let stream = a.channels.open(id).unwrap().into_stream();
+        let session = a.channels.outbox().session();
+        a.channels
+            .outbox()
+            .send(session, &LinkFrame::Open { channel: id })
+            .await;
+        let (got, far) = b.opened.recv().await.unwrap();
+        assert_eq!(got, id);
+        (stream, far)
+    }
+
+    async fn until_closed(a: &End, b: &End) {
+        for _ in 0..200 {
+            if a.channels.is_empty() && b.channels.is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        panic!(
+            "channels left open: {} {}",
+            a.channels.len(),
+            b.channels.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_moves_bytes_both_ways_within_the_credit_and_closes() {
+        let (a, mut b) = link();
+        start(&a, &b).await;
+        let (mut near, mut far) = open_stream(&a, &mut b, 1).await;
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let sent = big.clone();
+        let writer = tokio::spawn(async move {
+            near.write_all(&sent).await.unwrap();
+            near.shutdown().await.unwrap();
+            let mut back = Vec::new();
+            near.read_to_end(&mut back).await.unwrap();
+            back
+        });
+        let mut got = Vec::new();
+        far.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, big);
+        // More than a window back, read in small pieces (a frame read in parts).
+        let reply: Vec<u8> = (0..700_000u32).map(|i| (i % 13) as u8).collect();
+        far.write_all(&reply).await.unwrap();
+        far.shutdown().await.unwrap();
+        assert_eq!(writer.await.unwrap(), reply);
+        until_closed(&a, &b).await;
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_does_not_read_holds_its_peer_to_the_window() {
+        let (a, mut b) = link();
+        start(&a, &b).await;
+        let (mut near, mut far) = open_stream(&a, &mut b, 1).await;
+        let sender = tokio::spawn(async move {
+            far.write_all(&vec![7; 2 * 1024 * 1024]).await.unwrap();
+            far
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(
+            !sender.is_finished(),
+            "a window's worth went unread, yet more was sent"
+        );
+        let unread = a
+            .channels
+            .lock()
+            .get(&1)
+            .unwrap()
+            .unacknowledged
+            .load(Ordering::Acquire);
+        assert!(unread <= CHANNEL_WINDOW_BYTES, "{unread}");
+        let mut buf = vec![0; 2 * 1024 * 1024];
+        near.read_exact(&mut buf).await.unwrap();
+        assert!(buf.iter().all(|b| *b == 7));
+        drop(sender.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_stream_ends_its_direction_and_its_peers_next_bytes_close_it() {
+        let (a, mut b) = link();
+        start(&a, &b).await;
+        let (mut near, mut far) = open_stream(&a, &mut b, 1).await;
+        near.write_all(b"last words").await.unwrap();
+        drop(near);
+        let mut got = Vec::new();
+        far.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"last words");
+        // Nobody reads this side now: what the peer sends closes the channel.
+        far.write_all(b"anyone?").await.unwrap();
+        until_closed(&a, &b).await;
+    }
+
+    #[tokio::test]
+    async fn a_new_session_ends_a_stream() {
+        let (a, mut b) = link();
+        start(&a, &b).await;
+        let (mut near, _far) = open_stream(&a, &mut b, 1).await;
+        a.channels.reset();
+        let mut buf = [0; 8];
+        assert_eq!(near.read(&mut buf).await.unwrap(), 0);
+        let error = near.write_all(b"late").await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
     }
 
     #[tokio::test]
