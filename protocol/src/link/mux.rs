@@ -840,6 +840,34 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn streams_waiting_for_credit_leave_the_shared_queue_to_the_others() {
+        let (a, mut b) = link();
+        start(&a, &b).await;
+        // More channels than the link's queue has slots, each writing far past its
+        // window to a peer that never reads.
+        let mut stalled = Vec::new();
+        for id in 1..=ChannelId::try_from(OUTBOX_FRAMES).unwrap() + 1 {
+            let (mut stream, far) = open_stream(&a, &mut b, id).await;
+            let writer = tokio::spawn(async move {
+                let _ = stream.write_all(&vec![1; 1 << 20]).await;
+                stream
+            });
+            stalled.push((writer, far));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let crossed = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            let (mut live, mut far) = open_stream(&a, &mut b, 1000).await;
+            live.write_all(b"hello").await.unwrap();
+            let mut got = [0; 5];
+            far.read_exact(&mut got).await.unwrap();
+            got
+        })
+        .await;
+        assert_eq!(crossed.ok(), Some(*b"hello"), "a live channel starved");
+        assert!(stalled.iter().all(|(writer, _)| !writer.is_finished()));
+    }
+
+    #[tokio::test]
     async fn a_new_session_ends_a_stream() {
         let (a, mut b) = link();
         start(&a, &b).await;

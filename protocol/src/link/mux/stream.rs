@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio_util::sync::{PollSemaphore, PollSender};
 
 use super::{frame_charge, Channel, Channels, Outgoing};
@@ -58,6 +58,8 @@ pub struct ChannelStream {
     credit: PollSemaphore,
     /// This side's `Eof` was sent.
     write_ended: bool,
+    /// Credit taken for a `Data` frame still waiting for room in the queue.
+    held: Option<OwnedSemaphorePermit>,
 }
 
 impl std::fmt::Debug for ChannelStream {
@@ -99,6 +101,7 @@ impl Channel {
             data_tx: PollSender::new(tx),
             credit: PollSemaphore::new(credit),
             write_ended: false,
+            held: None,
             table,
         }
     }
@@ -129,25 +132,43 @@ fn poll_send(
 }
 
 impl ChannelStream {
-    /// Grants the peer the credit of what was read, once it makes a batch.
+    /// Grants the peer the credit of what was read, once it makes a batch. The
+    /// window is reopened on this side before the `Credit` goes out, so the peer's
+    /// next `Data` can never arrive first and look like a violation.
     fn poll_grant(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.drained < CREDIT_BATCH_BYTES {
             return Poll::Ready(Ok(()));
         }
-        let (id, drained) = (self.id, self.drained);
-        ready!(poll_send(&mut self.credit_tx, cx, self.session, |bytes| {
-            encode_frame(
-                &LinkFrame::Credit {
-                    channel: id,
-                    bytes: drained,
-                },
-                bytes,
-            )
-            .is_ok()
-        }))?;
-        self.unacknowledged.fetch_sub(drained, Ordering::AcqRel);
+        ready!(self.credit_tx.poll_reserve(cx)).map_err(|_| ended())?;
+        let mut bytes = Vec::new();
+        let grant = LinkFrame::Credit {
+            channel: self.id,
+            bytes: self.drained,
+        };
+        if encode_frame(&grant, &mut bytes).is_err() {
+            // A `Credit` always encodes; were it not to, the peer would stall.
+            self.credit_tx.abort_send();
+            return Poll::Ready(Err(io::Error::other("cannot encode a Credit frame")));
+        }
+        self.unacknowledged
+            .fetch_sub(self.drained, Ordering::AcqRel);
         self.drained = 0;
+        self.credit_tx
+            .send_item(Outgoing {
+                session: self.session,
+                bytes,
+            })
+            .map_err(|_| ended())?;
         Poll::Ready(Ok(()))
+    }
+
+    /// Grants what is owed if the link's queue has room now; else leaves it to the
+    /// next read, giving up the place in the queue's line (a reader that stops
+    /// reading must not hold a slot of the queue every channel shares).
+    fn grant_if_room(&mut self, cx: &mut Context<'_>) {
+        if self.poll_grant(cx).is_pending() {
+            self.credit_tx.abort_send();
+        }
     }
 }
 
@@ -172,10 +193,10 @@ impl AsyncRead for ChannelStream {
                         .saturating_add(frame_charge(this.reading.len()));
                     this.reading = Vec::new();
                     this.read_at = 0;
-                    // Sent now if the queue has room, else at the next read.
-                    if let Poll::Ready(Err(error)) = this.poll_grant(cx) {
-                        return Poll::Ready(Err(error));
-                    }
+                    // Sent now if the queue has room, else at the next read (whose
+                    // bytes wait for it). A failure shows there too, not here,
+                    // where the bytes are already copied out.
+                    this.grant_if_room(cx);
                 }
                 return Poll::Ready(Ok(()));
             }
@@ -232,12 +253,25 @@ impl AsyncWrite for ChannelStream {
         if n == 0 {
             return Poll::Ready(Ok(0));
         }
-        // A queue slot first, then the credit: once both are held nothing can fail.
+        // The peer's credit first (this channel's own), kept across a wait for the
+        // queue; then a slot of the queue every channel shares, held only once the
+        // frame can go: a channel waiting for credit must not sit on a slot.
+        let charge = frame_charge(n);
+        if this
+            .held
+            .as_ref()
+            .is_some_and(|held| held.num_permits() != charge as usize)
+        {
+            // A retry with another size: give the permits back, take the right count.
+            this.held = None;
+        }
+        if this.held.is_none() {
+            let Some(permit) = ready!(this.credit.poll_acquire_many(cx, charge)) else {
+                return Poll::Ready(Err(ended()));
+            };
+            this.held = Some(permit);
+        }
         ready!(this.data_tx.poll_reserve(cx)).map_err(|_| ended())?;
-        let Some(permit) = ready!(this.credit.poll_acquire_many(cx, frame_charge(n))) else {
-            return Poll::Ready(Err(ended()));
-        };
-        permit.forget();
         let mut frame = this.table.outbox.data_buffer();
         if let Err(error) = encode_data_parts(this.id, &parts, &mut frame) {
             // `n` is within a frame's limit: not expected.
@@ -250,6 +284,10 @@ impl AsyncWrite for ChannelStream {
                 bytes: frame,
             })
             .map_err(|_| ended())?;
+        // Spent: it comes back as the peer's `Credit`.
+        if let Some(permit) = this.held.take() {
+            permit.forget();
+        }
         Poll::Ready(Ok(n))
     }
 
