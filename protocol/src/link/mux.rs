@@ -698,6 +698,11 @@ mod tests {
         let ch = a.channels.open(id).unwrap();
         let (mine, theirs) = duplex(64 * 1024);
         tokio::spawn(ch.splice(mine));
+        (theirs, announce(a, b, id).await)
+    }
+
+    /// Tells `b` that `a` opened `id`; the pipe `b` spliced it to.
+    async fn announce(a: &End, b: &mut End, id: ChannelId) -> DuplexStream {
         let session = a.channels.outbox().session();
         a.channels
             .outbox()
@@ -705,18 +710,25 @@ mod tests {
             .await;
         let (got, far) = b.opened.recv().await.unwrap();
         assert_eq!(got, id);
-        (theirs, far)
+        far
     }
 
-    #[tokio::test]
-    async fn bytes_cross_both_ways_and_eof_closes_the_channel() {
-        let (a, mut b) = link();
-        start(&a, &b).await;
-        let (mut near, mut far) = open(&a, &mut b, 1).await;
-        // More than a window each way: credit must flow back.
+    /// Sends more than a window from `near` to `far` and `reply` back (credit must
+    /// flow both ways), each side ending with `Eof`; then the channel is closed on
+    /// both ends.
+    async fn both_ways_then_closed<S>(
+        a: &End,
+        b: &End,
+        near: S,
+        mut far: DuplexStream,
+        reply: Vec<u8>,
+    ) where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
         let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
         let sent = big.clone();
         let writer = tokio::spawn(async move {
+            let mut near = near;
             near.write_all(&sent).await.unwrap();
             near.shutdown().await.unwrap();
             let mut back = Vec::new();
@@ -726,35 +738,26 @@ mod tests {
         let mut got = Vec::new();
         far.read_to_end(&mut got).await.unwrap();
         assert_eq!(got, big);
-        far.write_all(b"reply").await.unwrap();
+        far.write_all(&reply).await.unwrap();
         far.shutdown().await.unwrap();
-        assert_eq!(writer.await.unwrap(), b"reply");
+        assert_eq!(writer.await.unwrap(), reply);
         drop(far);
-        for _ in 0..100 {
-            if a.channels.is_empty() && b.channels.is_empty() {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
-        panic!(
-            "channels left open: {} {}",
-            a.channels.len(),
-            b.channels.len()
-        );
+        until_closed(a, b).await;
+    }
+
+    #[tokio::test]
+    async fn bytes_cross_both_ways_and_eof_closes_the_channel() {
+        let (a, mut b) = link();
+        start(&a, &b).await;
+        let (near, far) = open(&a, &mut b, 1).await;
+        both_ways_then_closed(&a, &b, near, far, b"reply".to_vec()).await;
     }
 
     /// Opens `id` from `a`, read and written in place there (as the agent serves a
     /// channel), spliced to a pipe on `b` (as the host's relay does).
     async fn open_stream(a: &End, b: &mut End, id: ChannelId) -> (ChannelStream, DuplexStream) {
         let stream = a.channels.open(id).unwrap().into_stream();
-        let session = a.channels.outbox().session();
-        a.channels
-            .outbox()
-            .send(session, &LinkFrame::Open { channel: id })
-            .await;
-        let (got, far) = b.opened.recv().await.unwrap();
-        assert_eq!(got, id);
-        (stream, far)
+        (stream, announce(a, b, id).await)
     }
 
     async fn until_closed(a: &End, b: &End) {
@@ -775,25 +778,10 @@ mod tests {
     async fn a_stream_moves_bytes_both_ways_within_the_credit_and_closes() {
         let (a, mut b) = link();
         start(&a, &b).await;
-        let (mut near, mut far) = open_stream(&a, &mut b, 1).await;
-        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
-        let sent = big.clone();
-        let writer = tokio::spawn(async move {
-            near.write_all(&sent).await.unwrap();
-            near.shutdown().await.unwrap();
-            let mut back = Vec::new();
-            near.read_to_end(&mut back).await.unwrap();
-            back
-        });
-        let mut got = Vec::new();
-        far.read_to_end(&mut got).await.unwrap();
-        assert_eq!(got, big);
+        let (near, far) = open_stream(&a, &mut b, 1).await;
         // More than a window back, read in small pieces (a frame read in parts).
         let reply: Vec<u8> = (0..700_000u32).map(|i| (i % 13) as u8).collect();
-        far.write_all(&reply).await.unwrap();
-        far.shutdown().await.unwrap();
-        assert_eq!(writer.await.unwrap(), reply);
-        until_closed(&a, &b).await;
+        both_ways_then_closed(&a, &b, near, far, reply).await;
     }
 
     #[tokio::test]
