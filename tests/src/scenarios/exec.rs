@@ -83,6 +83,61 @@ pub async fn streamed_exec_sends_started_then_output_in_order_then_an_empty_repl
     assert_eq!(reply.exit.unwrap().code, Some(0));
 }
 
+/// `seq first inc last`'s output, as the guest's and the host's `seq` print it.
+fn seq_output(first: u64, inc: u64, last: u64) -> Vec<u8> {
+    (first..=last)
+        .step_by(usize::try_from(inc).unwrap())
+        .flat_map(|n| format!("{n}\n").into_bytes())
+        .collect()
+}
+
+pub async fn a_streamed_exec_delivers_megabytes_of_both_streams_exactly(target: Target) {
+    let client = target.client();
+    // Both streams at once, big enough for many full chunks, each frame split
+    // across the link's `Data` frames; every byte numbered by its line.
+    let request = ExecRequest {
+        stream: true,
+        ..exec_sh("seq 1 200000 & seq 1 3 300000 >&2; wait")
+    };
+    let mut stream = client.exec_stream(request).unwrap();
+    let (mut stdout, mut stderr, mut spans) = (Vec::new(), Vec::new(), Vec::new());
+    let reply = loop {
+        match within(120, stream.next()).await.unwrap() {
+            ExecEvent::Started(_) => {}
+            ExecEvent::Output(chunk) => {
+                spans.push((chunk.offset, chunk.data.len() as u64));
+                match chunk.stream {
+                    Stream::Stdout => stdout.extend_from_slice(&chunk.data),
+                    Stream::Stderr => stderr.extend_from_slice(&chunk.data),
+                    Stream::Pty => panic!("a pty chunk from a pipe exec"),
+                }
+            }
+            ExecEvent::Finished(reply) => break reply,
+        }
+    };
+    assert_eq!(reply.exit.unwrap().code, Some(0), "{reply:?}");
+    // Offsets count the process's output, both streams, from 0 (the two streams'
+    // chunks may arrive in either order): together they tile it, nothing lost or
+    // sent twice.
+    spans.sort_unstable();
+    let mut next = 0;
+    for (offset, len) in spans {
+        assert_eq!(offset, next, "a gap or an overlap at {next}");
+        next = offset + len;
+    }
+    assert_eq!(next, (stdout.len() + stderr.len()) as u64);
+    assert!(
+        stdout == seq_output(1, 1, 200_000),
+        "stdout differs ({} bytes)",
+        stdout.len()
+    );
+    assert!(
+        stderr == seq_output(1, 3, 300_000),
+        "stderr differs ({} bytes)",
+        stderr.len()
+    );
+}
+
 /// How long writing a few MiB past the cap may take: a blocked writer would take
 /// forever, so the bound is loose enough for a guest under TCG on a loaded host.
 const PAST_CAP_SECS: u64 = 15;

@@ -58,6 +58,7 @@ pub fn all() -> Vec<Scenario> {
     scenarios![
         exec::collected_output_keeps_each_streams_order,
         exec::streamed_exec_sends_started_then_output_in_order_then_an_empty_reply,
+        exec::a_streamed_exec_delivers_megabytes_of_both_streams_exactly,
         exec::output_past_one_mib_is_truncated_and_the_child_is_not_blocked,
         exec::exactly_one_mib_is_not_truncated,
         exec::timeout_kills_the_whole_process_group_including_grandchildren,
