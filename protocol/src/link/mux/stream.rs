@@ -112,23 +112,11 @@ fn ended() -> io::Error {
     io::Error::new(io::ErrorKind::BrokenPipe, "the link channel is closed")
 }
 
-/// Queues `frame` on `tx` once it has room; an error when the link's writer is gone.
-fn poll_send(
-    tx: &mut PollSender<Outgoing>,
-    cx: &mut Context<'_>,
-    session: u64,
-    frame: impl FnOnce(&mut Vec<u8>) -> bool,
-) -> Poll<io::Result<()>> {
-    ready!(tx.poll_reserve(cx)).map_err(|_| ended())?;
+/// A control frame's bytes (`Credit`, `Eof`: they always encode).
+fn encoded(frame: &LinkFrame) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    if !frame(&mut bytes) {
-        // Nothing to send after all (cannot happen for the frames sent here).
-        tx.abort_send();
-        return Poll::Ready(Ok(()));
-    }
-    tx.send_item(Outgoing { session, bytes })
-        .map_err(|_| ended())?;
-    Poll::Ready(Ok(()))
+    encode_frame(frame, &mut bytes).map_err(io::Error::other)?;
+    Ok(bytes)
 }
 
 impl ChannelStream {
@@ -139,17 +127,11 @@ impl ChannelStream {
         if self.drained < CREDIT_BATCH_BYTES {
             return Poll::Ready(Ok(()));
         }
-        ready!(self.credit_tx.poll_reserve(cx)).map_err(|_| ended())?;
-        let mut bytes = Vec::new();
-        let grant = LinkFrame::Credit {
+        let bytes = encoded(&LinkFrame::Credit {
             channel: self.id,
             bytes: self.drained,
-        };
-        if encode_frame(&grant, &mut bytes).is_err() {
-            // A `Credit` always encodes; were it not to, the peer would stall.
-            self.credit_tx.abort_send();
-            return Poll::Ready(Err(io::Error::other("cannot encode a Credit frame")));
-        }
+        })?;
+        ready!(self.credit_tx.poll_reserve(cx)).map_err(|_| ended())?;
         self.unacknowledged
             .fetch_sub(self.drained, Ordering::AcqRel);
         self.drained = 0;
@@ -305,10 +287,20 @@ impl AsyncWrite for ChannelStream {
         if this.write_ended {
             return Poll::Ready(Ok(()));
         }
-        let id = this.id;
-        ready!(poll_send(&mut this.data_tx, cx, this.session, |bytes| {
-            encode_frame(&LinkFrame::Eof { channel: id }, bytes).is_ok()
-        }))?;
+        ready!(this.data_tx.poll_reserve(cx)).map_err(|_| ended())?;
+        let bytes = match encoded(&LinkFrame::Eof { channel: this.id }) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                this.data_tx.abort_send();
+                return Poll::Ready(Err(error));
+            }
+        };
+        this.data_tx
+            .send_item(Outgoing {
+                session: this.session,
+                bytes,
+            })
+            .map_err(|_| ended())?;
         this.write_ended = true;
         Poll::Ready(Ok(()))
     }
